@@ -1,0 +1,35 @@
+# The README's commands. Everything runs from a venv this Makefile creates.
+#   make test      - create .venv, install albert_dist[dev], run the whole test suite
+#   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
+#   make bench     - run every benchmark in bench/ and write bench/results.json
+# GPU users: install the torch build for your CUDA first, e.g.
+#   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+NUM_RANKS ?= 2
+
+.PHONY: install test pretrain bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+pretrain: install
+	PATH=$(abspath $(VENV))/bin:$$PATH bash launch/pretrain_local.sh $(NUM_RANKS)
+
+bench: install
+	OMP_NUM_THREADS=1 $(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs mlruns.db
