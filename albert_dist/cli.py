@@ -1,0 +1,46 @@
+"""The `albert-dist` command: one sub-command per concern, each owned by the module that implements it.
+
+    albert-dist train      --config configs/pretrain/<recipe>.yaml [dotted.key=value ...]
+    albert-dist tokenizer  train --input <paths/globs> --vocab-size N --output DIR
+    albert-dist export     <checkpoint dir or run> --output DIR     (HF-format export)
+    albert-dist compare    <run ids> | --experiment NAME
+
+Each sub-command's module exposes ``cli(argv: list[str]) -> int``; this file only dispatches, imports lazily
+(so `albert-dist tokenizer` never imports DeepSpeed) and owns the process exit code.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: sub-command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("albert_dist.engine.trainer", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
+    "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
+    "export": ("albert_dist.model.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
+    "compare": ("albert_dist.tracking.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: albert-dist <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``albert-dist <command> ...`` to ``<module>.cli(rest)``; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"albert-dist: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.cli(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
