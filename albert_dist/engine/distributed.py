@@ -1,0 +1,396 @@
+"""Rank / world discovery and process-group start-up, for every way albert_dist is launched.
+
+Launch methods and the variables each one sets (precedence from top to bottom):
+
+1. ``torchrun`` and the ``deepspeed`` launcher (``deepspeed.launcher.launch``, also under ``--no_ssh``):
+   ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; torchrun adds
+   ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` (node rank), DeepSpeed adds ``LOCAL_SIZE``, ``CROSS_RANK`` and
+   ``CROSS_SIZE`` (deepspeed/launcher/launch.py). These win over Slurm variables because such a launcher is
+   often itself started by ``srun`` (one launcher task per node), where ``SLURM_PROCID`` is the *node*
+   index, not the rank.
+2. ``srun`` starting the ranks directly (``slurm/pretrain.sbatch``, ``deepspeed --launcher slurm``):
+   ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, the step's node list
+   (``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``) and tasks per node
+   (``SLURM_STEP_TASKS_PER_NODE``, else ``SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1``). ``MASTER_ADDR`` is the
+   address of the first node of that list (Slurm's block distribution puts rank 0 there); ``MASTER_PORT`` is
+   derived from ``SLURM_JOB_ID`` (:func:`port_from_job_id`) unless given.
+3. Neither: a single process on 127.0.0.1 and a free port.
+
+``MASTER_ADDR`` / ``MASTER_PORT`` already in the environment always win ("unless given"): the sbatch scripts
+compute them once in the batch shell so that thousands of ranks do not each ask slurmctld.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+from datetime import timedelta
+
+log = logging.getLogger(__name__)
+
+#: ``MASTER_PORT`` derived from ``SLURM_JOB_ID`` lies in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's
+#: default ephemeral range (32768-60999), so an outgoing connection rarely holds it, and the same for every
+#: task of a job (and for its requeued runs, which keep the job id).
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+_TORCH_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+_SLURM_RANK_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job: the numbers ``torch.distributed`` needs, from one launcher.
+
+    Invariants (checked by :func:`discover`): ``0 <= rank < world_size``,
+    ``0 <= local_rank < local_world_size <= world_size``, ``0 <= node_rank < num_nodes``.
+    """
+
+    rank: int
+    """global rank, 0 .. world_size-1"""
+    world_size: int
+    """number of processes in the job"""
+    local_rank: int
+    """rank among the processes on this node; the accelerator index on GPU nodes"""
+    local_world_size: int
+    """number of processes on this node"""
+    node_rank: int
+    """index of this node, 0 .. num_nodes-1"""
+    master_addr: str
+    """address (IP or resolvable name) of the node holding rank 0, where the TCP store listens"""
+    master_port: int
+    """TCP port of the rendezvous store on master_addr"""
+    num_nodes: int = 1
+    """number of nodes in the job"""
+    source: str = "single"
+    """which launcher the numbers came from: "torchrun" (torchrun or deepspeed), "slurm" or "single\""""
+
+    def describe(self) -> str:
+        """One log line: ``rank 3/8 (local 1/2, node 1/4) master 10.0.0.1:20042 via slurm``."""
+        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
+                f"node {self.node_rank}/{self.num_nodes}) master {self.master_addr}:{self.master_port} "
+                f"via {self.source}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Slurm host lists
+
+
+def _split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets: ``"n[1-2],login5"`` -> ``["n[1-2]", "login5"]``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"node list {text!r}: nested '[' at position {i}")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"node list {text!r}: unmatched ']' at position {i}")
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"node list {text!r}: unclosed '['")
+    parts.append(text[start:])
+    return parts
+
+
+def _expand_range_set(body: str, whole: str) -> list[str]:
+    """``"01-03,07"`` -> ``["01", "02", "03", "07"]``; zero padding follows the lower bound's width."""
+    out: list[str] = []
+    for item in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        if m is None:
+            raise ValueError(f"node list {whole!r}: bad range {item!r} (expected N or N-M)")
+        lo_s, hi_s = m.group(1), m.group(2)
+        lo, hi = int(lo_s), int(hi_s if hi_s is not None else lo_s)
+        if hi < lo:
+            raise ValueError(f"node list {whole!r}: range {item!r} runs backwards")
+        width = len(lo_s)
+        out.extend(str(i).zfill(width) for i in range(lo, hi + 1))
+    return out
+
+
+def expand_nodelist_py(nodelist: str) -> list[str]:
+    """Expand a Slurm host list in pure Python, as ``scontrol show hostnames`` does.
+
+    ``"gpu[01-03,07]"`` -> ``["gpu01", "gpu02", "gpu03", "gpu07"]``; ``"n[1-2],login5"`` ->
+    ``["n1", "n2", "login5"]``; several bracket groups in one name form their product, in Slurm's order
+    (``"r[1-2]n[1-2]"`` -> ``r1n1 r1n2 r2n1 r2n2``). Zero padding is kept (width of the range's lower bound).
+    Duplicates are kept, like scontrol. Grammar: Slurm's hostlist.c (``hostlist_create``).
+
+    Raises:
+        ValueError: empty list, unbalanced brackets, a range that is not ``N`` or ``N-M``, or ``N > M``.
+    """
+    text = nodelist.strip()
+    if not text:
+        raise ValueError("node list is empty")
+    hosts: list[str] = []
+    for part in _split_top_level(text):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"node list {nodelist!r}: empty entry")
+        # pieces alternate: literal, bracket body, literal, ...
+        pieces = re.split(r"\[([^\]]*)\]", part)
+        if any(c in piece for piece in pieces[0::2] for c in "[]"):
+            raise ValueError(f"node list {nodelist!r}: unbalanced brackets in {part!r}")
+        names = [pieces[0]]
+        for body, literal in zip(pieces[1::2], pieces[2::2]):
+            names = [n + r + literal for n in names for r in _expand_range_set(body, nodelist)]
+        hosts.extend(names)
+    return hosts
+
+
+def expand_nodelist(nodelist: str, use_scontrol: bool = True) -> list[str]:
+    """Host names in a Slurm node list: ``scontrol show hostnames`` when installed, else the Python expander.
+
+    Raises:
+        ValueError: the list is malformed (either expander) or empty.
+    """
+    if use_scontrol and shutil.which("scontrol"):
+        proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                              timeout=30)
+        if proc.returncode == 0 and proc.stdout.split():
+            return proc.stdout.split()
+        log.warning("scontrol show hostnames %r failed (%s); using the Python expander", nodelist,
+                    proc.stderr.strip())
+    return expand_nodelist_py(nodelist)
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` -> tasks on each node: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
+
+    Raises:
+        ValueError: an entry that is not ``N`` or ``N(xM)``.
+    """
+    counts: list[int] = []
+    for item in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if m is None:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r}: bad entry {item!r} (expected N or N(xM))")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def node_address(name: str, use_scontrol: bool = True) -> str:
+    """The address of Slurm node ``name``: its ``NodeAddr`` from ``scontrol show node`` when available.
+
+    Virtual nodes (several ``slurmd -N`` on one host, as in CI) have names that do not resolve; their
+    ``NodeAddr`` does. On clusters where NodeAddr equals the name this returns the name. Falls back to the
+    name itself when scontrol is missing or fails.
+    """
+    if use_scontrol and shutil.which("scontrol"):
+        proc = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True, timeout=30)
+        m = re.search(r"\bNodeAddr=(\S+)", proc.stdout)
+        if proc.returncode == 0 and m:
+            return m.group(1)
+        log.warning("scontrol show node %s gave no NodeAddr (%s); using the name", name, proc.stderr.strip())
+    return name
+
+
+def port_from_job_id(job_id: int) -> int:
+    """``MASTER_PORT`` for Slurm job ``job_id``: ``PORT_BASE + job_id % PORT_SPAN`` (same on every task)."""
+    return PORT_BASE + job_id % PORT_SPAN
+
+
+# ----------------------------------------------------------------------------------------------------------
+# discovery
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env[name]
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _master_port(env: Mapping[str, str]) -> int | None:
+    if "MASTER_PORT" not in env:
+        return None
+    port = _int(env, "MASTER_PORT")
+    if not 0 < port < 65536:
+        raise ValueError(f"MASTER_PORT={port} is not a TCP port (1-65535)")
+    return port
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
+    missing = [v for v in _TORCH_RANK_VARS if v not in env]
+    _check(not missing, f"inconsistent launcher variables: {', '.join(f'{v}={env[v]!r}' for v in _TORCH_RANK_VARS if v in env)} "
+                        f"set but {', '.join(missing)} missing (torchrun and deepspeed set all of {', '.join(_TORCH_RANK_VARS)})")
+    rank, world, local_rank = _int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK")
+    _check(world >= 1, f"WORLD_SIZE={world} must be >= 1")
+    _check(0 <= rank < world, f"inconsistent launcher variables: RANK={rank} not in [0, WORLD_SIZE={world})")
+    lws_var = next((v for v in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE") if v in env), None)
+    if lws_var is not None:
+        local_world = _int(env, lws_var)
+    else:
+        # a hand-set environment without the per-node size: only a single node is a safe guess
+        log.warning("RANK/WORLD_SIZE set without LOCAL_WORLD_SIZE or LOCAL_SIZE; assuming a single node")
+        local_world = world
+    _check(1 <= local_world <= world,
+           f"inconsistent launcher variables: {lws_var or 'local world size'}={local_world} not in [1, WORLD_SIZE={world}]")
+    _check(0 <= local_rank < local_world,
+           f"inconsistent launcher variables: LOCAL_RANK={local_rank} not in [0, {lws_var or 'local world size'}={local_world})")
+    node_var = next((v for v in ("GROUP_RANK", "CROSS_RANK") if v in env), None)
+    node_rank = _int(env, node_var) if node_var else rank // local_world
+    size_var = next((v for v in ("GROUP_WORLD_SIZE", "CROSS_SIZE") if v in env), None)
+    num_nodes = _int(env, size_var) if size_var else -(-world // local_world)
+    _check(0 <= node_rank < num_nodes,
+           f"inconsistent launcher variables: node rank {node_var or 'RANK // local world size'}={node_rank} "
+           f"not in [0, {size_var or 'number of nodes'}={num_nodes})")
+    port = _master_port(env)
+    addr = env.get("MASTER_ADDR")
+    if addr is None or port is None:
+        if world == 1:
+            addr, port = addr or "127.0.0.1", port or _free_port()
+        elif "SLURM_JOB_ID" in env and ("SLURM_STEP_NODELIST" in env or "SLURM_JOB_NODELIST" in env):
+            slurm_addr, slurm_port = _slurm_master(env)
+            addr, port = addr or slurm_addr, port or slurm_port
+        else:
+            raise ValueError(f"RANK={rank} WORLD_SIZE={world} set but MASTER_ADDR/MASTER_PORT missing "
+                             "(needed to find rank 0 when WORLD_SIZE > 1)")
+    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, num_nodes, "torchrun")
+
+
+def _slurm_master(env: Mapping[str, str], nodes: list[str] | None = None) -> tuple[str, int]:
+    if nodes is None:
+        nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    addr = env.get("MASTER_ADDR") or node_address(nodes[0])
+    port = _master_port(env)
+    if port is None:
+        _check("SLURM_JOB_ID" in env, "SLURM_JOB_ID missing: cannot derive MASTER_PORT (set MASTER_PORT)")
+        port = port_from_job_id(_int(env, "SLURM_JOB_ID"))
+    return addr, port
+
+
+def _from_slurm(env: Mapping[str, str]) -> DistEnv:
+    missing = [v for v in _SLURM_RANK_VARS if v not in env]
+    _check(not missing, f"inconsistent Slurm variables: SLURM_PROCID={env['SLURM_PROCID']!r} set but "
+                        f"{', '.join(missing)} missing (srun sets all of {', '.join(_SLURM_RANK_VARS)})")
+    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+    local_rank, node_rank = _int(env, "SLURM_LOCALID"), _int(env, "SLURM_NODEID")
+    _check(world >= 1, f"SLURM_NTASKS={world} must be >= 1")
+    _check(0 <= rank < world, f"inconsistent Slurm variables: SLURM_PROCID={rank} not in [0, SLURM_NTASKS={world})")
+    list_var = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in env else "SLURM_JOB_NODELIST"
+    _check(list_var in env, "inconsistent Slurm variables: SLURM_PROCID set but SLURM_JOB_NODELIST missing")
+    nodes = expand_nodelist(env[list_var])
+    _check(0 <= node_rank < len(nodes), f"inconsistent Slurm variables: SLURM_NODEID={node_rank} not in "
+                                        f"[0, {len(nodes)}) nodes of {list_var}={env[list_var]!r}")
+    if "SLURM_NNODES" in env and list_var == "SLURM_JOB_NODELIST":
+        _check(_int(env, "SLURM_NNODES") == len(nodes),
+               f"inconsistent Slurm variables: SLURM_NNODES={env['SLURM_NNODES']} but "
+               f"{list_var}={env[list_var]!r} names {len(nodes)} nodes")
+    tpn_var = next((v for v in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if v in env), None)
+    if tpn_var is not None:
+        per_node = expand_tasks_per_node(env[tpn_var])
+        _check(len(per_node) == len(nodes), f"inconsistent Slurm variables: {tpn_var}={env[tpn_var]!r} covers "
+                                            f"{len(per_node)} nodes, {list_var}={env[list_var]!r} names {len(nodes)}")
+        _check(sum(per_node) == world, f"inconsistent Slurm variables: {tpn_var}={env[tpn_var]!r} sums to "
+                                       f"{sum(per_node)} tasks, SLURM_NTASKS={world}")
+        local_world = per_node[node_rank]
+    else:
+        _check(world % len(nodes) == 0, f"SLURM_NTASKS={world} not divisible by {len(nodes)} nodes and "
+                                        "SLURM_TASKS_PER_NODE missing")
+        local_world = world // len(nodes)
+    _check(0 <= local_rank < local_world, f"inconsistent Slurm variables: SLURM_LOCALID={local_rank} not in "
+                                          f"[0, {local_world}) tasks on node {node_rank}")
+    addr, port = _slurm_master(env, nodes)
+    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, len(nodes), "slurm")
+
+
+def discover(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Work out this process's place in the job from launcher variables (see the module docstring).
+
+    Args:
+        environ: the variables to read; ``os.environ`` when None. Never modified.
+
+    Returns:
+        A :class:`DistEnv`; ``source`` says which launcher's variables were used.
+
+    Raises:
+        ValueError: variables that contradict each other or are incomplete, naming them and their values
+            (``RANK`` without ``WORLD_SIZE``, ``RANK >= WORLD_SIZE``, ``SLURM_NODEID`` beyond the node list,
+            a non-integer value, a malformed node list, ...).
+    """
+    env = os.environ if environ is None else environ
+    if any(v in env for v in ("RANK", "WORLD_SIZE")):
+        return _from_torchrun(env)
+    if "LOCAL_RANK" in env:
+        raise ValueError(f"inconsistent launcher variables: LOCAL_RANK={env['LOCAL_RANK']!r} set without RANK "
+                         "and WORLD_SIZE")
+    # SLURM_STEP_ID marks a task started by srun. The batch script itself (no srun) also carries
+    # SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is one process: treating it as rank 0 of
+    # SLURM_NTASKS would wait forever for ranks that never start.
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        return _from_slurm(env)
+    if "SLURM_PROCID" in env:
+        log.info("Slurm batch step without srun: running as a single process")
+    port = _master_port(env) or _free_port()
+    return DistEnv(0, 1, 0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, 1, "single")
+
+
+def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None:
+    """Write ``dist_env`` as the standard ``torch.distributed`` env:// variables (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) into ``environ`` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    env.update({
+        "RANK": str(dist_env.rank),
+        "WORLD_SIZE": str(dist_env.world_size),
+        "LOCAL_RANK": str(dist_env.local_rank),
+        "LOCAL_WORLD_SIZE": str(dist_env.local_world_size),
+        "GROUP_RANK": str(dist_env.node_rank),
+        "MASTER_ADDR": dist_env.master_addr,
+        "MASTER_PORT": str(dist_env.master_port),
+    })
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
+    """Discover this process's place, export it as env:// variables and start the process group.
+
+    Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
+    ``get_accelerator().communication_backend_name()``) and MPI discovery off, since :func:`discover`
+    already covered Slurm. On an accelerator, selects device ``local_rank`` first (NCCL needs it before
+    the first collective). A second call returns the discovery without re-initialising.
+
+    Args:
+        timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
+
+    Raises:
+        ValueError: from :func:`discover`, or ``timeout_s <= 0``.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s} must be > 0")
+    dist_env = discover()
+    export_env(dist_env)
+    import deepspeed
+    import torch.distributed as tdist
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator()
+    if accel.device_name() != "cpu":
+        accel.set_device(dist_env.local_rank)
+    if not tdist.is_initialized():
+        deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
+                                   distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
+                                   verbose=dist_env.rank == 0)
+    log.info("process group up: %s backend %s", dist_env.describe(), accel.communication_backend_name())
+    return dist_env
