@@ -1,0 +1,200 @@
+"""What describes a run: the resolved config as dotted MLflow params, and the environment as tags.
+
+Params are immutable in MLflow (a second value for a key is an error), so names must be stable across
+versions of the config: they are the dataclass field paths (``model.num_hidden_groups``,
+``engine.zero_stage``, ``data.train.0.path``), values are ``str()`` of the field (JSON for ``None``/bools
+so ``null``/``true`` read the same as in YAML).
+"""
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from albert_dist.tracking.secrets import redact
+
+log = logging.getLogger(__name__)
+
+#: MLflow limits (mlflow/utils/validation.py): longer param values are rejected by the server.
+MAX_PARAM_VALUE_LEN = 6000
+MAX_KEY_LEN = 250
+#: Tag keys, chosen to match what MLflow's own fluent API sets where one exists (the UI shows them).
+TAG_GIT_COMMIT = "mlflow.source.git.commit"
+TAG_SOURCE_NAME = "mlflow.source.name"
+TAG_USER = "mlflow.user"
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclass / OmegaConf / mapping / sequence -> nested plain dicts and lists (other values unchanged)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(obj, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def _param_value(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Flatten a nested config into ``{"a.b.c": "value"}`` with secret-named keys masked.
+
+    Args:
+        obj: a dataclass (e.g. ``TrainConfig``), an OmegaConf config, or nested dicts/lists.
+        prefix: prepended to every key (``"derived"`` -> ``"derived.world_size"``).
+
+    Returns:
+        dotted name -> string value. Lists are flattened by index (``data.train.0.weight``); an empty
+        list or dict becomes ``"[]"`` / ``"{}"`` so that its presence is recorded.
+
+    Raises:
+        ValueError: a flattened key longer than MLflow's 250 characters.
+    """
+    out: dict[str, str] = {}
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, Mapping):
+            if not node and key:
+                out[key] = "{}"
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            if not node and key:
+                out[key] = "[]"
+            for i, v in enumerate(node):
+                walk(v, f"{key}.{i}" if key else str(i))
+        else:
+            if len(key) > MAX_KEY_LEN:
+                raise ValueError(f"param name {key!r} is longer than MLflow's {MAX_KEY_LEN} characters")
+            value = _param_value(node)
+            if len(value) > MAX_PARAM_VALUE_LEN:
+                log.warning("param %s truncated from %d to %d characters", key, len(value), MAX_PARAM_VALUE_LEN)
+                value = value[:MAX_PARAM_VALUE_LEN]
+            out[key] = value
+
+    walk(redact(to_plain(obj)), prefix)
+    return out
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(path: Optional[str] = None) -> Optional[str]:
+    """HEAD of the git checkout containing ``path`` (default: this package), ``+dirty`` if modified; None
+    outside a checkout or without git."""
+    path = path or os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "") if sha else None
+
+
+def environment_tags(hosts: list[str], environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Tags describing where and with what a run ran.
+
+    Args:
+        hosts: host names of all ranks (gathered by the caller), duplicates allowed.
+        environ: environment to read Slurm variables from (default ``os.environ``).
+
+    Returns:
+        ``mlflow.source.git.commit``, ``hosts``, ``num_hosts``, ``slurm.job_id`` / ``slurm.array_job_id`` /
+        ``slurm.restart_count`` when present, ``version.{python,torch,deepspeed,datasets,transformers,
+        mlflow}``, ``cuda`` when available. Values are scrubbed of secrets.
+    """
+    environ = os.environ if environ is None else environ
+    unique_hosts = sorted(set(hosts))
+    tags: dict[str, str] = {
+        "hosts": ",".join(unique_hosts),
+        "num_hosts": str(len(unique_hosts)),
+        "version.python": platform.python_version(),
+    }
+    try:
+        tags[TAG_USER] = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        pass
+    commit = git_commit()
+    if commit:
+        tags[TAG_GIT_COMMIT] = commit
+    for dist in ("torch", "deepspeed", "datasets", "transformers", "mlflow", "albert_dist"):
+        version = _version(dist)
+        if version:
+            tags[f"version.{dist}"] = version
+    for var, tag in (("SLURM_JOB_ID", "slurm.job_id"), ("SLURM_ARRAY_JOB_ID", "slurm.array_job_id"),
+                     ("SLURM_RESTART_COUNT", "slurm.restart_count"), ("SLURM_JOB_NAME", "slurm.job_name"),
+                     ("SLURM_CLUSTER_NAME", "slurm.cluster")):
+        if environ.get(var):
+            tags[tag] = environ[var]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            tags["cuda"] = f"{torch.version.cuda} ({torch.cuda.get_device_name(0)})"
+    except Exception:  # noqa: BLE001 - a tag is never worth failing the run for
+        pass
+    return {k: v for k, v in redact(tags).items()}
+
+
+def hostname() -> str:
+    """This machine's host name (what ``hosts`` is gathered from)."""
+    return socket.gethostname()
+
+
+def model_param_counts(model: Any) -> dict[str, int]:
+    """Derived parameter counts of an ``AlbertForPreTraining`` for the run's params.
+
+    Returns:
+        ``unique_parameters``: stored, trainable elements (the tied decoder and every shared block counted
+        once); ``total_parameters``: elements as executed, i.e. a shared block counted once per executed
+        block that uses it (what an unshared BERT of the same depth would hold; same rule as
+        `albert_dist.model.sharing.unroll`); ``group_<g>_parameters``: elements of each shared group.
+    """
+    from albert_dist.model.sharing import executed_blocks
+
+    uses: dict[tuple[int, int], int] = {}
+    for _, g, j in executed_blocks(model.config):
+        uses[(g, j)] = uses.get((g, j), 0) + 1
+    prefix = "albert.encoder.albert_layer_groups."
+    counts = {"unique_parameters": 0, "total_parameters": 0}
+    for name, p in model.named_parameters():  # named_parameters() yields a tied/shared tensor once
+        if not p.requires_grad:
+            continue
+        n = p.numel()
+        counts["unique_parameters"] += n
+        if name.startswith(prefix):
+            parts = name.split(".")
+            g, j = int(parts[3]), int(parts[5])
+            counts[f"group_{g}_parameters"] = counts.get(f"group_{g}_parameters", 0) + n
+            counts["total_parameters"] += n * uses.get((g, j), 0)
+        else:
+            counts["total_parameters"] += n
+    return counts
