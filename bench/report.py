@@ -1,0 +1,264 @@
+"""Render a benchmark suite's ``results.json`` as the README's results table and a PNG plot.
+
+Used by ``bench/run_all.py`` after a suite run, and on its own to re-render from an existing file:
+
+    python bench/report.py [--results bench/results.json] [--readme README.md] [--plot bench/results.png]
+
+Which figures make the table is declared once, in :data:`HEADLINES`: every row names the benchmark, the
+dotted key of its ratio in that benchmark's result, the target from the issue that asked for it, and (when
+the ratio compares two measured throughputs or times) the keys of "ours" and of "the peer". A benchmark the
+table does not know yet still appears: every numeric key whose name contains ``ratio`` becomes a row.
+
+A summary is what ``run_all.summarize`` makes of a measured value: ``{"min", "median", "max", "n"}`` over the
+repeats (n = 1 for a scalar). This module only reads results; it never runs a benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+TABLE_START = "<!-- bench table start -->"
+TABLE_END = "<!-- bench table end -->"
+SECTION_HEADING = "## Benchmarks"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One row of the README table: a ratio of ours against a peer measured in the same run."""
+
+    bench: str
+    """Benchmark module name (file name in bench/ without .py)."""
+    label: str
+    """What the row measures, in words."""
+    ratio_key: str
+    """Dotted key of the ratio in the benchmark's result (a per-repeat list or a scalar)."""
+    target_op: Optional[str] = None
+    """'>=' or '<=' (the ratio must be at least / at most target), None when the issue sets no target."""
+    target: Optional[float] = None
+    """The target value of the ratio, from the issue that asked for the benchmark."""
+    ours_key: Optional[str] = None
+    """Dotted key of our measured value (plotted against the peer's), None for a ratio of two of ours."""
+    peer_key: Optional[str] = None
+    """Dotted key of the peer's measured value, same unit as ours_key."""
+    unit: str = ""
+    """Unit of ours_key / peer_key (e.g. 'tokens/s', 's')."""
+
+    def met(self, value: float) -> Optional[bool]:
+        """True/False whether ``value`` meets the target; None without a target or for a non-finite value."""
+        if self.target_op is None or self.target is None or not math.isfinite(value):
+            return None
+        return value >= self.target if self.target_op == ">=" else value <= self.target
+
+
+#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB) and 8.
+#: Keys follow what each benchmark's ``run()`` returns; a row whose ratio key is missing is shown as "n/a".
+HEADLINES: tuple[Headline, ...] = (
+    Headline("model_step", "train step ALBERT-base B=8 S=128 fp32: ours / transformers tokens/s",
+             "ratio_ours_over_hf", ">=", 1.15, "ours_tokens_per_s", "hf_tokens_per_s", "tokens/s"),
+    Headline("model_step", "model FLOP/s / matmul peak measured in the same run (MFU-like)",
+             "ratio_flops_over_matmul_peak"),
+    Headline("data_pipeline", "data pipeline S=512, 1 core: ours / HF tokenizer+collator tokens/s",
+             "ratio_ours_over_hf", ">=", 2.0, "ours_tokens_per_s", "hf_tokens_per_s", "tokens/s"),
+    Headline("zero", "ZeRO-3 all-gather bytes per step / unique parameter bytes (12 layers shared)",
+             "ratio_allgather_over_param_bytes", "<=", 2.0),
+    Headline("zero", "ZeRO-1 optimizer-state bytes per rank, 2 ranks / 1 rank",
+             "ratio_optim_state_zero1", "<=", 0.55),
+    Headline("zero", "ZeRO-2 optimizer-state bytes per rank, 2 ranks / 1 rank",
+             "ratio_optim_state_zero2", "<=", 0.55),
+    Headline("lamb", "step time LAMB / AdamW, ZeRO-2, 2 ranks",
+             "ratio_lamb_over_adamw", "<=", 1.15, "lamb_step_s", "adamw_step_s", "s"),
+    Headline("checkpoint_io", "checkpoint save ALBERT-base: DeepSpeed engine / torch.save",
+             "ratio_save", None, None, "deepspeed_save_s", "torch_save_s", "s"),
+    Headline("checkpoint_io", "checkpoint load ALBERT-base: DeepSpeed engine / torch.load",
+             "ratio_load", None, None, "deepspeed_load_s", "torch_load_s", "s"),
+    Headline("resume", "loader resume, far stream position / near (0 workers)",
+             "workers_0.ratio_far_over_near", "<=", 1.2, "workers_0.far_resume_s", "workers_0.near_resume_s", "s"),
+    Headline("resume", "loader resume, far stream position / near (2 workers)",
+             "workers_2.ratio_far_over_near", "<=", 1.2, "workers_2.far_resume_s", "workers_2.near_resume_s", "s"),
+)
+
+
+def _lookup(summary: dict[str, Any], key: str) -> Optional[dict[str, float]]:
+    """The ``{"min", "median", "max", "n"}`` summary of ``key`` in a benchmark's summaries, or None."""
+    value = summary.get(key)
+    return value if isinstance(value, dict) and "median" in value else None
+
+
+def _fmt(x: float) -> str:
+    """A number with 3 significant digits (thousands separators for large ones)."""
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) >= 1e4:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def _fmt_stat(stat: Optional[dict[str, float]], unit: str = "") -> str:
+    """``median (min–max)`` of a summary, or 'n/a'; the range is left out for a single measurement."""
+    if stat is None:
+        return "n/a"
+    text = _fmt(stat["median"])
+    if stat.get("n", 1) > 1 and stat["min"] != stat["max"]:
+        text += f" ({_fmt(stat['min'])}–{_fmt(stat['max'])})"
+    return f"{text} {unit}".rstrip()
+
+
+def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's rows for a results dict as written by run_all (keys ``benchmarks``, ``machine``).
+
+    Each row: ``bench, label, ratio (summary or None), ours, peer (summaries or None), unit, target (text),
+    met (True/False/None), status`` ('ok', 'skipped', 'failed', 'timed out', 'not run').
+    """
+    benches: dict[str, Any] = results.get("benchmarks", {})
+    out: list[dict[str, Any]] = []
+    known = {h.bench for h in HEADLINES}
+    for h in HEADLINES:
+        entry = benches.get(h.bench)
+        status = entry["status"] if entry else "not run"
+        summary = entry.get("summary", {}) if entry else {}
+        ratio = _lookup(summary, h.ratio_key)
+        out.append({
+            "bench": h.bench, "label": h.label, "ratio": ratio, "unit": h.unit,
+            "ours": _lookup(summary, h.ours_key) if h.ours_key else None,
+            "peer": _lookup(summary, h.peer_key) if h.peer_key else None,
+            "target": f"{h.target_op} {h.target:g}" if h.target_op else "—",
+            "met": h.met(ratio["median"]) if ratio else None,
+            "status": status if (ratio or status != "ok") else "key missing",
+        })
+    # Benchmarks HEADLINES does not name yet: every ratio they report, without a target.
+    for name in sorted(set(benches) - known):
+        entry = benches[name]
+        ratio_keys = [k for k in entry.get("summary", {}) if re.search(r"ratio", k.split(".")[-1])]
+        if not ratio_keys:
+            out.append({"bench": name, "label": "(no ratio reported)", "ratio": None, "unit": "", "ours": None,
+                        "peer": None, "target": "—", "met": None, "status": entry["status"]})
+        for key in ratio_keys:
+            out.append({"bench": name, "label": key, "ratio": entry["summary"][key], "unit": "", "ours": None,
+                        "peer": None, "target": "—", "met": None, "status": entry["status"]})
+    return out
+
+
+def render_table(results: dict[str, Any]) -> str:
+    """The README's results table (Markdown) with the machine line above it, from a results dict."""
+    m = results.get("machine", {})
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v)
+    head = (
+        f"Measured {m.get('date_utc', '?')} on {m.get('cpu_model', '?')}, {m.get('cpu_cores_used', '?')} of "
+        f"{m.get('cpu_count', '?')} cores, {_fmt(m.get('memory_gib', float('nan')))} GiB RAM"
+        f"{', GPU ' + m['gpu'] if m.get('gpu') else ', no GPU'}; {versions}; suite wall time "
+        f"{_fmt(results.get('wall_s', float('nan')))} s, commit {m.get('git_commit', '?')}. "
+        "Figures: median (min–max) over the repeats of one run; ratios are computed per repeat."
+    )
+    lines = [head, "", "| benchmark | measure | ours | peer | ratio | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows(results):
+        met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
+        ratio = _fmt_stat(r["ratio"]) if r["ratio"] else f"n/a ({r['status']})"
+        lines.append(f"| {r['bench']} | {r['label']} | {_fmt_stat(r['ours'], r['unit']) if r['ours'] else '—'} | "
+                     f"{_fmt_stat(r['peer'], r['unit']) if r['peer'] else '—'} | {ratio} | {r['target']} | {met} |")
+    return "\n".join(lines)
+
+
+def update_readme(readme_text: str, table: str) -> str:
+    """``readme_text`` with ``table`` placed between the table markers inside the ``## Benchmarks`` section.
+
+    The markers are created at the end of the section when they are missing.
+
+    Raises:
+        ValueError: the README has no ``## Benchmarks`` heading, or the markers lie outside that section.
+    """
+    start_sec = readme_text.find("\n" + SECTION_HEADING + "\n")
+    if start_sec < 0 and not readme_text.startswith(SECTION_HEADING + "\n"):
+        raise ValueError(f"README has no {SECTION_HEADING!r} section to put the results table in")
+    start_sec = max(start_sec, 0)
+    nxt = re.search(r"\n## ", readme_text[start_sec + 1 + len(SECTION_HEADING):])
+    end_sec = len(readme_text) if nxt is None else start_sec + 1 + len(SECTION_HEADING) + nxt.start()
+    section = readme_text[start_sec:end_sec]
+    block = f"{TABLE_START}\n{table}\n{TABLE_END}"
+    if TABLE_START in section and TABLE_END in section:
+        a, b = section.index(TABLE_START), section.index(TABLE_END) + len(TABLE_END)
+        if b < a:
+            raise ValueError(f"README: {TABLE_END!r} comes before {TABLE_START!r} in {SECTION_HEADING!r}")
+        section = section[:a] + block + section[b:]
+    elif TABLE_START in readme_text or TABLE_END in readme_text:
+        raise ValueError(f"README: the bench table markers exist outside the {SECTION_HEADING!r} section")
+    else:
+        section = section.rstrip("\n") + "\n\n" + block + "\n"
+    if end_sec < len(readme_text) and not section.endswith("\n\n"):
+        section = section.rstrip("\n") + "\n\n"
+    return readme_text[:start_sec] + section + readme_text[end_sec:]
+
+
+def plot(results: dict[str, Any], path: str | Path) -> int:
+    """Write a PNG of ours vs the peer (median bars, min–max whiskers) per headline comparison.
+
+    One panel per :data:`HEADLINES` row that has both an ours and a peer figure; panels keep their own unit
+    (throughputs: higher is better; times: lower is better). Returns the number of panels drawn (0: no file).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: the suite runs on servers and in CI
+    import matplotlib.pyplot as plt
+
+    pairs = [r for r in rows(results) if r["ours"] and r["peer"]]
+    if not pairs:
+        return 0
+    ncols = min(3, len(pairs))
+    nrows = math.ceil(len(pairs) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    for ax, r in zip(axes.flat, pairs):
+        meds = [r["ours"]["median"], r["peer"]["median"]]
+        err = [[m - s["min"] for m, s in zip(meds, (r["ours"], r["peer"]))],
+               [s["max"] - m for m, s in zip(meds, (r["ours"], r["peer"]))]]
+        ax.bar(["ours", "peer"], meds, yerr=err, capsize=6, color=["tab:blue", "tab:gray"])
+        better = "lower is better" if r["unit"] == "s" else "higher is better"
+        ratio = r["ratio"]["median"] if r["ratio"] else float("nan")
+        ax.set_title(f"{r['bench']}: ratio {_fmt(ratio)} (target {r['target']})", fontsize=9)
+        ax.set_ylabel(f"{r['unit']} ({better})", fontsize=8)
+        ax.set_xlabel("\n".join(_wrap(r["label"], 48)), fontsize=7)
+    for ax in list(axes.flat)[len(pairs):]:
+        ax.axis("off")
+    m = results.get("machine", {})
+    fig.suptitle(f"albert_dist benchmarks vs peers — {m.get('cpu_model', '?')}, "
+                 f"{m.get('cpu_cores_used', '?')} cores, {m.get('date_utc', '?')[:10]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return len(pairs)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Greedy word wrap (plot labels only)."""
+    lines, cur = [], ""
+    for word in text.split():
+        if cur and len(cur) + 1 + len(word) > width:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}".strip()
+    return lines + ([cur] if cur else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render README table and plot from an existing results file; returns 0."""
+    root = Path(__file__).resolve().parent.parent
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=str(root / "bench" / "results.json"))
+    p.add_argument("--readme", default=str(root / "README.md"))
+    p.add_argument("--plot", default=str(root / "bench" / "results.png"))
+    args = p.parse_args(argv)
+    results = json.loads(Path(args.results).read_text())
+    readme = Path(args.readme)
+    readme.write_text(update_readme(readme.read_text(), render_table(results)))
+    plot(results, args.plot)
+    print(render_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

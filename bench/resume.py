@@ -1,0 +1,136 @@
+"""Resume time of the training loader at a far stream position vs a near one (target ratio <= 1.2).
+
+A resumable stream must seek, not replay: restoring the loader state saved after ``far`` batches must cost
+about what restoring the state saved after ``near`` batches costs. The benchmark streams the bundled corpus
+once with ``albert_dist.data.loader.build_train_loader`` (rank 0 of 1), keeps ``state_dict()`` after ``near``
+and after ``far`` batches and the batch that followed each, then per repeat, for both positions, builds a fresh
+loader and times ``load_state_dict(state)`` + the first batch. The resumed batch must equal the one the
+uninterrupted stream produced (checked; a mismatch raises), so the figure is the time of a *correct* resume.
+Run with 0 and with 2 DataLoader workers (with workers the first batch also pays the worker start-up, which
+is the same at both positions). ``stream_s_per_batch`` (the uninterrupted rate) shows what replaying to the
+far position would have cost: ``far * stream_s_per_batch``.
+
+    python bench/resume.py [--repeats 3] [--far 300] [--workers 0 2]
+
+``run(repeats=..., ...)`` returns the figures as a dict for bench/run_all.py.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+log = logging.getLogger("bench.resume")
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _resume_once(cfg, micro_batch_size: int, state: dict) -> tuple[float, float, dict[str, torch.Tensor]]:
+    """Build a loader, restore ``state``, take one batch: (build seconds, restore + first batch seconds, batch)."""
+    from albert_dist.data.loader import build_train_loader
+
+    t0 = time.perf_counter()
+    loader = build_train_loader(cfg, micro_batch_size, 0, 1)
+    t1 = time.perf_counter()
+    loader.load_state_dict(state)
+    batch = next(iter(loader))
+    t2 = time.perf_counter()
+    del loader  # shuts its workers down before the next measurement
+    return t1 - t0, t2 - t1, batch
+
+
+def _bench_workers(num_workers: int, repeats: int, near: int, far: int, seq: int, micro_batch_size: int) -> dict:
+    from albert_dist.data.config import DataConfig
+    from albert_dist.data.loader import build_train_loader
+
+    cfg = DataConfig(max_seq_length=seq, num_workers=num_workers)
+    loader = build_train_loader(cfg, micro_batch_size, 0, 1)
+    it = iter(loader)
+    states: dict[str, dict] = {}
+    expected: dict[str, dict[str, torch.Tensor]] = {}
+    real_tokens = 0
+    t_first = None
+    t0 = time.perf_counter()
+    for i in range(far + 1):
+        if i in (near, far):
+            states["near" if i == near else "far"] = loader.state_dict()
+        batch = next(it)
+        if i == 0:
+            t_first = time.perf_counter()
+        if i in (near, far):
+            expected["near" if i == near else "far"] = batch
+        real_tokens += int(batch["attention_mask"].sum())
+    stream_s = time.perf_counter() - t_first  # excludes start-up: the steady rate a replay would run at
+    del it, loader
+
+    out: dict[str, Any] = {"near_batches": near, "far_batches": far,
+                           "far_tokens": far * micro_batch_size * seq, "non_pad_tokens_streamed": real_tokens,
+                           "stream_s_per_batch": stream_s / far, "replay_estimate_s": stream_s,
+                           "near_resume_s": [], "far_resume_s": [], "build_s": [], "ratio_far_over_near": []}
+    for r in range(repeats):
+        times = {}
+        # Alternate the order so that a warm cache or a noisy neighbour does not favour one position.
+        for pos in (("near", "far") if r % 2 == 0 else ("far", "near")):
+            build_s, resume_s, batch = _resume_once(cfg, micro_batch_size, states[pos])
+            if not _same(batch, expected[pos]):
+                raise RuntimeError(f"resume at the {pos} position ({near if pos == 'near' else far} batches, "
+                                   f"{num_workers} workers) gave a different batch than the uninterrupted stream")
+            times[pos] = resume_s
+            out["build_s"].append(build_s)
+        out["near_resume_s"].append(times["near"])
+        out["far_resume_s"].append(times["far"])
+        out["ratio_far_over_near"].append(times["far"] / times["near"])
+    return out
+
+
+def run(repeats: int = 3, near: int = 2, far: int = 300, seq: int = 128, micro_batch_size: int = 8,
+        workers: tuple[int, ...] = (0, 2)) -> dict[str, Any]:
+    """Resume figures per worker count: ``{"workers_<n>": {near_resume_s: [..], far_resume_s: [..],
+    ratio_far_over_near: [..], stream_s_per_batch, replay_estimate_s, ...}}`` (seconds; lists per repeat).
+
+    Uses the default ``DataConfig`` (the bundled WikiText-2 sample and its sentencepiece model) at sequence
+    length ``seq``. Raises ``ValueError`` unless 0 <= near < far and repeats >= 1, and ``RuntimeError`` when a
+    resumed batch differs from the uninterrupted stream's.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not 0 <= near < far:
+        raise ValueError(f"need 0 <= near < far, got near={near}, far={far}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    result: dict[str, Any] = {"seq": seq, "micro_batch_size": micro_batch_size, "target_ratio_max": 1.2}
+    for n in workers:
+        result[f"workers_{n}"] = _bench_workers(n, repeats, near, far, seq, micro_batch_size)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--near", type=int, default=2)
+    parser.add_argument("--far", type=int, default=300)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    r = run(repeats=args.repeats, near=args.near, far=args.far, seq=args.seq,
+            micro_batch_size=args.micro_batch_size, workers=tuple(args.workers))
+    for n in args.workers:
+        w = r[f"workers_{n}"]
+        med = statistics.median
+        print(f"{n} workers, S={args.seq} B={args.micro_batch_size}: resume after {args.near} batches "
+              f"{med(w['near_resume_s']):.3f} s, after {args.far} batches {med(w['far_resume_s']):.3f} s "
+              f"(replaying would take ~{w['replay_estimate_s']:.2f} s); ratio far/near median "
+              f"{med(w['ratio_far_over_near']):.2f} (min {min(w['ratio_far_over_near']):.2f}, max "
+              f"{max(w['ratio_far_over_near']):.2f}; target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

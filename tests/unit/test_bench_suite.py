@@ -1,0 +1,109 @@
+"""The benchmark suite's plumbing (bench/run_all.py, bench/report.py): discovery, summaries, the README table.
+
+No benchmark is timed here; the child-process test runs a fake benchmark that returns fixed numbers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+run_all = _load("run_all")
+report = _load("report")
+
+
+def test_summarize_lists_scalars_and_presummarized():
+    s = run_all.summarize({"a": [3.0, 1.0, 2.0, 10.0], "b": {"c": 4, "ok": True, "name": "x"},
+                           "d": {"min": 1.0, "median": 2.0, "max": 5.0, "n": 7}, "e": [float("nan"), 2.0]})
+    assert s["a"] == {"min": 1.0, "median": statistics.median([3.0, 1.0, 2.0, 10.0]), "max": 10.0, "n": 4}
+    assert s["b.c"] == {"min": 4.0, "median": 4.0, "max": 4.0, "n": 1}
+    assert s["d"] == {"min": 1.0, "median": 2.0, "max": 5.0, "n": 7}
+    assert s["e"]["n"] == 1  # NaN dropped
+    assert "b.ok" not in s and "b.name" not in s  # booleans and strings are not measurements
+
+
+def _results(ratio_values, status="ok"):
+    summary = run_all.summarize({"ratio_ours_over_hf": ratio_values, "ours_tokens_per_s": [1200.0, 1300.0, 1250.0],
+                                 "hf_tokens_per_s": [1000.0, 1010.0, 990.0], "extra_ratio": 0.5})
+    return {"wall_s": 12.0, "machine": {"cpu_model": "Test CPU", "cpu_cores_used": 2, "cpu_count": 2,
+                                        "memory_gib": 24.0, "date_utc": "2026-01-01T00:00:00Z",
+                                        "versions": {"torch": "2.13.0"}, "git_commit": "abc"},
+            "benchmarks": {"model_step": {"status": status, "summary": summary},
+                           "newbench": {"status": "ok", "summary": run_all.summarize({"speed_ratio": [2.0, 4.0]})}}}
+
+
+def test_table_rows_targets_and_unknown_benchmarks():
+    rows = {(r["bench"], r["label"]): r for r in report.rows(_results([1.2, 1.3, 1.25]))}
+    ms = next(r for (b, _), r in rows.items() if b == "model_step" and r["ours"])
+    assert ms["ratio"]["median"] == 1.25 and ms["met"] is True and ms["target"] == ">= 1.15"
+    assert ms["peer"]["median"] == 1000.0
+    assert rows[("newbench", "speed_ratio")]["ratio"]["median"] == 3.0  # not in HEADLINES: still shown
+    assert all(r["status"] == "not run" for r in rows.values() if r["bench"] == "zero")
+    low = next(r for r in report.rows(_results([1.0, 1.1, 1.05])) if r["bench"] == "model_step" and r["ours"])
+    assert low["met"] is False
+    table = report.render_table(_results([1.2, 1.3, 1.25]))
+    assert "| model_step |" in table and "1.25 (1.2–1.3)" in table and "Test CPU" in table
+    assert "n/a (not run)" in table
+
+
+README = """# proj
+
+## Model
+<!-- model section -->
+text
+
+## Benchmarks
+<!-- bench section -->
+How to run.
+
+## Later
+keep me
+"""
+
+
+def test_update_readme_inserts_then_replaces_inside_section():
+    once = report.update_readme(README, "TABLE-1")
+    assert once.index("## Benchmarks") < once.index(report.TABLE_START) < once.index("TABLE-1") < once.index("## Later")
+    assert "keep me" in once and "How to run." in once and once.startswith("# proj\n\n## Model")
+    twice = report.update_readme(once, "TABLE-2")
+    assert "TABLE-1" not in twice and twice.count(report.TABLE_START) == 1 and "TABLE-2" in twice
+    assert twice.replace("TABLE-2", "TABLE-1") == once
+    with pytest.raises(ValueError, match="Benchmarks"):
+        report.update_readme("# no section\n", "T")
+
+
+def test_plot_writes_png(tmp_path):
+    path = tmp_path / "r.png"
+    assert report.plot(_results([1.2, 1.3, 1.25]), path) == 1
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_discover_and_child_process(tmp_path):
+    (tmp_path / "fake.py").write_text("def run(repeats=1):\n    return {'ratio_x': [1.0 * i for i in range(1, repeats + 1)]}\n")
+    (tmp_path / "skipme.py").write_text("def main():\n    pass\n")
+    (tmp_path / "_private.py").write_text("def run():\n    pass\n")
+    (tmp_path / "broken.py").write_text("def run(:\n")
+    (tmp_path / "fails.py").write_text("def run(repeats=1):\n    raise RuntimeError('boom')\n")
+    assert run_all.discover(tmp_path) == ["broken", "fails", "fake"]
+    entry = run_all.run_one("fake", {"repeats": 3, "unknown_size": 5}, timeout_s=120, bench_dir=tmp_path)
+    assert entry["status"] == "ok" and entry["kwargs"] == {"repeats": 3}
+    assert entry["summary"]["ratio_x"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    failed = run_all.run_one("fails", {"repeats": 1}, timeout_s=120, bench_dir=tmp_path)
+    assert failed["status"] == "failed" and "boom" in failed["error"]
+    json.dumps(entry)
