@@ -1,0 +1,207 @@
+"""Training metrics: accumulation across micro-steps and ranks, MFU, and the console + metrics.jsonl tracker.
+
+The loop adds every micro-step's outputs to a `MetricAccumulator` as tensors on the device (no `.item()`, so
+no host sync per micro-step); at a log step one `all_reduce` of a single vector sums them over ranks and the
+record is computed on the host. A tracker is any object with `log_params(dict)`, `log_metrics(dict[str,
+float], step)`, `log_checkpoint(local_dir, step)` and `close(status)` (the interface MLflow tracking
+implements too); `JsonlTracker` is the one the trainer uses when MLflow is off.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable with a device's peak dense TFLOP/s, read when engine.peak_tflops_per_device is unset.
+PEAK_TFLOPS_ENV = "ALBERT_DIST_PEAK_TFLOPS"
+
+#: Order of the summed quantities in the accumulator's vector.
+_FIELDS = ("loss", "mlm_loss", "sop_loss", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
+           "sop_count", "tokens", "samples", "positions", "grad_norm", "steps")
+
+
+class MetricAccumulator:
+    """Sums of per-micro-step losses and counts on one rank, kept on `device` until `reduce` is called."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new interval."""
+        self._sums = torch.zeros(len(_FIELDS), dtype=torch.float64, device=self.device)
+        self._samples = 0  # host-side: shapes are known without a sync
+        self._positions = 0
+        self._start = time.perf_counter()
+
+    def add_micro_step(self, output: Any, attention_mask: torch.Tensor) -> None:
+        """Add one micro-step: `output` a `PreTrainingOutput` (fp32 scalar losses, int64 counts) and the
+        (B, S) int64 `attention_mask` of its batch (1 = real token)."""
+        values = torch.stack([
+            output.loss.detach().double(), output.mlm_loss.detach().double(), output.sop_loss.detach().double(),
+            torch.ones((), dtype=torch.float64, device=self.device),
+            output.mlm_correct.double(), output.mlm_count.double(), output.sop_correct.double(),
+            output.sop_count.double(), attention_mask.sum().double(),
+        ]).to(self.device)
+        self._sums[:9] += values
+        self._samples += attention_mask.shape[0]
+        self._positions += attention_mask.numel()
+
+    def add_step(self, grad_norm: Any) -> None:
+        """Add one optimiser step and its global gradient norm (tensor, float or None when unavailable)."""
+        if grad_norm is not None:
+            self._sums[11] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
+        self._sums[12] += 1
+
+    def reduce(self) -> dict[str, float]:
+        """Sum over ranks (collective when a process group is up) and return the interval's record:
+        loss, mlm_loss, sop_loss (mean over micro-steps of all ranks), mlm_accuracy, sop_accuracy, grad_norm
+        (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
+        (padded positions, what the FLOPs count) and interval_s. Resets the accumulator."""
+        sums = self._sums.clone()
+        sums[9], sums[10] = float(self._samples), float(self._positions)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # grad_norm and steps are already global; sum only the per-rank quantities.
+            dist.all_reduce(sums)
+            sums[11:] /= dist.get_world_size()
+        s = dict(zip(_FIELDS, sums.tolist()))
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        micro = max(s["micro_steps"], 1.0)
+        record = {
+            "loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro, "sop_loss": s["sop_loss"] / micro,
+            "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1.0),
+            "sop_accuracy": s["sop_correct"] / max(s["sop_count"], 1.0),
+            "grad_norm": s["grad_norm"] / max(s["steps"], 1.0),
+            "tokens_per_s": s["tokens"] / elapsed, "samples_per_s": s["samples"] / elapsed,
+            "positions_per_s": s["positions"] / elapsed, "interval_s": elapsed,
+        }
+        self.reset()
+        return record
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process: allocated accelerator memory on CUDA, else the peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is in KiB on Linux.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def measure_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
+    """Achieved dense-matmul TFLOP/s on `device` in `dtype` (2 n^3 FLOPs per n x n matmul), a stand-in for the
+    datasheet peak when none is configured; MFU against it reads as "fraction of achievable matmul speed"."""
+    n = 1024 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b)  # warm-up
+    iters, start = 0, time.perf_counter()
+    while True:
+        torch.matmul(a, b)
+        iters += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2.0 * n**3 * iters / elapsed / 1e12
+
+
+def resolve_peak_tflops(configured: Optional[float], device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """Peak TFLOP/s per device for MFU and where it came from: the config, $ALBERT_DIST_PEAK_TFLOPS, or a
+    measured matmul (`measure_peak_tflops`). Raises `ValueError` for a non-positive environment value."""
+    if configured is not None:
+        return float(configured), "engine.peak_tflops_per_device"
+    env = os.environ.get(PEAK_TFLOPS_ENV)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ValueError(f"${PEAK_TFLOPS_ENV} must be a positive number of TFLOP/s, got {env!r}")
+        return value, f"${PEAK_TFLOPS_ENV}"
+    return measure_peak_tflops(device, dtype), "measured matmul"
+
+
+def mfu(flops_per_position: float, positions_per_s: float, world_size: int, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: flops_per_position x positions/s (all ranks) / (world_size x peak x 1e12).
+
+    `flops_per_position` is `albert_dist.model.flops.training_flops_per_token` (executed blocks L x
+    inner_group_num, forward + backward); positions are padded sequence positions, the compute actually run.
+    """
+    return flops_per_position * positions_per_s / (world_size * peak_tflops * 1e12)
+
+
+class JsonlTracker:
+    """Console + `<run_dir>/metrics.jsonl` tracker (rank 0). One JSON object per line: {"step", metrics...}.
+
+    `truncate_after(step)` drops records beyond a resumed checkpoint's step, so after a resume no step
+    appears twice in the file.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only records with step <= `step` (atomic rewrite)."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill -9
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        os.replace(tmp, self.path)
+
+    def log_params(self, params: dict) -> None:
+        """Write `params` to <run_dir>/params.json."""
+        (self.run_dir / "params.json").write_text(json.dumps(params, indent=1, sort_keys=True, default=str))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Append one record and print it on the console."""
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"step": step, **metrics}) + "\n")
+        logger.info("step %d | %s", step, " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
+
+    def log_checkpoint(self, local_dir: str, step: int) -> None:
+        """Note a complete checkpoint on the console."""
+        logger.info("step %d | checkpoint %s", step, local_dir)
+
+    def close(self, status: str) -> None:
+        """Note the end of the run ("FINISHED", "KILLED" on preemption, "FAILED")."""
+        logger.info("run %s; metrics in %s", status, self.path)
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: records nothing."""
+
+    def log_params(self, params: dict) -> None:
+        """Ignore."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Ignore."""
+
+    def log_checkpoint(self, local_dir: str, step: int) -> None:
+        """Ignore."""
+
+    def close(self, status: str) -> None:
+        """Ignore."""
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and (abs(value) >= 1e5 or (value != 0 and abs(value) < 1e-3)):
+        return f"{value:.3e}"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,381 @@
+"""`albert-dist train`: the pretraining loop on a DeepSpeed engine.
+
+    albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
+
+Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
+...`), torchrun, srun, and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
+(`albert_dist.engine.distributed`). The config and the batch arithmetic for the launcher's world size are
+checked before any process group starts (bad config: exit code 2, nothing started).
+
+One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
+`engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
+Every `log_interval_steps`: loss, mlm_loss, sop_loss, mlm/sop accuracy, lr, grad_norm, tokens/s, samples/s,
+MFU and peak memory per rank go to the tracker (rank 0). Every `eval_interval_steps` and after the last step:
+validation loss and accuracies on the held-out data. Every `checkpoint.save_interval_steps` and at the end: a
+checkpoint (`albert_dist.engine.checkpoint`).
+
+SIGTERM or SIGUSR1 (Slurm's `--signal=B:USR1@T`, the deepspeed launcher forwarding a SIGTERM): the current
+step finishes, all ranks agree on stopping at the same step (a MAX all-reduce of the flag after every step),
+a checkpoint is written and the process exits with `EXIT_PREEMPTED` (75, sysexits' EX_TEMPFAIL: "try
+again"), which a requeue script tells apart from success (0), a config error (2) and a crash (1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_container, to_yaml
+from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.deepspeed_config import build_deepspeed_config
+from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
+                                        resolve_peak_tflops)
+
+logger = logging.getLogger(__name__)
+
+#: Exit codes of `albert-dist train`.
+EXIT_OK = 0
+EXIT_CRASHED = 1
+EXIT_CONFIG_ERROR = 2
+#: Stopped by SIGTERM/SIGUSR1 after writing a checkpoint; rerun with `--resume auto` to continue.
+EXIT_PREEMPTED = 75
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+#: Per-rank peak memory is logged as one metric per rank up to this many ranks (min/max always).
+_MAX_PER_RANK_METRICS = 16
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="albert-dist train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
+    parser.add_argument("--resume", default=None, metavar="auto|PATH",
+                        help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
+                             "PATH: a checkpoint directory or step_<N> directory")
+    # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
+    return parser.parse_args(list(argv))
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cli(argv: Sequence[str]) -> int:
+    """Entry point of `albert-dist train`; returns the exit code (see the module docstring). Never exits."""
+    args = _parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"checkpoint.resume={args.resume}")
+    from albert_dist.engine.distributed import discover
+
+    try:
+        env = discover()
+        _setup_logging(env.rank)
+        cfg = load_config(args.config, overrides)
+        check_derived(cfg, env.world_size)
+        build_deepspeed_config(cfg, env.world_size)  # precision / accelerator checks
+        if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
+            raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
+    except (ValueError, FileNotFoundError) as err:
+        print(f"albert-dist train: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    trainer = Trainer(cfg, recipe_name=Path(args.config).stem)
+    return trainer.run()
+
+
+def seed_for(seed: int, rank: int, step: int) -> int:
+    """Seed of a rank's dropout RNG when it cannot be restored from a checkpoint (fresh start or new rank)."""
+    return (seed * 1_000_003 + rank * 7919 + step) % (2**63)
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _StopFlag:
+    """Records the first SIGTERM/SIGUSR1; the loop polls it after every optimiser step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if not self.signum:
+            self.signum = signum
+            logger.warning("received %s: finishing this step, then checkpoint and exit %d",
+                           signal.Signals(signum).name, EXIT_PREEMPTED)
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Trainer:
+    """One pretraining job: `setup()` builds everything and resumes, `train()` runs the loop, `run()` both.
+
+    Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
+    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`.
+    """
+
+    def __init__(self, cfg: TrainConfig, recipe_name: str = "run"):
+        self.cfg = cfg
+        self.recipe_name = recipe_name
+        self.step = 0
+        self.engine = None
+        self.tracker: Any = NullTracker()
+        self._stop = _StopFlag()
+        self._eval_loader = None
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Start the process group, build model/optimiser/engine/data, resume, open the tracker."""
+        import deepspeed
+
+        from albert_dist.data.loader import build_train_loader
+        from albert_dist.engine.distributed import init_distributed
+        from albert_dist.engine.optim import build_optimizer, build_scheduler
+        from albert_dist.model import AlbertForPreTraining
+        from albert_dist.model.flops import training_flops_per_token
+
+        cfg = self.cfg
+        self.dist_env = init_distributed()
+        rank, world = self.dist_env.rank, self.dist_env.world_size
+        _setup_logging(rank)
+        self.run_dir = Path(self._agree_run_dir())
+        self.ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.run_dir / "checkpoints"
+        self.config_hash = config_hash(cfg)
+
+        point = ckpt.plan_resume(cfg.checkpoint.resume, self.ckpt_dir)
+        ds_config = build_deepspeed_config(cfg, world)
+        if point is not None and point.needs_universal(world):
+            ds_config["checkpoint"] = {"load_universal": True}
+        if rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
+
+        _seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
+        model = AlbertForPreTraining(cfg.model)
+        # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
+        model.universal_checkpoint_info = dict(ckpt.UNIVERSAL_CHECKPOINT_INFO)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        optimizer = build_optimizer(model, cfg.optimizer)
+        scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.max_steps)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                    config=ds_config)
+        if cfg.optimizer.type == "lamb":
+            from albert_dist.engine.lamb import attach_zero_partition_map
+
+            attach_zero_partition_map(self.engine)
+        self.ga_steps = self.engine.gradient_accumulation_steps()
+        assert self.ga_steps == cfg.engine.gradient_accumulation_steps  # the loop and DeepSpeed must agree
+
+        self.train_loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, rank, world)
+        if point is None:
+            _seed_all(seed_for(cfg.seed, rank, 0))
+        else:
+            state = ckpt.load_checkpoint(self.engine, point)
+            self.step = int(state["step"])
+            if state["config_hash"] != self.config_hash:
+                logger.warning("config differs from the checkpoint's (hash %s -> %s); continuing with the new one",
+                               state["config_hash"], self.config_hash)
+            data_state = ckpt.remap_data_states(state["data_states"], world)[rank]
+            if data_state is not None:
+                self.train_loader.load_state_dict(data_state)
+            if state["world_size"] != world:
+                _seed_all(seed_for(cfg.seed, rank, self.step))
+        self._train_iter = iter(self.train_loader)
+
+        device = self.engine.device
+        self.device = torch.device(device) if not isinstance(device, torch.device) else device
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.engine.precision, torch.float32)
+        self.flops_per_position = training_flops_per_token(cfg.model, cfg.data.max_seq_length)
+        self.peak_tflops, peak_source = (resolve_peak_tflops(cfg.engine.peak_tflops_per_device, self.device, dtype)
+                                         if rank == 0 else (0.0, ""))
+        self.tracker = self._build_tracker()
+        if rank == 0:
+            logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
+                        self.run_dir, self.dist_env.describe(), self.n_params, check_derived(cfg, world),
+                        self.peak_tflops, peak_source)
+            if point is not None and isinstance(self.tracker, JsonlTracker):
+                self.tracker.truncate_after(self.step)
+            params = to_container(cfg)
+            params["derived"] = {"world_size": world, "train_batch_size": check_derived(cfg, world),
+                                 "n_parameters": self.n_params, "config_hash": self.config_hash}
+            self.tracker.log_params(params)
+
+    def _agree_run_dir(self) -> str:
+        """cfg.run_dir, or runs/<recipe>-<UTC time> chosen by rank 0 and broadcast (ranks' clocks differ)."""
+        if self.cfg.run_dir is not None:
+            return self.cfg.run_dir
+        name = [f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(name, src=0)
+        return name[0]
+
+    def _build_tracker(self):
+        """The job's tracker on rank 0 (console + metrics.jsonl), a no-op elsewhere."""
+        return JsonlTracker(self.run_dir) if self.dist_env.rank == 0 else NullTracker()
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def train(self) -> int:
+        """Run optimiser steps until max_steps or a stop signal; returns EXIT_OK or EXIT_PREEMPTED."""
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        cfg, engine = self.cfg, self.engine
+        rank = self.dist_env.rank
+        acc = MetricAccumulator(self.device)
+        last_saved = self.step
+        engine.train()
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                   disable=rank != 0 or not cfg.progress_bar, mininterval=1.0)
+        self._stop.install()
+        try:
+            with logging_redirect_tqdm():
+                while self.step < cfg.max_steps:
+                    lr = engine.get_lr()[0]  # the lr this step's update uses
+                    for _ in range(self.ga_steps):
+                        batch = self._to_device(next(self._train_iter))
+                        out = engine(**batch)
+                        engine.backward(out.loss)
+                        engine.step()
+                        acc.add_micro_step(out, batch["attention_mask"])
+                    self.step += 1
+                    acc.add_step(engine.get_global_grad_norm())
+                    bar.update(1)
+                    if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
+                        record = self._log_train(acc, lr)
+                        bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                    if self.step == cfg.max_steps or (cfg.eval_interval_steps
+                                                      and self.step % cfg.eval_interval_steps == 0):
+                        self.evaluate()
+                    stop = self._agree_stop()
+                    if stop or self.step == cfg.max_steps or (cfg.checkpoint.save_interval_steps and
+                                                              self.step % cfg.checkpoint.save_interval_steps == 0):
+                        self.save()
+                        last_saved = self.step
+                    if stop:
+                        logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
+                                       EXIT_PREEMPTED)
+                        return EXIT_PREEMPTED
+        finally:
+            self._stop.restore()
+            bar.close()
+        if last_saved != self.step:  # max_steps already reached when resuming from a non-final checkpoint
+            self.save()
+        return EXIT_OK
+
+    def _agree_stop(self) -> bool:
+        """True on every rank if any rank got a stop signal (one MAX all-reduce per optimiser step)."""
+        flag = torch.tensor([float(self._stop.signum)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _log_train(self, acc: MetricAccumulator, lr: float) -> dict[str, float]:
+        record = acc.reduce()
+        world = self.dist_env.world_size
+        record["lr"] = float(lr)
+        mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and world > 1:
+            gathered = [torch.zeros_like(mem) for _ in range(world)]
+            dist.all_gather(gathered, mem)
+            per_rank = [g.item() for g in gathered]
+        else:
+            per_rank = [mem.item()]
+        record["peak_mem_gib_max"] = max(per_rank) / 2**30
+        record["peak_mem_gib_min"] = min(per_rank) / 2**30
+        if world <= _MAX_PER_RANK_METRICS:
+            for r, value in enumerate(per_rank):
+                record[f"peak_mem_gib_rank{r}"] = value / 2**30
+        if self.dist_env.rank == 0:
+            record["mfu"] = mfu(self.flops_per_position, record["positions_per_s"], world, self.peak_tflops)
+            self.tracker.log_metrics(record, self.step)
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> Optional[dict[str, float]]:
+        """Validation on the held-out data (collective): val_loss, val_mlm_loss, val_sop_loss (means over
+        batches of all ranks), val_mlm_accuracy, val_sop_accuracy. None when data.validation is empty."""
+        if not self.cfg.data.validation:
+            return None
+        if self._eval_loader is None:
+            from albert_dist.data.loader import build_eval_loader
+
+            self._eval_loader = build_eval_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
+                                                  self.dist_env.rank, self.dist_env.world_size)
+        acc = MetricAccumulator(self.device)
+        self.engine.eval()
+        try:
+            for batch in self._eval_loader:
+                batch = self._to_device(batch)
+                acc.add_micro_step(self.engine(**batch), batch["attention_mask"])
+        finally:
+            self.engine.train()
+        record = acc.reduce()
+        val = {f"val_{k}": record[k] for k in ("loss", "mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy")}
+        if self.dist_env.rank == 0:
+            self.tracker.log_metrics(val, self.step)
+        return val
+
+    def save(self) -> str:
+        """Checkpoint the current step on every rank (collective); returns the tag."""
+        start = time.perf_counter()
+        tag = ckpt.save_checkpoint(self.engine, self.ckpt_dir, self.step, self.train_loader.state_dict(),
+                                   self.config_hash, self.cfg.checkpoint.keep_last)
+        if self.dist_env.rank == 0:
+            logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
+            self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
+        return tag
+
+    # ------------------------------------------------------------------------------------------------- run
+    def run(self) -> int:
+        """setup + train with the tracker closed and the process group destroyed whatever happens."""
+        status, code = "FAILED", EXIT_CRASHED
+        try:
+            self.setup()
+            code = self.train()
+            status = "FINISHED" if code == EXIT_OK else "KILLED"
+            if self.dist_env.rank == 0:
+                logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/)",
+                            self.run_dir.resolve())
+            return code
+        except Exception:
+            logger.exception("training failed")
+            raise
+        finally:
+            try:
+                self.tracker.close(status)
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+
+__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "Trainer", "cli", "seed_for"]
