@@ -1,0 +1,122 @@
+"""Configuration of the pretraining data pipeline: corpora, tokenizer, ALBERT example creation, loading.
+
+Both dataclasses are OmegaConf structured configs (only int/float/str/bool/Optional/list fields) and validate in
+``__post_init__`` without mutating themselves. Relative paths are resolved at load time, first against the
+current directory and then against the repository root, so the defaults (the bundled WikiText-2 sample in
+``data/sample/``) work from any working directory of a source checkout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+#: source formats understood by :mod:`albert_dist.data.sources`; "auto" picks one from the file suffix.
+FORMATS = ("auto", "txt", "jsonl", "parquet", "hub")
+#: how a ``.txt`` file is cut into documents.
+TXT_DOCUMENTS = ("blank_line", "file")
+
+
+@dataclass
+class SourceConfig:
+    """One corpus: local files (paths, directories, globs) or one hub dataset, mixed with others by ``weight``."""
+
+    paths: list[str] = field(default_factory=list)
+    """Files, directories (all files inside, recursively) or globs; for format "hub": one dataset name."""
+    format: str = "auto"
+    """"auto" (from the suffix: .txt, .jsonl/.json, .parquet, each optionally .gz/.zst), txt, jsonl, parquet, hub."""
+    text_field: str = "text"
+    """Column / JSON key holding the document text (jsonl, parquet, hub)."""
+    txt_documents: str = "blank_line"
+    """.txt files: "blank_line" = documents separated by empty lines, "file" = one document per file."""
+    weight: float = 1.0
+    """Relative sampling weight when several sources are mixed (normalised over the list)."""
+    hub_config: Optional[str] = None
+    """format "hub": the dataset configuration name (``load_dataset(path, name=...)``)."""
+    hub_split: str = "train"
+    """format "hub": the split to stream."""
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValueError(f"SourceConfig.paths must list at least one path, got {self.paths!r}")
+        if any(not isinstance(p, str) or not p for p in self.paths):
+            raise ValueError(f"SourceConfig.paths must be non-empty strings, got {self.paths!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"SourceConfig.format must be one of {FORMATS}, got {self.format!r}")
+        if self.format == "hub" and len(self.paths) != 1:
+            raise ValueError(f"SourceConfig.paths must hold exactly one dataset name for format 'hub', got {self.paths!r}")
+        if self.txt_documents not in TXT_DOCUMENTS:
+            raise ValueError(f"SourceConfig.txt_documents must be one of {TXT_DOCUMENTS}, got {self.txt_documents!r}")
+        if not self.text_field:
+            raise ValueError(f"SourceConfig.text_field must be non-empty, got {self.text_field!r}")
+        if not self.weight > 0:
+            raise ValueError(f"SourceConfig.weight must be > 0, got {self.weight!r}")
+
+
+def _default_train() -> list[SourceConfig]:
+    return [SourceConfig(paths=["data/sample/wikitext-2-train-*.txt"])]
+
+
+def _default_validation() -> list[SourceConfig]:
+    return [SourceConfig(paths=["data/sample/wikitext-2-validation.txt"])]
+
+
+@dataclass
+class DataConfig:
+    """Corpora, tokenizer and ALBERT pretraining-example settings (names from ALBERT's create_pretraining_data)."""
+
+    train: list[SourceConfig] = field(default_factory=_default_train)
+    """Training corpora; cycled forever, a new shuffle seed every epoch."""
+    validation: list[SourceConfig] = field(default_factory=_default_validation)
+    """Validation corpora; read in file order, ``eval_batches`` batches per evaluation on every rank."""
+    tokenizer_path: str = "data/sample/spiece.model"
+    """sentencepiece model with ALBERT's special ids (see albert_dist.data.tokenizer)."""
+    max_seq_length: int = 512
+    """Tokens per example including [CLS] and two [SEP]; every batch is padded to exactly this length."""
+    short_seq_prob: float = 0.1
+    """Probability that an example targets a random shorter length in [2, max_seq_length - 3] (ALBERT: 0.1)."""
+    masked_lm_prob: float = 0.15
+    """Fraction of the (non-special) tokens to mask (ALBERT: 0.15)."""
+    max_predictions_per_seq: int = 20
+    """Cap on masked tokens per example (ALBERT: 20 at sequence length 512)."""
+    max_ngram: int = 3
+    """Longest masked n-gram in whole words; p(n) proportional to 1/n (ALBERT paper, section 4.1)."""
+    random_token_prob: float = 0.1
+    """Of the selected tokens: this fraction gets a random token, as many are kept, the rest become [MASK]."""
+    num_workers: int = 2
+    """Training DataLoader worker processes per rank (0 = in the training process)."""
+    seed: int = 12345
+    """Seed of shard order, document order, example lengths, SOP swaps and masks."""
+    shuffle: bool = True
+    """Shuffle the order of shard pieces and of documents inside each piece, with a new seed every epoch."""
+    eval_batches: int = 16
+    """Batches per evaluation, identical on every rank (a rank whose share is smaller cycles over it)."""
+    shard_piece_bytes: int = 4194304
+    """Uncompressed .txt/.jsonl files are split into byte ranges of about this size (units of split and resume)."""
+    max_document_bytes: int = 4194304
+    """Documents (and JSON lines) longer than this are skipped and counted, never buffered whole."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise ValueError(f"DataConfig.train must list at least one source, got {self.train!r}")
+        if not self.tokenizer_path:
+            raise ValueError(f"DataConfig.tokenizer_path must be non-empty, got {self.tokenizer_path!r}")
+        if self.max_seq_length < 8:
+            raise ValueError(f"DataConfig.max_seq_length must be >= 8, got {self.max_seq_length}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ValueError(f"DataConfig.short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError(f"DataConfig.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions_per_seq < 1:
+            raise ValueError(f"DataConfig.max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+        if self.max_ngram < 1:
+            raise ValueError(f"DataConfig.max_ngram must be >= 1, got {self.max_ngram}")
+        if not 0.0 <= self.random_token_prob <= 0.5:
+            raise ValueError(f"DataConfig.random_token_prob must be in [0, 0.5], got {self.random_token_prob}")
+        if self.num_workers < 0:
+            raise ValueError(f"DataConfig.num_workers must be >= 0, got {self.num_workers}")
+        if self.eval_batches < 1:
+            raise ValueError(f"DataConfig.eval_batches must be >= 1, got {self.eval_batches}")
+        if self.shard_piece_bytes < 1024:
+            raise ValueError(f"DataConfig.shard_piece_bytes must be >= 1024, got {self.shard_piece_bytes}")
+        if self.max_document_bytes < 16:
+            raise ValueError(f"DataConfig.max_document_bytes must be >= 16, got {self.max_document_bytes}")

@@ -1,0 +1,230 @@
+"""Resumable, rank-aware pretraining loaders (torchdata ``StatefulDataLoader`` over a stateful stream).
+
+``build_train_loader`` returns an infinite ``StatefulDataLoader`` whose ``state_dict()`` (plain dicts, lists, ints,
+strings; fit for DeepSpeed's ``client_state``/``torch.save``) restores the exact batch sequence, with or without
+worker processes, without replaying the stream (see :mod:`albert_dist.data.sources` for splitting and resume).
+Every rank yields a batch on every call, forever, so ranks cannot diverge in step count.
+
+``build_eval_loader`` returns a finite iterable of exactly ``DataConfig.eval_batches`` batches on every rank,
+the same batches each time it is iterated.
+
+Resume requires the same world size, ``num_workers``, micro batch size, corpus and config (checked:
+``ValueError`` on a mismatch of the slot layout or the stream's fingerprint).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import asdict
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from albert_dist.data.config import DataConfig
+from albert_dist.data.pretraining import Example, ExampleBuilder, collate
+from albert_dist.data.sources import SourceStream, plan_pieces
+from albert_dist.data.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class PretrainingStream(torch.utils.data.IterableDataset):
+    """Batches of one rank: mixes its sources per document (seeded), builds examples, collates.
+
+    Inside a DataLoader worker the slot is ``rank * num_workers + worker``; torchdata's ``StatefulDataLoader``
+    calls ``state_dict()`` in the worker after each batch and ``load_state_dict()`` before iterating.
+
+    State (JSON-able): the source positions and mixing RNG *before* the document whose examples are being
+    drained, plus how many of its examples were consumed. On resume that document is re-read and its examples
+    regenerated (the per-document RNG is seeded by the document key), and the consumed ones skipped.
+    """
+
+    def __init__(self, cfg: DataConfig, split: str, micro_batch_size: int, rank: int, world_size: int) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.cfg, self.split = cfg, split
+        self.micro_batch_size, self.rank, self.world_size = micro_batch_size, rank, world_size
+        self.sources = cfg.train if split == "train" else cfg.validation
+        if not self.sources:
+            raise ValueError(f"data.{split} lists no source")
+        self.shuffle = cfg.shuffle and split == "train"
+        # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts.
+        self.plans: list[Optional[list[dict]]] = []
+        for i, src in enumerate(self.sources):
+            if src.format == "hub":
+                self.plans.append(None)
+                continue
+            pieces, stats = plan_pieces(src, f"data.{split}[{i}]", cfg.shard_piece_bytes)
+            if not pieces:
+                raise ValueError(f"data.{split}[{i}]: {src.paths!r} holds only empty files ({dict(stats)})")
+            self.plans.append(pieces)
+        weights = np.array([s.weight for s in self.sources], dtype=np.float64)
+        self.weights = weights / weights.sum()
+        self.fingerprint = hashlib.sha256(
+            json.dumps([asdict(cfg), split, micro_batch_size, self.plans], sort_keys=True, default=str).encode()
+        ).hexdigest()[:16]
+        self._resume: Optional[dict] = None
+        self._live: Optional[dict] = None
+        self._builder: Optional[ExampleBuilder] = None
+
+    # -- slots ---------------------------------------------------------------------------------------------------
+    def _slot(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def log_plan(self, num_workers: int) -> None:
+        """Log, per source, how many pieces and bytes each slot of this rank owns (rank prefix in the logger)."""
+        slots = self.world_size * max(1, num_workers)
+        for i, pieces in enumerate(self.plans):
+            where = f"data.{self.split}[{i}]"
+            if pieces is None:
+                logger.info("%s: hub dataset %s streamed over %d slots", where, self.sources[i].paths[0], slots)
+                continue
+            if len(pieces) < slots:
+                logger.warning(
+                    "%s: %d pieces < %d slots (ranks x workers): every slot reads the whole source and keeps 1 record "
+                    "in %d (read amplification x%d); split the files or lower shard_piece_bytes", where, len(pieces),
+                    slots, slots, slots,
+                )
+                continue
+            for w in range(max(1, num_workers)):
+                slot = self.rank * max(1, num_workers) + w
+                own = pieces[slot::slots]
+                logger.info("%s: rank %d worker %d owns %d pieces, %d bytes", where, self.rank, w, len(own),
+                            sum(p["nbytes"] for p in own))
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Position after the last yielded batch (before any batch when iteration has not started)."""
+        if self._live is not None:
+            return copy.deepcopy(self._live)
+        return copy.deepcopy(self._resume) if self._resume is not None else {"fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``; raises ValueError when it was taken under another config or layout."""
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(
+                f"data loader state was saved with another data config, corpus or micro batch size "
+                f"(fingerprint {state.get('fingerprint')!r}, now {self.fingerprint!r})"
+            )
+        self._resume = copy.deepcopy(state)
+        self._live = None
+
+    # -- iteration ------------------------------------------------------------------------------------------------
+    def _make_sources(self, slot: int, num_slots: int) -> list[SourceStream]:
+        return [
+            SourceStream(src, f"data.{self.split}[{i}]", self.plans[i], slot, num_slots, self.cfg.seed + 1000 * i,
+                         self.shuffle, self.cfg.max_document_bytes)
+            for i, src in enumerate(self.sources)
+        ]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._builder is None:
+            self._builder = ExampleBuilder(load_tokenizer(self.cfg.tokenizer_path), self.cfg)
+        slot, num_slots = self._slot()
+        streams = self._make_sources(slot, num_slots)
+        mix = np.random.default_rng([self.cfg.seed, slot, 3])
+        resume = self._resume
+        pending: list[Example] = []
+        consumed = 0
+        if resume is not None and "before" in resume:
+            if (resume["slot"], resume["num_slots"]) != (slot, num_slots):
+                raise ValueError(
+                    f"data loader state is for slot {resume['slot']} of {resume['num_slots']}, this process is slot "
+                    f"{slot} of {num_slots}: resume needs the same world size and num_workers"
+                )
+            before = resume["before"]
+            batches = resume["batches"]
+            skip = resume["consumed"]
+        else:
+            before, batches, skip = None, 0, 0
+
+        def snapshot() -> dict:
+            return {"sources": [s.state_dict() for s in streams], "mix": copy.deepcopy(mix.bit_generator.state)}
+
+        def restore(snap: dict) -> None:
+            for s, st in zip(streams, snap["sources"]):
+                s.load_state_dict(st)
+            mix.bit_generator.state = snap["mix"]
+
+        def next_document() -> None:
+            nonlocal pending, consumed, before
+            before = snapshot()
+            i = int(mix.choice(len(streams), p=self.weights)) if len(streams) > 1 else 0
+            text, (epoch, index) = streams[i].next_document()
+            rng = np.random.default_rng([self.cfg.seed, i, slot, epoch, index])
+            pending, consumed = self._builder.build(text, rng), 0
+
+        if before is not None:
+            restore(before)
+            next_document()
+            consumed = skip
+        while True:
+            batch: list[Example] = []
+            while len(batch) < self.micro_batch_size:
+                if consumed >= len(pending):
+                    next_document()
+                    continue
+                take = min(self.micro_batch_size - len(batch), len(pending) - consumed)
+                batch.extend(pending[consumed : consumed + take])
+                consumed += take
+            batches += 1
+            self._live = {
+                "fingerprint": self.fingerprint, "slot": slot, "num_slots": num_slots, "batches": batches,
+                "before": before, "consumed": consumed,
+            }
+            yield collate(batch, self.cfg.max_seq_length)
+
+
+def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int) -> StatefulDataLoader:
+    """Infinite, resumable training loader of one rank.
+
+    Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
+    int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
+    torchdata's StatefulDataLoader. Raises ValueError at once for missing paths, empty globs, bad arguments.
+    """
+    stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size)
+    stream.log_plan(cfg.num_workers)
+    return StatefulDataLoader(
+        stream,
+        batch_size=None,
+        num_workers=cfg.num_workers,
+        persistent_workers=False,
+        prefetch_factor=2 if cfg.num_workers > 0 else None,
+    )
+
+
+class EvalLoader:
+    """Exactly ``num_batches`` batches on every rank, identical on each iteration (rank-disjoint data)."""
+
+    def __init__(self, stream: PretrainingStream, num_batches: int) -> None:
+        self.stream, self.num_batches = stream, num_batches
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.stream._resume, self.stream._live = None, None
+        it = iter(self.stream)
+        for _ in range(self.num_batches):
+            yield next(it)
+
+
+def build_eval_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int) -> EvalLoader:
+    """Finite evaluation loader: ``cfg.eval_batches`` batches (same dicts as training) on every rank.
+
+    Runs in the calling process (no workers); a rank whose share of the validation data gives fewer batches
+    cycles over it (same documents, other masks), so all ranks always agree on the count.
+    """
+    if not cfg.validation:
+        raise ValueError("data.validation lists no source; cannot build an eval loader")
+    stream = PretrainingStream(cfg, "validation", micro_batch_size, rank, world_size)
+    stream.log_plan(0)
+    return EvalLoader(stream, cfg.eval_batches)

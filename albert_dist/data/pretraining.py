@@ -1,0 +1,214 @@
+"""ALBERT pretraining examples: document -> sentences -> segment pairs (SOP) -> n-gram masking -> batch tensors.
+
+Follows google-research/albert ``create_pretraining_data.py`` (itself BERT's), with these documented choices:
+
+* Sentences: lines, further split after ``. ! ?`` followed by whitespace and after ``。！？``.
+* Segments are filled greedily with whole sentences up to ``max_seq_length - 3`` tokens; with probability
+  ``short_seq_prob`` a document targets a random length in [2, max_seq_length - 3] instead (ALBERT draws it
+  once per document).
+* SOP (ALBERT paper, section 3.2): A/B split at a random sentence boundary of the chunk; with probability 0.5
+  A and B are swapped and ``sop_label`` = 1 (transformers' convention: 0 = original order). B always comes from
+  the same document. A chunk of one sentence is split at a random whole-word boundary inside that sentence
+  (ALBERT's code would take B from a random *other* document there); a one-token chunk gives no example.
+* The pair is truncated to ``max_seq_length - 3`` by trimming the longer segment, each trimmed token from the
+  front or the back with probability 1/2 (BERT's ``truncate_seq_pair``, in closed form).
+* Masking (ALBERT paper, section 4.1, ``max_ngram`` = 3): whole words are the units (a word starts at a piece
+  beginning with "▁"; a piece holding a CJK/kana character is a word of its own, so text without spaces falls
+  back to pieces). The word sequence is tiled into n-grams with n drawn from p(n) ∝ 1/n; tiles are taken in a
+  random order while they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
+  masked_lm_prob)))`` tokens. Of the chosen tokens 80% become [MASK], 10% a random ordinary token, 10% stay.
+  [CLS], [SEP] and padding are never candidates. Tiling makes the chosen n-grams non-overlapping without a
+  per-token loop; it differs from ALBERT's "random start, reject overlaps" loop only in where n-grams may start.
+
+Everything per token is numpy; Python loops run per sentence and per example only.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+from albert_dist.data.config import DataConfig
+from albert_dist.data.tokenizer import CLS_ID, FIRST_NORMAL_ID, MASK_ID, PAD_ID, SEP_ID
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
+IGNORE_INDEX = -100
+
+
+def split_sentences(text: str) -> list[str]:
+    """Non-empty, stripped sentences of a document (see the module docstring for the rule)."""
+    return [s for s in (part.strip() for part in _SENTENCE_END.split(text)) if s]
+
+
+def _is_cjk_char(ch: str) -> bool:
+    return unicodedata.name(ch, "").startswith(("CJK", "HIRAGANA", "KATAKANA"))
+
+
+def word_start_table(sp) -> np.ndarray:
+    """(V,) bool: piece id starts a whole word (leading "▁", a CJK/kana piece, or a special/unknown piece)."""
+    table = np.zeros(sp.get_piece_size(), dtype=bool)
+    for i in range(sp.get_piece_size()):
+        piece = sp.id_to_piece(i)
+        table[i] = piece.startswith("\u2581") or sp.is_control(i) or sp.is_unknown(i) or any(map(_is_cjk_char, piece))
+    return table
+
+
+@dataclass
+class Example:
+    """One unpadded example: ``input_ids``/``token_type_ids``/``mlm_labels`` (L,) int32, ``sop_label`` 0 or 1."""
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    mlm_labels: np.ndarray
+    sop_label: int
+
+
+class ExampleBuilder:
+    """Turns one document into ALBERT examples; deterministic given the ``numpy.random.Generator`` passed in."""
+
+    def __init__(self, sp, cfg: DataConfig) -> None:
+        self.sp = sp
+        self.cfg = cfg
+        self.vocab_size = sp.get_piece_size()
+        self.word_start = word_start_table(sp)
+        self.max_num_tokens = cfg.max_seq_length - 3
+        ngrams = np.arange(1, cfg.max_ngram + 1)
+        self.ngram_p = (1.0 / ngrams) / (1.0 / ngrams).sum()
+        self.ngrams = ngrams
+        self.mask_below = 1.0 - 2.0 * cfg.random_token_prob  # r < this: [MASK]
+        self.keep_below = 1.0 - cfg.random_token_prob  # this > r >= mask_below: keep; else random token
+
+    # -- documents -> token arrays ----------------------------------------------------------------------------
+    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens (T,) int32, sentence offsets (n+1,) int64) of the document's non-empty sentences."""
+        pieces = self.sp.encode(split_sentences(text), num_threads=1)
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
+        lengths = lengths[lengths > 0]
+        return tokens, np.concatenate(([0], np.cumsum(lengths)))
+
+    def build(self, text: str, rng: np.random.Generator) -> list[Example]:
+        """All examples of one document, in order (ALBERT's ``create_instances_from_document`` for SOP)."""
+        tokens, offsets = self.encode_document(text)
+        n_sent = len(offsets) - 1
+        target = self.max_num_tokens
+        if rng.random() < self.cfg.short_seq_prob:
+            target = int(rng.integers(2, self.max_num_tokens + 1))
+        examples: list[Example] = []
+        first = 0
+        for i in range(n_sent):
+            if i == n_sent - 1 or offsets[i + 1] - offsets[first] >= target:
+                example = self._pair(tokens, offsets, first, i + 1, rng)
+                if example is not None:
+                    examples.append(example)
+                first = i + 1
+        return examples
+
+    def _pair(self, tokens, offsets, first: int, stop: int, rng) -> "Example | None":
+        """Example from sentences [first, stop) of the document."""
+        if stop - first >= 2:
+            cut = offsets[int(rng.integers(first + 1, stop))]
+        else:
+            sent = tokens[offsets[first] : offsets[stop]]
+            if len(sent) < 2:
+                return None
+            inner = np.flatnonzero(self.word_start[sent[1:]]) + 1  # word starts after the first piece
+            cut_in = int(rng.choice(inner)) if len(inner) else int(rng.integers(1, len(sent)))
+            cut = offsets[first] + cut_in
+        a = tokens[offsets[first] : cut]
+        b = tokens[cut : offsets[stop]]
+        sop_label = int(rng.random() < 0.5)
+        if sop_label:
+            a, b = b, a
+        a, b = self._truncate_pair(a, b, rng)
+        return self._mask(a, b, sop_label, rng)
+
+    def _truncate_pair(self, a: np.ndarray, b: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+        """BERT's truncate_seq_pair in closed form: always trim the longer (ties: B), front/back with p=1/2."""
+        excess = len(a) + len(b) - self.max_num_tokens
+        if excess <= 0:
+            return a, b
+        la, lb = len(a), len(b)
+        if la > lb:
+            cut_a = min(excess, la - lb)
+            rest = excess - cut_a
+            cut_a, cut_b = cut_a + rest // 2, (rest + 1) // 2
+        else:
+            cut_b = min(excess, lb - la)
+            rest = excess - cut_b
+            cut_b, cut_a = cut_b + (rest + 1) // 2, rest // 2
+        front_a, front_b = rng.binomial(cut_a, 0.5), rng.binomial(cut_b, 0.5)
+        return a[front_a : la - (cut_a - front_a)], b[front_b : lb - (cut_b - front_b)]
+
+    def _mask(self, a: np.ndarray, b: np.ndarray, sop_label: int, rng) -> Example:
+        la, lb = len(a), len(b)
+        length = la + lb + 3
+        ids = np.empty(length, dtype=np.int32)
+        ids[0], ids[la + 1], ids[-1] = CLS_ID, SEP_ID, SEP_ID
+        ids[1 : la + 1] = a
+        ids[la + 2 : -1] = b
+        token_type = np.zeros(length, dtype=np.int32)
+        token_type[la + 2 :] = 1
+
+        cand = np.concatenate((np.arange(1, la + 1), np.arange(la + 2, length - 1)))  # never [CLS]/[SEP]/pad
+        starts = self.word_start[ids[cand]]
+        starts[0] = True
+        if lb:
+            starts[la] = True  # B's first piece starts a word even when it continues one across the cut
+        word_of = np.cumsum(starts) - 1  # (C,) word index of every candidate position
+        n_words = int(word_of[-1]) + 1
+        word_bounds = np.concatenate((np.flatnonzero(starts), [len(cand)]))  # candidate index where word w starts
+        # tile the words into n-grams: n ~ p(n) ∝ 1/n
+        n = rng.choice(self.ngrams, size=n_words, p=self.ngram_p)
+        tile_end = np.cumsum(n)
+        n_tiles = int(np.searchsorted(tile_end, n_words)) + 1
+        tile_end = np.minimum(tile_end[:n_tiles], n_words)
+        tile_start = tile_end - n[:n_tiles]
+        tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
+        budget = min(self.cfg.max_predictions_per_seq, max(1, int(round(len(cand) * self.cfg.masked_lm_prob))))
+        order = rng.permutation(n_tiles)
+        order = order[tile_tokens[order] <= budget]
+        chosen = order[np.cumsum(tile_tokens[order]) <= budget]
+        # mark chosen word ranges: +1 at tile start, -1 at tile end, cumulative sum > 0 inside
+        delta = np.zeros(n_words + 1, dtype=np.int32)
+        delta[tile_start[chosen]] += 1
+        delta[tile_end[chosen]] -= 1
+        word_masked = np.cumsum(delta[:-1]) > 0
+        pos = cand[word_masked[word_of]]
+
+        labels = np.full(length, IGNORE_INDEX, dtype=np.int32)
+        labels[pos] = ids[pos]
+        r = rng.random(len(pos))
+        ids[pos[r < self.mask_below]] = MASK_ID
+        rand_pos = pos[r >= self.keep_below]
+        ids[rand_pos] = rng.integers(FIRST_NORMAL_ID, self.vocab_size, size=len(rand_pos))
+        return Example(ids, token_type, labels, sop_label)
+
+
+def collate(examples: list[Example], max_seq_length: int) -> dict[str, torch.Tensor]:
+    """Pad to ``max_seq_length`` and stack: ``input_ids``, ``attention_mask``, ``token_type_ids``, ``mlm_labels``
+    (B, S) int64 (pad id 0, labels -100 where not masked) and ``sop_labels`` (B,) int64."""
+    bsz = len(examples)
+    input_ids = np.full((bsz, max_seq_length), PAD_ID, dtype=np.int64)
+    attention_mask = np.zeros((bsz, max_seq_length), dtype=np.int64)
+    token_type_ids = np.zeros((bsz, max_seq_length), dtype=np.int64)
+    mlm_labels = np.full((bsz, max_seq_length), IGNORE_INDEX, dtype=np.int64)
+    sop = np.empty(bsz, dtype=np.int64)
+    for row, ex in enumerate(examples):
+        n = len(ex.input_ids)
+        input_ids[row, :n] = ex.input_ids
+        attention_mask[row, :n] = 1
+        token_type_ids[row, :n] = ex.token_type_ids
+        mlm_labels[row, :n] = ex.mlm_labels
+        sop[row] = ex.sop_label
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "token_type_ids": torch.from_numpy(token_type_ids),
+        "mlm_labels": torch.from_numpy(mlm_labels),
+        "sop_labels": torch.from_numpy(sop),
+    }

@@ -1,0 +1,151 @@
+"""sentencepiece tokenizer with ALBERT's special ids, and ``albert-dist tokenizer train``.
+
+Ids (as in google-research/albert's released ``30k-clean.model``): ``<pad>``=0, ``<unk>``=1, ``[CLS]``=2,
+``[SEP]``=3, ``[MASK]``=4. ``[CLS]``/``[SEP]``/``[MASK]`` are sentencepiece *control* symbols: they own an id but
+the encoder never produces them from text, so a document containing the literal string "[MASK]" is encoded as
+ordinary pieces and the pipeline inserts special tokens by id only. (User-defined symbols would be matched in
+text, which is why they are not used.) The model loads in transformers' ``AlbertTokenizer`` with the same ids.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import sentencepiece as spm
+
+logger = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
+#: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
+FIRST_NORMAL_ID = 5
+
+
+def _sentences(texts: Iterator[str], max_sentence_bytes: int) -> Iterator[str]:
+    """Training lines: the sentences of every document, split exactly as the pretraining pipeline splits them."""
+    from albert_dist.data.pretraining import split_sentences
+
+    for text in texts:
+        for sentence in split_sentences(text):
+            if len(sentence.encode("utf-8")) <= max_sentence_bytes:
+                yield sentence
+
+
+def train_tokenizer(
+    inputs: list[str],
+    output_dir: str,
+    vocab_size: int,
+    model_type: str = "unigram",
+    lowercase: bool = False,
+    input_sentence_size: int = 2_000_000,
+    character_coverage: float = 0.9995,
+    seed: int = 0,
+    max_sentence_bytes: int = 4192,
+    text_field: str = "text",
+    num_threads: int = 1,
+) -> Path:
+    """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``) from local files, directories or globs.
+
+    Reads every input through :mod:`albert_dist.data.sources` (txt/jsonl/parquet, .gz/.zst) as one stream;
+    sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
+    memory is bounded whatever the corpus size. Normalisation is NFKC (``nmt_nfkc``), with case folding
+    (``nmt_nfkc_cf``) when ``lowercase``. Raises ValueError for a bad argument or inputs that match no file.
+    Returns the model path.
+    """
+    from albert_dist.data.config import SourceConfig
+    from albert_dist.data.sources import iter_texts
+
+    if model_type not in ("unigram", "bpe"):
+        raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
+    if vocab_size <= FIRST_NORMAL_ID:
+        raise ValueError(f"vocab_size must be > {FIRST_NORMAL_ID}, got {vocab_size}")
+    if not inputs:
+        raise ValueError("inputs must name at least one file, directory or glob")
+    sources = [SourceConfig(paths=[p], text_field=text_field) for p in inputs]
+    texts = iter_texts(sources, "tokenizer.input", max_document_bytes=1 << 30)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(seed)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_sentences(texts, max_sentence_bytes),
+        model_prefix=str(out / "spiece"),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+        character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=True,
+        max_sentence_length=max_sentence_bytes,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        eos_id=-1,
+        pad_piece="<pad>",
+        unk_piece="<unk>",
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        num_threads=num_threads,
+        minloglevel=2,
+    )
+    model = out / "spiece.model"
+    check_special_ids(load_tokenizer(str(model)))
+    return model
+
+
+def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
+    """Raise ValueError unless ``sp`` has ALBERT's special ids (<pad>=0 <unk>=1 [CLS]=2 [SEP]=3 [MASK]=4)."""
+    for piece, expected in SPECIAL_PIECES.items():
+        got = sp.piece_to_id(piece)
+        if got != expected:
+            raise ValueError(f"tokenizer: piece {piece!r} has id {got}, ALBERT needs {expected}")
+
+
+def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
+    """Load a sentencepiece model (relative paths resolved as in the data config) and check ALBERT's ids.
+
+    Raises ValueError when the file is missing or the special ids differ.
+    """
+    from albert_dist.data.sources import resolve_path
+
+    p = resolve_path(path)
+    if not p.is_file():
+        raise ValueError(f"tokenizer_path {path!r} (resolved to {str(p)!r}) is not a file")
+    sp = spm.SentencePieceProcessor(model_file=str(p))
+    check_special_ids(sp)
+    return sp
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    """``albert-dist tokenizer train --input ... --vocab-size N [--model-type unigram|bpe] --output DIR``."""
+    parser = argparse.ArgumentParser(prog="albert-dist tokenizer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train spiece.model with ALBERT's special ids")
+    train.add_argument("--input", nargs="+", required=True, help="files, directories or globs (txt/jsonl/parquet, .gz/.zst)")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+    train.add_argument("--output", required=True, help="output directory for spiece.model and spiece.vocab")
+    train.add_argument("--lowercase", action="store_true", help="case-fold (ALBERT's uncased models)")
+    train.add_argument("--input-sentence-size", type=int, default=2_000_000, help="reservoir sample size (lines)")
+    train.add_argument("--character-coverage", type=float, default=0.9995)
+    train.add_argument("--text-field", default="text", help="JSON/parquet text column")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--num-threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    try:
+        model = train_tokenizer(
+            args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,
+            args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
+        )
+    except ValueError as err:
+        print(f"albert-dist tokenizer: error: {err}")
+        return 2
+    # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"wrote {model} (vocab {args.vocab_size}, {args.model_type}) in {time.perf_counter() - t0:.1f} s; "
+          f"peak memory {peak_mib:.0f} MiB")
+    return 0
