@@ -124,7 +124,9 @@ def expand_nodelist_py(nodelist: str) -> list[str]:
     ``"gpu[01-03,07]"`` -> ``["gpu01", "gpu02", "gpu03", "gpu07"]``; ``"n[1-2],login5"`` ->
     ``["n1", "n2", "login5"]``; several bracket groups in one name form their product, in Slurm's order
     (``"r[1-2]n[1-2]"`` -> ``r1n1 r1n2 r2n1 r2n2``). Zero padding is kept (width of the range's lower bound).
-    Duplicates are kept, like scontrol. Grammar: Slurm's hostlist.c (``hostlist_create``).
+    Duplicates are kept and empty entries skipped, like scontrol. Grammar: Slurm's hostlist.c
+    (``hostlist_create``). One extension: a literal after the last bracket (``"node[1-2]-ib"``) is
+    expanded, where Slurm 22.05's scontrol answers "Invalid hostlist".
 
     Raises:
         ValueError: empty list, unbalanced brackets, a range that is not ``N`` or ``N-M``, or ``N > M``.
@@ -135,8 +137,8 @@ def expand_nodelist_py(nodelist: str) -> list[str]:
     hosts: list[str] = []
     for part in _split_top_level(text):
         part = part.strip()
-        if not part:
-            raise ValueError(f"node list {nodelist!r}: empty entry")
+        if not part:  # "n1,,n2": scontrol skips empty entries too
+            continue
         # pieces alternate: literal, bracket body, literal, ...
         pieces = re.split(r"\[([^\]]*)\]", part)
         if any(c in piece for piece in pieces[0::2] for c in "[]"):
@@ -145,23 +147,32 @@ def expand_nodelist_py(nodelist: str) -> list[str]:
         for body, literal in zip(pieces[1::2], pieces[2::2]):
             names = [n + r + literal for n in names for r in _expand_range_set(body, nodelist)]
         hosts.extend(names)
+    if not hosts:
+        raise ValueError(f"node list {nodelist!r} names no host")
     return hosts
 
 
 def expand_nodelist(nodelist: str, use_scontrol: bool = True) -> list[str]:
     """Host names in a Slurm node list: ``scontrol show hostnames`` when installed, else the Python expander.
 
+    The Python expander always runs first as a syntax check: scontrol 22.05 exits 0 on a malformed list,
+    printing nothing ("Invalid hostlist" on stderr) or garbage (``n[1-2`` -> ``n]``).
+
     Raises:
-        ValueError: the list is malformed (either expander) or empty.
+        ValueError: the list is malformed or empty.
     """
+    hosts = expand_nodelist_py(nodelist)
     if use_scontrol and shutil.which("scontrol"):
         proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                               timeout=30)
         if proc.returncode == 0 and proc.stdout.split():
+            if proc.stdout.split() != hosts:
+                log.warning("scontrol and the Python expander disagree on %r: %s vs %s; using scontrol's",
+                            nodelist, proc.stdout.split(), hosts)
             return proc.stdout.split()
         log.warning("scontrol show hostnames %r failed (%s); using the Python expander", nodelist,
                     proc.stderr.strip())
-    return expand_nodelist_py(nodelist)
+    return hosts
 
 
 def expand_tasks_per_node(spec: str) -> list[int]:

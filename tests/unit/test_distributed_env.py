@@ -1,0 +1,200 @@
+"""Rank/world discovery (albert_dist.engine.distributed): precedence, Slurm node lists, errors.
+
+References: the variables torchrun (GROUP_RANK, LOCAL_WORLD_SIZE) and deepspeed/launcher/launch.py
+(CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation; and, when Slurm is
+installed, the real ``scontrol show hostnames`` as the reference for the Python expander.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from albert_dist.engine import distributed as D
+
+
+@pytest.fixture
+def no_scontrol(monkeypatch, tmp_path):
+    """Hide scontrol (an empty PATH), so that results do not depend on whether Slurm is installed."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def slurm_step(procid, nodeid, localid, ntasks=4, nodelist="gpu[01-02]", tasks_per_node="2(x2)", job_id="4711"):
+    """The variables srun gives one task of a step (names as measured on Slurm 22.05)."""
+    return {
+        "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid), "SLURM_NODEID": str(nodeid),
+        "SLURM_LOCALID": str(localid), "SLURM_NTASKS": str(ntasks), "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_STEP_NODELIST": nodelist, "SLURM_TASKS_PER_NODE": tasks_per_node,
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_NNODES": str(len(D.expand_nodelist_py(nodelist))),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ node lists
+
+EXPANSIONS = {
+    "gpu[01-03,07]": ["gpu01", "gpu02", "gpu03", "gpu07"],
+    "n[1-2],login5": ["n1", "n2", "login5"],
+    "n[8-11]": ["n8", "n9", "n10", "n11"],
+    "x[098-101]": ["x098", "x099", "x100", "x101"],
+    "r[1-2]n[1-2]": ["r1n1", "r1n2", "r2n1", "r2n2"],
+    "login5": ["login5"],
+    "a[1-2],b,c[07-08]": ["a1", "a2", "b", "c07", "c08"],
+    "n1,,n2": ["n1", "n2"],
+}
+
+
+def test_python_expander_literal_after_bracket():
+    # an extension: Slurm 22.05's scontrol calls this an "Invalid hostlist" (prints nothing, exits 0)
+    assert D.expand_nodelist_py("node-[1,3-4]-ib") == ["node-1-ib", "node-3-ib", "node-4-ib"]
+
+
+@pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
+def test_python_expander(nodelist):
+    assert D.expand_nodelist_py(nodelist) == EXPANSIONS[nodelist]
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
+@pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
+def test_python_expander_matches_scontrol(nodelist):
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    assert D.expand_nodelist_py(nodelist) == out.stdout.split()
+    assert D.expand_nodelist(nodelist) == out.stdout.split()
+
+
+@pytest.mark.parametrize("bad", ["", ",", "n[1-2", "n1-2]", "n[3-1]", "n[a-b]", "n[[1-2]]"])
+def test_python_expander_rejects_malformed(bad):
+    with pytest.raises(ValueError, match="node list"):
+        D.expand_nodelist_py(bad)
+
+
+def test_tasks_per_node():
+    assert D.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert D.expand_tasks_per_node("4") == [4]
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE"):
+        D.expand_tasks_per_node("2(x),1")
+
+
+def test_port_from_job_id():
+    assert D.port_from_job_id(4711) == D.PORT_BASE + 4711
+    assert D.port_from_job_id(D.PORT_SPAN + 5) == D.PORT_BASE + 5
+    ports = {D.port_from_job_id(j) for j in range(100_000, 100_000 + D.PORT_SPAN)}
+    assert min(ports) >= 1024 and max(ports) < 32768  # below Linux's ephemeral range
+
+
+# ------------------------------------------------------------------------------------------------ precedence
+
+
+def test_single_process():
+    env = D.discover({})
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.num_nodes) == (
+        0, 1, 0, 1, 0, 1)
+    assert env.master_addr == "127.0.0.1" and 0 < env.master_port < 65536 and env.source == "single"
+
+
+def test_torchrun_variables():
+    env = D.discover({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                      "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert env == D.DistEnv(5, 8, 1, 4, 1, "10.0.0.1", 29500, 2, "torchrun")
+
+
+def test_deepspeed_launcher_variables():
+    # deepspeed/launcher/launch.py: CROSS_RANK = node rank, CROSS_SIZE = nodes, LOCAL_SIZE = procs per node
+    env = D.discover({"RANK": "2", "WORLD_SIZE": "6", "LOCAL_RANK": "0", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                      "CROSS_SIZE": "3", "MASTER_ADDR": "h1", "MASTER_PORT": "29501"})
+    assert env == D.DistEnv(2, 6, 0, 2, 1, "h1", 29501, 3, "torchrun")
+
+
+def test_launcher_variables_win_over_slurm(no_scontrol):
+    # deepspeed --no_ssh started by srun, one launcher per node: SLURM_PROCID is the node index there
+    environ = slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, tasks_per_node="1(x2)")
+    environ.update({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                    "CROSS_SIZE": "2", "MASTER_ADDR": "gpu01", "MASTER_PORT": "29500"})
+    env = D.discover(environ)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.source) == (
+        3, 4, 1, 2, 1, "torchrun")
+
+
+def test_slurm_variables(no_scontrol):
+    env = D.discover(slurm_step(procid=3, nodeid=1, localid=1))
+    assert env == D.DistEnv(3, 4, 1, 2, 1, "gpu01", D.port_from_job_id(4711), 2, "slurm")
+
+
+def test_slurm_uneven_tasks_per_node(no_scontrol):
+    environ = slurm_step(procid=6, nodeid=3, localid=0, ntasks=7, nodelist="n[1-4]", tasks_per_node="2(x3),1")
+    env = D.discover(environ)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.num_nodes) == (
+        6, 7, 0, 1, 3, 4)
+
+
+def test_slurm_given_master_wins(no_scontrol):
+    environ = slurm_step(procid=0, nodeid=0, localid=0) | {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "23456"}
+    env = D.discover(environ)
+    assert (env.master_addr, env.master_port) == ("10.1.1.1", 23456)
+
+
+def test_slurm_batch_shell_is_single_process(no_scontrol):
+    # measured: the batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS but no SLURM_STEP_ID
+    environ = slurm_step(procid=0, nodeid=0, localid=0)
+    del environ["SLURM_STEP_ID"]
+    assert D.discover(environ).world_size == 1
+
+
+def test_environ_not_modified(no_scontrol):
+    environ = slurm_step(procid=2, nodeid=1, localid=0)
+    before = dict(environ)
+    D.discover(environ)
+    assert environ == before
+
+
+def test_export_env_round_trip(no_scontrol):
+    env = D.discover(slurm_step(procid=3, nodeid=1, localid=1))
+    exported: dict[str, str] = {}
+    D.export_env(env, exported)
+    assert D.discover(exported) == D.DistEnv(3, 4, 1, 2, 1, "gpu01", env.master_port, 2, "torchrun")
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
+def test_virtual_node_resolves_to_node_addr():
+    """On the CI cluster (.ci/slurm-cluster.sh) n1 and n2 are virtual: their NodeAddr is 127.0.0.1."""
+    probe = subprocess.run(["scontrol", "show", "node", "n1"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("no Slurm cluster with node n1 running (.ci/slurm-cluster.sh start)")
+    env = D.discover(slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, nodelist="n[1-2]", tasks_per_node="1(x2)"))
+    assert env.master_addr == "127.0.0.1"
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+ERRORS = [
+    ({"RANK": "0"}, "WORLD_SIZE"),
+    ({"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "RANK"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_RANK"),
+    ({"RANK": "4", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "RANK=4"),
+    ({"RANK": "x", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}, "RANK='x'"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a",
+      "MASTER_PORT": "1"}, "LOCAL_RANK=2"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2",
+      "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "GROUP_RANK=2"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "MASTER_ADDR"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
+    (slurm_step(procid=4, nodeid=1, localid=1), "SLURM_PROCID=4"),
+    (slurm_step(procid=3, nodeid=2, localid=1), "SLURM_NODEID=2"),
+    (slurm_step(procid=3, nodeid=1, localid=2), "SLURM_LOCALID=2"),
+    (slurm_step(procid=1, nodeid=0, localid=1, ntasks=5), "sums to 4"),
+    (slurm_step(procid=1, nodeid=0, localid=1, tasks_per_node="2(x3)"), "covers 3 nodes"),
+    (slurm_step(procid=1, nodeid=0, localid=1) | {"SLURM_STEP_NODELIST": "gpu[02-01]"}, "runs backwards"),
+    ({k: v for k, v in slurm_step(procid=1, nodeid=0, localid=1).items() if k != "SLURM_NTASKS"}, "SLURM_NTASKS"),
+]
+
+
+@pytest.mark.parametrize("environ, names", ERRORS, ids=[e[1] for e in ERRORS])
+def test_inconsistent_variables_raise(no_scontrol, environ, names):
+    with pytest.raises(ValueError) as info:
+        D.discover(environ)
+    assert names in str(info.value)
+
+
+def test_init_distributed_rejects_bad_timeout():
+    with pytest.raises(ValueError, match="timeout_s"):
+        D.init_distributed(timeout_s=0)
