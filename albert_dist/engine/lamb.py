@@ -10,9 +10,12 @@ data-parallel group that partitions the flat tensor (one collective of 2 x n_par
 and applies the exact per-tensor trust ratio, so the update equals that of unpartitioned LAMB.
 
 The maps come from DeepSpeed's own bookkeeping, read live at every step (so they follow `load_checkpoint`):
-* ZeRO-1/2 (`DeepSpeedZeroOptimizer`) and `BF16_Optimizer`: every low-precision parameter's `_hp_mapping`
-  (`deepspeed.utils.tensor_fragment.tensor_fragment`, the map universal checkpoints are written from) gives
-  the start and length of its fragment in this rank's flat partition, or is None when the rank holds none.
+* ZeRO-1/2 (`DeepSpeedZeroOptimizer`) and `BF16_Optimizer`: a group's parameters are flattened into one
+  buffer (ZeRO-1/2: in `round_robin_bit16_groups` order at `round_robin_bit16_offsets`, alignment padding
+  between them; BF16: back to back) that is cut into world_size equal partitions, rank r holding
+  [r * size, (r + 1) * size). This is the layout the parameters' `_hp_mapping` (universal checkpoints) is
+  meant to describe; it is read from the flattening itself because `_hp_mapping` is wrong in DeepSpeed 0.19.8
+  when `round_robin_gradients` reorders a group without alignment padding (see `_zero12_layout`).
 * ZeRO-3 (`DeepSpeedZeroOptimizer_Stage3`): a sub-group's flat partition is the concatenation of its
   parameters' own partitions (`param.ds_tensor`, `partition_numel()` elements each); rank r holds elements
   [r * partition_numel, (r + 1) * partition_numel) of each parameter, the tail beyond `ds_numel` being padding.
@@ -283,30 +286,68 @@ def _group_rank(process_group: Any) -> int:
     return torch_dist.get_rank(group=process_group) if torch_dist.is_initialized() else 0
 
 
-def _fragment_resolver(flats: Callable[[], list], lp_groups: Callable[[], list],
-                       process_groups: Callable[[], list]) -> PartitionResolver:
-    """ZeRO-1/2 and BF16_Optimizer: fragments from each low-precision parameter's `_hp_mapping`."""
+def _contiguous_resolver(flats: Callable[[], list], layouts: Callable[[int], tuple[list[int], list[int]]],
+                         flat_numels: Callable[[int], int], process_groups: Callable[[], list]) -> PartitionResolver:
+    """ZeRO-1/2 and BF16_Optimizer: group i's parameters lie at `offsets` in a flat buffer of `flat_numel(i)`
+    elements that is cut into world_size equal partitions; rank r holds [r * size, (r + 1) * size)."""
 
     def resolve(p: torch.Tensor) -> Optional[FlatPartitionMap]:
         for i, flat in enumerate(flats()):
             if flat is not p:
                 continue
-            slots, starts, numels = [], [], []
-            lps = lp_groups()[i]
-            for slot, lp in enumerate(lps):
-                mapping = getattr(lp, "_hp_mapping", None)
-                if mapping is None:  # this rank holds no element of lp
-                    continue
-                address = mapping.get_hp_fragment_address()
-                slots.append(slot)
-                starts.append(int(address.start))
-                numels.append(int(address.numel))
             pg = process_groups()[i]
-            return FlatPartitionMap(tuple(slots), tuple(starts), tuple(numels), len(lps), p.numel(), pg,
-                                    _group_size(pg))
+            world, rank = _group_size(pg), _group_rank(pg)
+            size = flat_numels(i) // world
+            if size != p.numel():
+                raise RuntimeError(f"DeepSpeed group {i}: flat buffer of {flat_numels(i)} elements over {world} "
+                                   f"ranks gives partitions of {size}, but this rank's fp32 partition has "
+                                   f"{p.numel()}")
+            lo, hi = rank * size, (rank + 1) * size
+            numels, offsets = layouts(i)
+            slots, starts, lengths = [], [], []
+            for slot, (offset, n) in enumerate(zip(offsets, numels)):
+                a, b = max(lo, offset), min(hi, offset + n)
+                if a < b:
+                    slots.append(slot)
+                    starts.append(a - lo)
+                    lengths.append(b - a)
+            return FlatPartitionMap(tuple(slots), tuple(starts), tuple(lengths), len(numels), p.numel(), pg, world)
         return None
 
     return resolve
+
+
+def _zero12_layout(zero_opt: Any, i: int) -> tuple[list[int], list[int]]:
+    """(numels, flat offsets) of group i's parameters in the order DeepSpeed flattened them.
+
+    Read from the flattening itself (`round_robin_bit16_groups` / `round_robin_bit16_offsets`, i.e. after the
+    optional round-robin reorder and per-parameter alignment padding) rather than from the parameters'
+    `_hp_mapping`: DeepSpeed 0.19.8 builds `_hp_mapping` by walking `bit16_groups` in the original order when
+    no parameter needs alignment padding, which misplaces every fragment once `round_robin_gradients`
+    reorders the flat buffer (measured here: wrong trust ratios, 6e-2 parameter error after 5 steps).
+    """
+    metas = getattr(zero_opt, "round_robin_bit16_meta", None)
+    params = metas[i] if metas is not None else zero_opt.round_robin_bit16_groups[i]
+    numels = [int(t.numel()) for t in params]
+    all_offsets = getattr(zero_opt, "round_robin_bit16_offsets", None)
+    if all_offsets is not None:
+        offsets = [int(o) for o in all_offsets[i]]
+    else:  # DeepSpeed without per-parameter alignment: parameters are packed back to back
+        offsets, pos = [], 0
+        for n in numels:
+            offsets.append(pos)
+            pos += n
+    return numels, offsets
+
+
+def _bf16_layout(bf16_opt: Any, i: int) -> tuple[list[int], list[int]]:
+    """BF16_Optimizer packs `bf16_groups[i]` back to back (padding only at the end of the flat buffer)."""
+    numels, offsets, pos = [], [], 0
+    for lp in bf16_opt.bf16_groups[i]:
+        numels.append(int(lp.numel()))
+        offsets.append(pos)
+        pos += int(lp.numel())
+    return numels, offsets
 
 
 def _stage3_resolver(zero_opt: Any) -> PartitionResolver:
@@ -360,13 +401,15 @@ def attach_zero_partition_map(engine: Any) -> None:
     if wrapper is lamb or name == "FP16_UnfusedOptimizer":
         lamb.set_partition_resolver(None)
     elif hasattr(wrapper, "single_partition_of_fp32_groups") and hasattr(wrapper, "bit16_groups"):
-        lamb.set_partition_resolver(_fragment_resolver(lambda: wrapper.single_partition_of_fp32_groups,
-                                                       lambda: wrapper.bit16_groups,
-                                                       lambda: wrapper.real_dp_process_group))
+        lamb.set_partition_resolver(_contiguous_resolver(lambda: wrapper.single_partition_of_fp32_groups,
+                                                         lambda i: _zero12_layout(wrapper, i),
+                                                         lambda i: int(wrapper.bit16_groups_flat[i].numel()),
+                                                         lambda: wrapper.real_dp_process_group))
     elif hasattr(wrapper, "fp32_groups_flat_partition") and hasattr(wrapper, "bf16_groups"):
-        lamb.set_partition_resolver(_fragment_resolver(lambda: wrapper.fp32_groups_flat_partition,
-                                                       lambda: wrapper.bf16_groups,
-                                                       lambda: wrapper.real_dp_process_group))
+        lamb.set_partition_resolver(_contiguous_resolver(lambda: wrapper.fp32_groups_flat_partition,
+                                                         lambda i: _bf16_layout(wrapper, i),
+                                                         lambda i: int(wrapper.bf16_groups_flat[i].numel()),
+                                                         lambda: wrapper.real_dp_process_group))
     elif hasattr(wrapper, "fp32_partitioned_groups_flat") and hasattr(wrapper, "fp16_groups"):
         lamb.set_partition_resolver(_stage3_resolver(wrapper))
     else:
