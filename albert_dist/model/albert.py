@@ -98,16 +98,23 @@ class AlbertAttention(nn.Module):
         self.LayerNorm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        """x (B, S, H); key_mask (B, 1, 1, S) bool, True = attend to that key, or None -> (B, S, H)."""
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None,
+                query_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, S, H); key_mask (B, 1, 1, S) bool, True = attend to that key, or None -> (B, S, H).
+
+        With `query_positions` (B, N) int64, only those positions are computed (as queries and residual
+        stream; keys and values still cover all S positions) and the output is (B, N, H).
+        """
         B, S, H = x.shape
-        q = self.query(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, S, hd)
-        k = self.key(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        xq = x if query_positions is None else x.gather(1, query_positions[..., None].expand(-1, -1, H))
+        N = xq.shape[1]
+        q = self.query(xq).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, N, hd)
+        k = self.key(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, S, hd)
         v = self.value(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
         dropout_p = self.attention_dropout_p if self.training else 0.0
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)  # (B, nh, S, hd)
-        ctx = ctx.transpose(1, 2).reshape(B, S, H)
-        return self.LayerNorm(x + self.output_dropout(self.dense(ctx)))
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)  # (B, nh, N, hd)
+        ctx = ctx.transpose(1, 2).reshape(B, N, H)
+        return self.LayerNorm(xq + self.output_dropout(self.dense(ctx)))
 
 
 class AlbertLayer(nn.Module):
@@ -151,8 +158,8 @@ class AlbertLayerGroup(nn.Module):
 
 
 def _run_block(attention: AlbertAttention, ffn_owner: AlbertLayer, x: torch.Tensor,
-               key_mask: torch.Tensor | None) -> torch.Tensor:
-    return ffn_owner.feed_forward(attention(x, key_mask))
+               key_mask: torch.Tensor | None, query_positions: torch.Tensor | None) -> torch.Tensor:
+    return ffn_owner.feed_forward(attention(x, key_mask, query_positions))
 
 
 class AlbertTransformer(nn.Module):
@@ -179,18 +186,26 @@ class AlbertTransformer(nn.Module):
             for _ in range(0 if all_shared else config.num_executed_blocks))
         self.plan = executed_blocks(config)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        """x (B, S, E) embeddings; key_mask (B, 1, 1, S) bool or None -> (B, S, H)."""
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None,
+                output_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, S, E) embeddings; key_mask (B, 1, 1, S) bool or None -> (B, S, H).
+
+        With `output_positions` (B, N) int64 the result is (B, N, H), the hidden states at those positions
+        only: the last executed block then computes queries, attention output and feed-forward just there.
+        Earlier blocks need every position (as keys and values of the next block), the last one does not.
+        """
         h = self.embedding_hidden_mapping_in(x)
-        for k, g, j in self.plan:
+        last = len(self.plan) - 1
+        for n, (k, g, j) in enumerate(self.plan):
             shared = self.albert_layer_groups[g].albert_layers[j] if self.albert_layer_groups else None
             attention = (shared if self.share_attention else self.blocks[k]).attention
             ffn_owner = shared if self.share_ffn else self.blocks[k]
+            positions = output_positions if n == last else None
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: the reentrant variant breaks ZeRO-2/3 when a module runs several times.
-                h = checkpoint(_run_block, attention, ffn_owner, h, key_mask, use_reentrant=False)
+                h = checkpoint(_run_block, attention, ffn_owner, h, key_mask, positions, use_reentrant=False)
             else:
-                h = _run_block(attention, ffn_owner, h, key_mask)
+                h = _run_block(attention, ffn_owner, h, key_mask, positions)
         return h
 
 
@@ -203,11 +218,15 @@ class AlbertModel(nn.Module):
         self.encoder = AlbertTransformer(config)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, S) int64 inputs -> sequence output (B, S, H) and pooled output (B, H)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+                output_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S) int64 inputs -> sequence output (B, S, H) and pooled output (B, H).
+
+        `output_positions` (B, N) int64 with ``output_positions[:, 0] == 0`` (the pooled first token) restricts
+        the sequence output to those positions, (B, N, H); see `AlbertTransformer.forward`.
+        """
         key_mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, S), True = real token
-        seq = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask)
+        seq = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask, output_positions)
         pooled = torch.tanh(self.pooler(seq[:, 0]))
         return seq, pooled
 
@@ -286,19 +305,29 @@ class AlbertForPreTraining(nn.Module):
 
         Args: `input_ids`, `attention_mask` (1 = token, 0 = padding), `token_type_ids`, `mlm_labels` (-100 =
         not predicted): (B, S) int64; `sop_labels` (B,) int64 (0 = in order, 1 = swapped, -100 = ignore).
-        The MLM head runs only at the labelled positions (gathered first): the loss equals the one computed
-        from full (B, S, V) logits at a fraction of the decoder cost. The gather has a data-dependent size
-        (one host sync on GPU). Raises `ValueError` on inconsistent shapes or S > max_position_embeddings.
+        Only the labelled positions and the first token are computed past the last block's keys and values,
+        and the MLM head runs only at the labelled positions: the loss equals the one computed from full
+        (B, S, V) logits at a fraction of the head's and the last block's cost. The gather has a data-dependent
+        size (one host sync on GPU). Raises `ValueError` on inconsistent shapes or S > max_position_embeddings.
         """
         self._check_inputs(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            mlm_labels=mlm_labels)
         if sop_labels.shape != input_ids.shape[:1]:
             raise ValueError(f"sop_labels must be (B,) = {tuple(input_ids.shape[:1])}, got {tuple(sop_labels.shape)}")
-        seq, pooled = self.albert(input_ids, attention_mask, token_type_ids)  # (B, S, H), (B, H)
-
+        # Only the labelled positions and the first token (pooled for SOP) leave the encoder: gather their
+        # indices, labelled ones in order after position 0, padded per row to the longest row (N).
         labelled = mlm_labels != IGNORE_INDEX  # (B, S)
-        targets = mlm_labels[labelled]  # (N,)
-        mlm_logits = self.predictions(seq[labelled]).float()  # (N, V)
+        needed = labelled.clone()
+        needed[:, 0] = True
+        counts = needed.sum(1)  # (B,)
+        n_max = int(counts.max())  # data-dependent size: one host sync on GPU
+        positions = torch.sort((~needed).to(torch.int8), dim=1, stable=True).indices[:, :n_max]  # (B, N)
+        seq, pooled = self.albert(input_ids, attention_mask, token_type_ids, positions)  # (B, N, H), (B, H)
+        valid = torch.arange(n_max, device=counts.device)[None, :] < counts[:, None]  # (B, N)
+        picked = mlm_labels.gather(1, positions)
+        picked_labelled = valid & (picked != IGNORE_INDEX)
+        targets = picked[picked_labelled]  # (M,) the M labelled positions
+        mlm_logits = self.predictions(seq[picked_labelled]).float()  # (M, V)
         mlm_count = labelled.sum()
         mlm_loss = F.cross_entropy(mlm_logits, targets, reduction="sum") / mlm_count.clamp(min=1)
         mlm_correct = (mlm_logits.argmax(-1) == targets).sum()
