@@ -35,13 +35,16 @@ import torch
 from albert_dist.data.config import DataConfig
 from albert_dist.data.tokenizer import CLS_ID, FIRST_NORMAL_ID, MASK_ID, PAD_ID, SEP_ID
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
+# Two substitutions and one split: ~4x faster than a single split on look-behind alternatives.
+_LATIN_END = re.compile(r"([.!?])\s+")
+_CJK_END = re.compile(r"([。！？])")
 IGNORE_INDEX = -100
 
 
 def split_sentences(text: str) -> list[str]:
-    """Non-empty, stripped sentences of a document (see the module docstring for the rule)."""
-    return [s for s in (part.strip() for part in _SENTENCE_END.split(text)) if s]
+    """Non-empty, stripped sentences of a document: lines, cut after ``.!?`` + whitespace and after ``。！？``."""
+    text = _CJK_END.sub("\\1\n", _LATIN_END.sub("\\1\n", text))
+    return [s for s in (part.strip() for part in text.split("\n")) if s]
 
 
 def _is_cjk_char(ch: str) -> bool:
@@ -78,7 +81,7 @@ class ExampleBuilder:
         self.max_num_tokens = cfg.max_seq_length - 3
         ngrams = np.arange(1, cfg.max_ngram + 1)
         self.ngram_p = (1.0 / ngrams) / (1.0 / ngrams).sum()
-        self.ngrams = ngrams
+        self.ngram_cdf = np.cumsum(self.ngram_p)[:-1]  # n = 1 + #(cdf <= u): exactly n <= max_ngram
         self.mask_below = 1.0 - 2.0 * cfg.random_token_prob  # r < this: [MASK]
         self.keep_below = 1.0 - cfg.random_token_prob  # this > r >= mask_below: keep; else random token
 
@@ -144,8 +147,49 @@ class ExampleBuilder:
         front_a, front_b = rng.binomial(cut_a, 0.5), rng.binomial(cut_b, 0.5)
         return a[front_a : la - (cut_a - front_a)], b[front_b : lb - (cut_b - front_b)]
 
+    def choose_ngrams(
+        self, word_starts: np.ndarray, num_tokens: int, budget: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tile words into n-grams and pick the masked ones.
+
+        ``word_starts`` (W,) int: sorted token index where each word starts (the first is 0); ``num_tokens``: the
+        token count. The words are tiled into n-grams with n ~ p(n) ∝ 1/n, n <= max_ngram (the last tile may be
+        cut short by the end); tiles are visited in a random order and taken while the running token count
+        stays <= ``budget`` (tiles longer than the budget are passed over). Returns ``(tile_words, tile_tokens,
+        chosen)``, each (T,): words and tokens per tile, and whether the tile is masked; the tiles cover the
+        tokens in order, so ``np.repeat(chosen, tile_tokens)`` is the (num_tokens,) token mask.
+        """
+        n_words = len(word_starts)
+        word_bounds = np.append(word_starts, num_tokens)
+        u = rng.random(n_words)
+        n = np.ones(n_words, dtype=np.int64)
+        for threshold in self.ngram_cdf:  # inverse CDF; max_ngram - 1 comparisons beat a searchsorted here
+            n += u >= threshold
+        tile_end = np.cumsum(n)
+        n_tiles = int(np.searchsorted(tile_end, n_words)) + 1
+        tile_start = tile_end[:n_tiles] - n[:n_tiles]
+        tile_end = np.minimum(tile_end[:n_tiles], n_words)
+        tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
+        order = np.argsort(rng.random(n_tiles))  # a random visiting order
+        order = order[tile_tokens[order] <= budget]
+        chosen = np.zeros(n_tiles, dtype=bool)
+        chosen[order[np.cumsum(tile_tokens[order]) <= budget]] = True
+        return tile_end - tile_start, tile_tokens, chosen
+
     def _mask(self, a: np.ndarray, b: np.ndarray, sop_label: int, rng) -> Example:
+        """[CLS] a [SEP] b [SEP] with whole-word n-gram masking (see the module docstring)."""
         la, lb = len(a), len(b)
+        ab = np.concatenate((a, b))  # (C,) the candidates: every token but [CLS]/[SEP] (no padding yet)
+        starts = self.word_start[ab]
+        starts[0] = True
+        if lb:
+            starts[la] = True  # B's first piece starts a word even when the cut fell inside one
+        budget = min(self.cfg.max_predictions_per_seq, max(1, int(round(len(ab) * self.cfg.masked_lm_prob))))
+        _, tile_tokens, chosen = self.choose_ngrams(np.flatnonzero(starts), len(ab), budget, rng)
+        masked = np.repeat(chosen, tile_tokens)  # (C,) tiles cover the candidates in order
+        sel = np.flatnonzero(masked)
+        pos = sel + 1 + (sel >= la)  # candidate index -> position after [CLS] (and A's [SEP])
+
         length = la + lb + 3
         ids = np.empty(length, dtype=np.int32)
         ids[0], ids[la + 1], ids[-1] = CLS_ID, SEP_ID, SEP_ID
@@ -153,39 +197,13 @@ class ExampleBuilder:
         ids[la + 2 : -1] = b
         token_type = np.zeros(length, dtype=np.int32)
         token_type[la + 2 :] = 1
-
-        cand = np.concatenate((np.arange(1, la + 1), np.arange(la + 2, length - 1)))  # never [CLS]/[SEP]/pad
-        starts = self.word_start[ids[cand]]
-        starts[0] = True
-        if lb:
-            starts[la] = True  # B's first piece starts a word even when it continues one across the cut
-        word_of = np.cumsum(starts) - 1  # (C,) word index of every candidate position
-        n_words = int(word_of[-1]) + 1
-        word_bounds = np.concatenate((np.flatnonzero(starts), [len(cand)]))  # candidate index where word w starts
-        # tile the words into n-grams: n ~ p(n) ∝ 1/n
-        n = rng.choice(self.ngrams, size=n_words, p=self.ngram_p)
-        tile_end = np.cumsum(n)
-        n_tiles = int(np.searchsorted(tile_end, n_words)) + 1
-        tile_end = np.minimum(tile_end[:n_tiles], n_words)
-        tile_start = tile_end - n[:n_tiles]
-        tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
-        budget = min(self.cfg.max_predictions_per_seq, max(1, int(round(len(cand) * self.cfg.masked_lm_prob))))
-        order = rng.permutation(n_tiles)
-        order = order[tile_tokens[order] <= budget]
-        chosen = order[np.cumsum(tile_tokens[order]) <= budget]
-        # mark chosen word ranges: +1 at tile start, -1 at tile end, cumulative sum > 0 inside
-        delta = np.zeros(n_words + 1, dtype=np.int32)
-        delta[tile_start[chosen]] += 1
-        delta[tile_end[chosen]] -= 1
-        word_masked = np.cumsum(delta[:-1]) > 0
-        pos = cand[word_masked[word_of]]
-
         labels = np.full(length, IGNORE_INDEX, dtype=np.int32)
         labels[pos] = ids[pos]
-        r = rng.random(len(pos))
+        u = rng.random(2 * len(pos))
+        r, rand = u[: len(pos)], u[len(pos) :]
+        replace = r >= self.keep_below
         ids[pos[r < self.mask_below]] = MASK_ID
-        rand_pos = pos[r >= self.keep_below]
-        ids[rand_pos] = rng.integers(FIRST_NORMAL_ID, self.vocab_size, size=len(rand_pos))
+        ids[pos[replace]] = FIRST_NORMAL_ID + (rand[replace] * (self.vocab_size - FIRST_NORMAL_ID)).astype(np.int32)
         return Example(ids, token_type, labels, sop_label)
 
 

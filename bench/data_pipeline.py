@@ -1,0 +1,108 @@
+"""Data-pipeline throughput on one core: albert_dist's stream vs transformers' run_mlm recipe, same run, same text.
+
+Ours: the whole pipeline of one rank, in-process (``num_workers=0``): read shards -> sentences -> sentencepiece
+-> SOP pairs -> whole-word n-gram masking -> padded (B, S) int64 tensors, S = 512, over the bundled WikiText-2
+train shards. Baseline (does less: no sentences, no SOP, no n-grams): transformers' ``AlbertTokenizer`` (fast,
+``tokenizers``-backed) on the same ``spiece.model``, examples/pytorch/language-modeling/run_mlm.py's
+``group_texts`` (concatenate, cut into 512-token blocks) and ``DataCollatorForLanguageModeling`` (15%), on the
+same documents already in memory. Throughput counts real (non-padding) tokens per CPU-second of the
+process (``time.process_time``: the machine may be shared, and one core is what is measured); wall-clock
+figures are returned too. The two alternate
+repeat by repeat; the process is pinned to one CPU core, with one thread everywhere.
+
+    python bench/data_pipeline.py [--repeats 5]
+
+``run(repeats=...)`` returns per-repeat lists (tokens/s of each, ratio ours/baseline) for bench/run_all.py.
+Targets (issue 3): ratio >= 2 and ours >= 1e6 tokens/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+SEQ = 512
+BATCH = 32
+
+
+def _pin_one_core() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _ours(cfg, num_tokens: int) -> tuple[int, float, float]:
+    from albert_dist.data.loader import PretrainingStream
+
+    stream = PretrainingStream(cfg, "train", BATCH, rank=0, world_size=1)
+    it = iter(stream)
+    next(it)  # warm-up: tokenizer load, datasets builder; not part of the steady state
+    tokens, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while tokens < num_tokens:
+        tokens += int(next(it)["attention_mask"].sum())
+    return tokens, time.process_time() - c0, time.perf_counter() - t0
+
+
+def _baseline(tokenizer, collator, texts: list[str]) -> tuple[int, float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    ids = tokenizer(texts, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    # run_mlm.py group_texts: concatenate everything and cut into blocks of max_seq_length (drop the remainder)
+    flat = [t for seq in ids for t in seq]
+    total = (len(flat) // SEQ) * SEQ
+    blocks = [{"input_ids": flat[i : i + SEQ]} for i in range(0, total, SEQ)]
+    tokens = 0
+    for i in range(0, len(blocks), BATCH):
+        batch = collator(blocks[i : i + BATCH])
+        tokens += int(batch["input_ids"].numel())
+    return tokens, time.process_time() - c0, time.perf_counter() - t0
+
+
+def run(repeats: int = 5) -> dict:
+    """Tokens/s of ours and of the HF baseline per repeat, and their ratio (ours / baseline) per repeat."""
+    _pin_one_core()
+    import torch
+    from transformers import AlbertTokenizer, DataCollatorForLanguageModeling
+
+    from albert_dist.data.config import DataConfig
+    from albert_dist.data.sources import iter_texts, resolve_path
+
+    torch.set_num_threads(1)
+    cfg = DataConfig(max_seq_length=SEQ, num_workers=0)
+    texts = list(iter_texts(cfg.train, "data.train", cfg.max_document_bytes))
+    tokenizer = AlbertTokenizer(vocab_file=str(resolve_path(cfg.tokenizer_path)))
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15, return_tensors="pt")
+    ours, base, ours_wall, base_wall = [], [], [], []
+    for _ in range(repeats):
+        n, cpu, wall = _baseline(tokenizer, collator, texts)
+        base.append(n / cpu)
+        base_wall.append(n / wall)
+        n, cpu, wall = _ours(cfg, num_tokens=n)
+        ours.append(n / cpu)
+        ours_wall.append(n / wall)
+    ratio = [o / b for o, b in zip(ours, base)]
+    return {"ours_tokens_per_s": ours, "baseline_tokens_per_s": base, "ratio": ratio,
+            "ours_tokens_per_wall_s": ours_wall, "baseline_tokens_per_wall_s": base_wall, "seq_len": SEQ,
+            "batch_size": BATCH, "target_ratio": 2.0, "target_ours_tokens_per_s": 1e6}
+
+
+def _fmt(values: list[float], scale: float = 1.0) -> str:
+    return f"{min(values) / scale:.3f} / {statistics.median(values) / scale:.3f} / {max(values) / scale:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    res = run(args.repeats)
+    print(f"data pipeline, one core, seq {SEQ}, batch {BATCH}, {args.repeats} repeats (min / median / max)")
+    print(f"  ours (stream+sentences+SOP+n-gram masking): {_fmt(res['ours_tokens_per_s'], 1e6)} M tokens/CPU-s")
+    print(f"  HF AlbertTokenizer+group_texts+DataCollatorForLanguageModeling: {_fmt(res['baseline_tokens_per_s'], 1e6)} M tokens/CPU-s")
+    print(f"  ratio ours / HF: {_fmt(res['ratio'])}  (target >= 2.0; ours target >= 1.0 M tokens/s)")
+    print(f"  wall clock: ours {_fmt(res['ours_tokens_per_wall_s'], 1e6)}, HF {_fmt(res['baseline_tokens_per_wall_s'], 1e6)} M tokens/s")
+
+
+if __name__ == "__main__":
+    main()
