@@ -72,7 +72,9 @@ def run(repeats: int = 5) -> dict:
     torch.set_num_threads(1)
     cfg = DataConfig(max_seq_length=SEQ, num_workers=0)
     texts = list(iter_texts(cfg.train, "data.train", cfg.max_document_bytes))
-    tokenizer = AlbertTokenizer(vocab_file=str(resolve_path(cfg.tokenizer_path)))
+    # transformers >= 5 builds the fast tokenizer from the directory's spiece.model; same normalisation as ours
+    tokenizer = AlbertTokenizer.from_pretrained(str(resolve_path(cfg.tokenizer_path).parent), do_lower_case=False,
+                                                keep_accents=True)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15, return_tensors="pt")
     ours, base, ours_wall, base_wall = [], [], [], []
     for _ in range(repeats):

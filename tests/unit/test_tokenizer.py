@@ -1,0 +1,103 @@
+"""Tokenizer: ALBERT's special ids, transformers' AlbertTokenizer agreement, "[MASK]" in text, the CLI."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from albert_dist.data import tokenizer as tok
+from albert_dist.data.config import DataConfig
+from albert_dist.data.pretraining import ExampleBuilder
+
+SAMPLE_TEXT = (
+    "The film was released in 1999 and received mixed reviews from critics.\n"
+    "He later starred in several television series, including The Bill."
+)
+
+
+@pytest.fixture(scope="module")
+def sample_sp():
+    return tok.load_tokenizer(DataConfig().tokenizer_path)
+
+
+def test_bundled_model_has_albert_ids_and_vocab_8000(sample_sp):
+    assert sample_sp.get_piece_size() == 8000  # == the albert-tiny preset's vocab_size
+    assert [sample_sp.id_to_piece(i) for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_transformers_albert_tokenizer_agrees(sample_sp):
+    transformers = pytest.importorskip("transformers")
+    from albert_dist.data.sources import resolve_path
+
+    # transformers >= 5 converts a directory's spiece.model (its __init__ ignores vocab_file)
+    model_dir = str(resolve_path(DataConfig().tokenizer_path).parent)
+    hf = transformers.AlbertTokenizer.from_pretrained(model_dir, do_lower_case=False, keep_accents=True)
+    assert (hf.pad_token_id, hf.unk_token_id, hf.cls_token_id, hf.sep_token_id, hf.mask_token_id) == (0, 1, 2, 3, 4)
+    assert hf.convert_tokens_to_ids(["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]) == [0, 1, 2, 3, 4]
+    for line in SAMPLE_TEXT.split("\n") + ["Ünïcödé ﬁ text ２０２６ inside"]:
+        ours = sample_sp.encode(line)
+        theirs = hf(line, add_special_tokens=False)["input_ids"]
+        assert ours == theirs
+    # HF's pair template is ALBERT's: [CLS] A [SEP] B [SEP]
+    pair = hf("a b", "c", add_special_tokens=True)["input_ids"]
+    assert pair[0] == tok.CLS_ID and pair.count(tok.SEP_ID) == 2 and pair[-1] == tok.SEP_ID
+
+
+def test_literal_special_strings_never_map_to_special_ids(sample_sp):
+    text = "A [MASK] and a [CLS] walk into [SEP] a bar <pad> <unk> [MASK]."
+    ids = sample_sp.encode(text)
+    assert not set(ids) & {tok.PAD_ID, tok.CLS_ID, tok.SEP_ID, tok.MASK_ID}
+    # Through the whole example builder: id 4 appears only where the masker put it (a labelled position).
+    builder = ExampleBuilder(sample_sp, DataConfig(max_seq_length=64))
+    doc = ("Here is [MASK] in the text. " * 6 + "\n") * 3
+    seen_unmasked = 0
+    for seed in range(30):
+        for ex in builder.build(doc, np.random.default_rng(seed)):
+            is_mask = ex.input_ids == tok.MASK_ID
+            assert np.all(ex.mlm_labels[is_mask] != -100)
+            seen_unmasked += int(np.sum(ex.mlm_labels == -100))
+    assert seen_unmasked > 0
+
+
+def _corpus(tmp_path):
+    lines = SAMPLE_TEXT.split("\n") * 5
+    words = [f"word{i} alpha beta gamma delta." for i in range(300)]
+    (tmp_path / "a.txt").write_text("\n\n".join(lines + words[:150]) + "\n")
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
+        f.write("\n\n".join(words[150:]) + "\n")
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_cli_trains_model_with_albert_ids(tmp_path, capsys, model_type):
+    _corpus(tmp_path)
+    out = tmp_path / "tok"
+    rc = tok.cli(["train", "--input", str(tmp_path / "*.txt*"), "--vocab-size", "60", "--model-type", model_type,
+                  "--output", str(out), "--lowercase", "--input-sentence-size", "1000"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "peak memory" in printed and "MiB" in printed
+    sp = tok.load_tokenizer(str(out / "spiece.model"))
+    assert sp.get_piece_size() == 60
+    assert [sp.id_to_piece(i) for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+    # lower-casing (nmt_nfkc_cf): upper and lower case text encode alike; the .gz shard was read
+    assert sp.encode("ALPHA BETA") == sp.encode("alpha beta")
+    assert sp.encode("gamma")
+
+
+def test_cli_missing_input_is_a_clear_error(tmp_path, capsys):
+    rc = tok.cli(["train", "--input", str(tmp_path / "nothing-*.txt"), "--vocab-size", "100", "--output", str(tmp_path)])
+    assert rc == 2
+    assert "matches no file" in capsys.readouterr().out
+
+
+def test_load_tokenizer_rejects_wrong_ids(tmp_path):
+    import sentencepiece as spm
+
+    (tmp_path / "c.txt").write_text("\n".join(f"w{i} xylophone yak zebra quality" for i in range(200)))
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "c.txt"), model_prefix=str(tmp_path / "plain"),
+                                   vocab_size=40, minloglevel=2)
+    with pytest.raises(ValueError, match=r"' has id \d+, ALBERT needs"):
+        tok.load_tokenizer(str(tmp_path / "plain.model"))
+    with pytest.raises(ValueError, match="is not a file"):
+        tok.load_tokenizer(str(tmp_path / "missing.model"))
