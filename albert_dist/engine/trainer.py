@@ -66,7 +66,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
-    return parser.parse_args(list(argv))
+    return parser.parse_intermixed_args(list(argv))
 
 
 def _setup_logging(rank: int) -> None:
@@ -255,7 +255,8 @@ class Trainer:
         last_saved = self.step
         engine.train()
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=rank != 0 or not cfg.progress_bar, mininterval=1.0)
+                   disable=rank != 0 or not cfg.progress_bar,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0)  # launcher logs are files: fewer lines
         self._stop.install()
         try:
             with logging_redirect_tqdm():
@@ -273,6 +274,7 @@ class Trainer:
                     if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
                         record = self._log_train(acc, lr)
                         bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                    paused = time.perf_counter()  # eval and save time is not training throughput
                     if self.step == cfg.max_steps or (cfg.eval_interval_steps
                                                       and self.step % cfg.eval_interval_steps == 0):
                         self.evaluate()
@@ -281,6 +283,7 @@ class Trainer:
                                                               self.step % cfg.checkpoint.save_interval_steps == 0):
                         self.save()
                         last_saved = self.step
+                    acc.exclude(time.perf_counter() - paused)
                     if stop:
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
                                        EXIT_PREEMPTED)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Pretrain albert-tiny on the bundled WikiText-2 sample with the deepspeed launcher on this machine
+# (`make pretrain`). Usage:
+#   launch/pretrain_local.sh [NUM_RANKS=2] [RECIPE=configs/pretrain/albert-tiny-wikitext.yaml] [key=value ...]
+# On a GPU machine NUM_RANKS GPUs are used (nccl); without GPUs DeepSpeed's CPU accelerator starts NUM_RANKS
+# CPU processes (gloo), each with one torch thread unless OMP_NUM_THREADS says otherwise.
+# Outputs: runs/<recipe>-<UTC time>/ (config.yaml, ds_config.json, metrics.jsonl, checkpoints/); the path is
+# printed at the end. Set RUN_DIR=... to choose it (and add --resume auto to continue an interrupted run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NUM_RANKS="${1:-2}"
+RECIPE="${2:-configs/pretrain/albert-tiny-wikitext.yaml}"
+shift $(( $# > 2 ? 2 : $# ))
+RUN_DIR="${RUN_DIR:-runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+# --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
+# --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
+PORT="${MASTER_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
+set +e
+deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --module albert_dist.cli \
+    train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@"
+status=$?
+set -e
+OUT="$(realpath -m "${RUN_DIR}")"
+echo
+if [ "${status}" -eq 0 ]; then
+    echo "pretraining finished; outputs in ${OUT}"
+else
+    echo "pretraining exited with status ${status} (75 = stopped by a signal after a checkpoint; continue with:"
+    echo "  RUN_DIR=${RUN_DIR} $0 ${NUM_RANKS} ${RECIPE} --resume auto); outputs in ${OUT}"
+fi
+echo "  config.yaml, ds_config.json: the resolved config and the DeepSpeed config"
+echo "  metrics.jsonl: one JSON record per logged step (train and val_* metrics)"
+echo "  checkpoints/: DeepSpeed checkpoints, 'latest' names the newest complete one"
+exit "${status}"
