@@ -1,0 +1,124 @@
+"""Training-step throughput: albert_dist's AlbertForPreTraining vs transformers' (SDPA), same run, same weights.
+
+One step = forward + backward + AdamW on ALBERT-base (configs/model/albert-base.yaml), B=8, S=128, fp32, CPU,
+realistic inputs (a little right padding, 20 MLM predictions per sequence as in ALBERT's
+max_predictions_per_seq, SOP labels). The two models alternate step by step so that drift in the shared
+machine hits both. Prints tokens/s (min / median / max), the ratio ours / transformers (target >= 1.15), and
+the achieved model FLOP/s against a fp32 matmul peak measured in the same run (MFU).
+
+    python bench/model_step.py [--repeats 3] [--threads 1]
+
+`run(repeats=..., threads=...)` returns the figures as a dict for a suite runner.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.model.flops import mlm_head_training_flops_per_prediction, training_flops_per_token
+from albert_dist.model.hf import to_transformers
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "model" / "albert-base.yaml"
+BATCH, SEQ, PREDICTIONS = 8, 128, 20
+
+
+def make_batch(config: AlbertConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random ALBERT pretraining batch: (B, S) int64 tensors and (B,) SOP labels."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, config.vocab_size, (BATCH, SEQ), generator=g)
+    lengths = torch.randint(SEQ - 16, SEQ + 1, (BATCH,), generator=g)
+    lengths[0] = SEQ // 2  # one short sequence (ALBERT's short_seq_prob)
+    attention_mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+    input_ids = input_ids * attention_mask  # pad id 0
+    token_type_ids = ((torch.arange(SEQ)[None, :] >= lengths[:, None] // 2) & attention_mask.bool()).long()
+    mlm_labels = torch.full((BATCH, SEQ), -100)
+    for b in range(BATCH):
+        positions = torch.randperm(int(lengths[b]) - 1, generator=g)[:PREDICTIONS] + 1
+        mlm_labels[b, positions] = input_ids[b, positions]
+    sop_labels = torch.randint(0, 2, (BATCH,), generator=g)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                mlm_labels=mlm_labels, sop_labels=sop_labels)
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of an n x n x n matmul on this machine (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
+    """Time `repeats` steps of each model after one warm-up step; returns tokens/s stats, ratio and MFU."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    config = AlbertConfig.from_yaml(CONFIG)
+    ours = AlbertForPreTraining(config).train()
+    hf = to_transformers(ours).train()
+    batch = make_batch(config)
+    hf_batch = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
+                    sentence_order_label=batch["sop_labels"])
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-4)
+
+    def step_ours() -> None:
+        opt_ours.zero_grad(set_to_none=True)
+        ours(**batch).loss.backward()
+        opt_ours.step()
+
+    def step_hf() -> None:
+        opt_hf.zero_grad(set_to_none=True)
+        hf(**hf_batch).loss.backward()
+        opt_hf.step()
+
+    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    for i in range(repeats + 1):
+        for name, step in (("ours", step_ours), ("hf", step_hf)):
+            t0 = time.perf_counter()
+            step()
+            if i:  # the first round is warm-up
+                times[name].append(time.perf_counter() - t0)
+
+    tokens = BATCH * SEQ
+    n_pred = int((batch["mlm_labels"] != -100).sum())
+    step_flops = tokens * training_flops_per_token(config, SEQ) + n_pred * mlm_head_training_flops_per_prediction(config)
+    peak = matmul_peak_flops()
+    result: dict[str, float] = {"matmul_peak_flops": peak, "model_flops_per_step": step_flops}
+    for name, ts in times.items():
+        tps = sorted(tokens / t for t in ts)
+        result[f"{name}_tokens_per_s_min"] = tps[0]
+        result[f"{name}_tokens_per_s_median"] = statistics.median(tps)
+        result[f"{name}_tokens_per_s_max"] = tps[-1]
+        result[f"{name}_flops_per_s"] = step_flops / statistics.median(ts)
+        result[f"{name}_mfu"] = result[f"{name}_flops_per_s"] / peak
+    result["ratio_ours_over_hf"] = result["ours_tokens_per_s_median"] / result["hf_tokens_per_s_median"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per model (after 1 warm-up)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args()
+    r = run(repeats=args.repeats, threads=args.threads)
+    print(f"ALBERT-base training step, B={BATCH} S={SEQ} fp32 CPU, {args.threads} thread(s), {args.repeats} repeats")
+    for name, label in (("ours", "albert_dist"), ("hf", "transformers (sdpa)")):
+        print(f"  {label:<20} tokens/s min {r[f'{name}_tokens_per_s_min']:8.1f}  median "
+              f"{r[f'{name}_tokens_per_s_median']:8.1f}  max {r[f'{name}_tokens_per_s_max']:8.1f}  "
+              f"model GFLOP/s {r[f'{name}_flops_per_s'] / 1e9:7.1f}  MFU {r[f'{name}_mfu']:.1%}")
+    print(f"  matmul peak (fp32 2048^3): {r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s")
+    print(f"  ratio ours / transformers (median tokens/s): {r['ratio_ours_over_hf']:.3f}  (target >= 1.15)")
+
+
+if __name__ == "__main__":
+    main()
