@@ -41,21 +41,27 @@ def checkpoint_artifact_path(step: int) -> str:
     return f"{CHECKPOINTS_ARTIFACT_DIR}/step_{int(step)}"
 
 
-def _retry(what: str, fn: Callable[[], Any], *, attempts: int, backoff_s: float, max_backoff_s: float,
+def _retry(what: str, fn: Callable[[], Any], *, attempts: Optional[int], backoff_s: float, max_backoff_s: float,
            should_stop: Callable[[], bool] = lambda: False) -> Any:
-    """Call ``fn`` up to ``attempts`` times with doubling waits; re-raises the last error."""
-    wait = backoff_s
-    for attempt in range(1, attempts + 1):
+    """Call ``fn`` until it succeeds, with doubling waits; re-raises the last error after ``attempts`` tries
+    (None: no limit), on a permanent error (`albert_dist.tracking.sender.is_transient`) or once
+    ``should_stop()`` is true."""
+    from albert_dist.tracking.sender import is_transient
+
+    wait, attempt = backoff_s, 0
+    while True:
+        attempt += 1
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - any failure of an upload/download is retried
-            if attempt == attempts or should_stop():
+        except Exception as exc:  # noqa: BLE001 - any transient failure of an upload/download is retried
+            if (attempts is not None and attempt >= attempts) or not is_transient(exc) or should_stop():
                 raise
-            log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.1f s", what, attempt, attempts,
+            log.warning("%s failed (attempt %d: %s: %s); retrying in %.1f s", what, attempt,
                         type(exc).__name__, str(exc)[:200], wait)
-            time.sleep(wait)
+            end = time.monotonic() + wait
+            while time.monotonic() < end and not should_stop():
+                time.sleep(min(0.2, wait))
             wait = min(wait * 2, max_backoff_s)
-    raise AssertionError("unreachable")
 
 
 def list_files(root: str) -> dict[str, int]:
@@ -99,18 +105,19 @@ class CheckpointUploader:
     Args:
         client: ``mlflow.MlflowClient``.
         run_id: the run the artifacts go to.
-        attempts: attempts per file (MLflow's own HTTP retries happen inside each attempt).
-        retry_backoff_s, max_backoff_s: waits between attempts (doubling).
+        retry_backoff_s, max_backoff_s: waits between attempts (doubling; MLflow's own HTTP retries happen
+            inside each attempt).
 
-    When several checkpoints wait, the older waiting ones are skipped (logged): only the latest matters for
-    resuming and uploads must not fall ever further behind training.
+    A failed file upload is retried for as long as the error is transient (the server is down, a 5xx),
+    until a newer checkpoint is submitted (the older one is then given up: only the latest matters for
+    resuming, and uploads must not fall ever further behind training) or `close`'s deadline passes.
+    Checkpoints waiting behind a running upload are likewise skipped for the newest one (logged).
     """
 
-    def __init__(self, client: Any, run_id: str, *, attempts: int = 8, retry_backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0):
+    def __init__(self, client: Any, run_id: str, *, retry_backoff_s: float = 1.0, max_backoff_s: float = 30.0):
         self._client = client
         self._run_id = run_id
-        self._attempts = attempts
+        self._newest_step = -1
         self._backoff = retry_backoff_s
         self._max_backoff = max_backoff_s
         self._queue: queue.Queue[Optional[_Job]] = queue.Queue()
@@ -140,6 +147,7 @@ class CheckpointUploader:
         staging = os.path.join(os.path.dirname(local_dir), f".mlflow_upload_{os.path.basename(local_dir)}")
         shutil.rmtree(staging, ignore_errors=True)
         snapshot(local_dir, staging)
+        self._newest_step = max(self._newest_step, int(step))
         self._queue.put(_Job(checkpoint_artifact_path(step), staging, int(step), os.path.basename(local_dir),
                              before_marker))
 
@@ -200,6 +208,9 @@ class CheckpointUploader:
             if any(j is None for j in newer):
                 return
 
+    def _superseded(self, job: _Job) -> bool:
+        return self._stop.is_set() or (job.step is not None and self._newest_step > job.step)
+
     def _write_marker(self, job: _Job, files: dict[str, int]) -> None:
         if job.before_marker is not None and not job.before_marker():
             raise RuntimeError("metrics up to this step were not delivered")
@@ -210,8 +221,8 @@ class CheckpointUploader:
                 json.dump(marker, f, indent=1)
             _retry(f"marker of checkpoint step {job.step}",
                    lambda: self._client.log_artifact(self._run_id, path, job.dest),
-                   attempts=self._attempts, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
-                   should_stop=self._stop.is_set)
+                   attempts=None, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
+                   should_stop=lambda: self._superseded(job))
 
     def _upload(self, job: _Job) -> None:
         dest = job.dest
@@ -225,8 +236,8 @@ class CheckpointUploader:
                 _retry(f"upload of {what} file {rel}",
                        lambda: self._client.log_artifact(self._run_id, os.path.join(job.staging, rel),
                                                          artifact_path),
-                       attempts=self._attempts, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
-                       should_stop=self._stop.is_set)
+                       attempts=None, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
+                       should_stop=lambda: self._superseded(job))
             if job.step is not None:
                 self._write_marker(job, files)
         except Exception as exc:  # noqa: BLE001 - an upload failure never stops training

@@ -14,8 +14,8 @@ class TrackingConfig:
     retries each request (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7 with exponential backoff).
 
     Raises:
-        ValueError: naming the field and value, for an empty experiment name or a non-positive interval,
-            timeout or retry count.
+        ValueError: naming the field and value, for an empty experiment name or a non-positive interval
+            or timeout.
     """
 
     tracking_uri: Optional[str] = None
@@ -36,8 +36,6 @@ class TrackingConfig:
     """First wait after a failed send or upload; doubled after each further failure."""
     max_backoff_s: float = 30.0
     """Upper bound of the wait between two retries."""
-    upload_attempts: int = 8
-    """Attempts per checkpoint file before that checkpoint is given up (the local copy is never touched)."""
     close_timeout_s: float = 600.0
     """At the end of the job, how long to wait for unsent metrics and running uploads before giving up."""
 
@@ -53,5 +51,3 @@ class TrackingConfig:
                 f"tracking.max_backoff_s ({self.max_backoff_s!r}) must be >= tracking.retry_backoff_s "
                 f"({self.retry_backoff_s!r})"
             )
-        if self.upload_attempts < 1:
-            raise ValueError(f"tracking.upload_attempts must be >= 1, got {self.upload_attempts!r}")

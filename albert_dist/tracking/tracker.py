@@ -183,8 +183,7 @@ class MLflowTracker:
                        "tracking_uri": strip_uri_userinfo(self.tracking_uri)}, f)
         self._sender = BatchSender(client, self.run_id, flush_interval_s=cfg.flush_interval_s,
                                    retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s)
-        self._uploader = CheckpointUploader(client, self.run_id, attempts=cfg.upload_attempts,
-                                            retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s)
+        self._uploader = CheckpointUploader(client, self.run_id, retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s)
         self._replay_spool()
         self._spool = open(os.path.join(self.run_dir, SPOOL_FILE), "a")
         if self.resumed:

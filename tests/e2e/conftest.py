@@ -1,0 +1,2 @@
+"""Fixtures for the end-to-end tests: a real MLflow server (tests/fixtures/mlflow_server.py)."""
+from fixtures.mlflow_server import mlflow_server, mlflow_server_factory  # noqa: F401 - pytest fixtures

@@ -1,0 +1,257 @@
+"""MLflowTracker against a real `mlflow server`: one run per job, resume without duplicate or missing steps,
+a server outage that loses nothing, credentials that appear nowhere, and `albert-dist compare`.
+
+The job here is `mlflow_fake_loop.py` (deterministic metrics, fake checkpoints) so every logged value can be
+checked; tests/e2e/test_mlflow_train.py runs the same checks through the real trainer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from fixtures.mlflow_server import free_port
+
+from albert_dist.tracking.checkpoints import (CHECKPOINTS_ARTIFACT_DIR, MARKER_NAME, checkpoint_artifact_path,
+                                              complete_checkpoints)
+from albert_dist.tracking.config import TrackingConfig
+from albert_dist.tracking.tracker import MLflowTracker
+
+pytestmark = pytest.mark.e2e
+LOOP = str(Path(__file__).with_name("mlflow_fake_loop.py"))
+
+
+def fast_retry_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's HTTP layer would retry a refused connection for ~4 min; make the tracker's own loop do it."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def run_ranks(uri: str, world: int, args: list[str], expect_rc: int = 0, timeout: int = 180) -> list[str]:
+    """Run the fake loop on ``world`` local gloo ranks; returns each rank's RUN_ID."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, MLFLOW_TRACKING_URI=uri, RANK=str(rank), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
+        procs.append(subprocess.Popen([sys.executable, LOOP, *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == expect_rc, f"rank {rank} exited {p.returncode}:\n{out[-4000:]}"
+    return [next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("RUN_ID=")) for out in outs]
+
+
+def steps_of(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_two_ranks_create_one_run_with_metrics_params_and_checkpoint(mlflow_server, tmp_path):
+    client = MlflowClient(mlflow_server.uri)
+    ids = run_ranks(mlflow_server.uri, 2, ["--run-dir", str(tmp_path / "run"), "--experiment", "two_ranks",
+                                           "--steps", "6", "--save-every", "4"])
+    assert ids[0] == ids[1]
+    exp = client.get_experiment_by_name("two_ranks")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [ids[0]]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.num_hidden_groups"] == "2"
+    assert run.data.params["derived.world_size"] == "2"
+    assert run.data.tags["num_hosts"] == "1" and "version.torch" in run.data.tags
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 10.0 / s) for s in range(1, 7)]
+    (step, marker), = complete_checkpoints(client, run.info.run_id)
+    assert step == 4 and set(marker["files"]) == {"rank0.pt", "rank1.pt", "state.json"}
+    # the local run directory records the run for a requeued attempt
+    assert json.loads((tmp_path / "run" / "mlflow_run.json").read_text())["run_id"] == run.info.run_id
+
+
+def test_resume_from_run_continues_same_run_without_duplicate_or_missing_step(mlflow_server, tmp_path):
+    client = MlflowClient(mlflow_server.uri)
+    common = ["--experiment", "resume", "--steps", "14", "--save-every", "4"]
+    first, _ = run_ranks(mlflow_server.uri, 2, ["--run-dir", str(tmp_path / "a"), "--crash-after", "10", *common],
+                         expect_rc=3)
+    assert client.get_run(first).info.status == "RUNNING"  # died without closing
+    # resume on "another machine": fresh run directory, everything comes from MLflow
+    second, _ = run_ranks(mlflow_server.uri, 2, ["--run-dir", str(tmp_path / "b"), "--resume-from",
+                                                 f"runs:/{first}", *common])
+    assert second == first
+    exp = client.get_experiment_by_name("resume")
+    assert len(client.search_runs([exp.experiment_id])) == 1
+    run = client.get_run(first)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["resumed_count"] == "1"
+    for key in ("loss", "mlm_accuracy"):
+        assert steps_of(client, first, key) == list(range(1, 15)), key
+    assert sorted((m.step, m.value) for m in client.get_metric_history(first, "loss")) == \
+        [(s, 10.0 / s) for s in range(1, 15)]
+    # the resumed job restarted from the newest complete checkpoint (step 8) and re-ran 9, 10
+    assert (tmp_path / "b" / "checkpoints" / "latest").read_text() == "step_8"
+    assert [s for s, _ in complete_checkpoints(client, first)] == [12, 8, 4]
+
+
+def test_partial_checkpoint_upload_is_never_taken_for_complete(mlflow_server, tmp_path):
+    client = MlflowClient(mlflow_server.uri)
+    exp_id = client.create_experiment("partial")
+    run_id = client.create_run(exp_id).info.run_id
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "a.pt").write_bytes(b"a" * 100)
+    (ck / "b.pt").write_bytes(b"b" * 50)
+    # step 2: files but no marker (upload died); step 3: marker lists a file that is not there
+    client.log_artifacts(run_id, str(ck), checkpoint_artifact_path(2))
+    client.log_artifact(run_id, str(ck / "a.pt"), checkpoint_artifact_path(3))
+    (tmp_path / MARKER_NAME).write_text(json.dumps({"step": 3, "tag": "x", "files": {"a.pt": 100, "b.pt": 50}}))
+    client.log_artifact(run_id, str(tmp_path / MARKER_NAME), checkpoint_artifact_path(3))
+    # step 1: complete
+    client.log_artifacts(run_id, str(ck), checkpoint_artifact_path(1))
+    (tmp_path / MARKER_NAME).write_text(json.dumps({"step": 1, "tag": "x", "files": {"a.pt": 100, "b.pt": 50}}))
+    client.log_artifact(run_id, str(tmp_path / MARKER_NAME), checkpoint_artifact_path(1))
+    assert [s for s, _ in complete_checkpoints(client, run_id)] == [1]
+    assert {a.path for a in client.list_artifacts(run_id, CHECKPOINTS_ARTIFACT_DIR)} == \
+        {f"{CHECKPOINTS_ARTIFACT_DIR}/step_{i}" for i in (1, 2, 3)}
+
+
+def test_server_outage_loses_no_metric_step_and_never_stalls(mlflow_server_factory, tmp_path, monkeypatch):
+    fast_retry_env(monkeypatch)
+    server = mlflow_server_factory()
+    cfg = TrackingConfig(tracking_uri=server.uri, experiment_name="outage", flush_interval_s=0.2,
+                         retry_backoff_s=0.5, max_backoff_s=2.0, close_timeout_s=120.0)
+    tracker = MLflowTracker(cfg, run_dir=str(tmp_path / "run"))
+    client = MlflowClient(server.uri)
+    step, slowest = 0, 0.0
+
+    def train_step() -> None:
+        nonlocal step, slowest
+        step += 1
+        t0 = time.monotonic()
+        tracker.log_metrics({"loss": 10.0 / step}, step)
+        slowest = max(slowest, time.monotonic() - t0)
+        time.sleep(0.2)
+
+    for _ in range(5):
+        train_step()
+    deadline = time.monotonic() + 30
+    while len(client.get_metric_history(tracker.run_id, "loss")) < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server.stop()
+    outage_start = time.monotonic()
+    ck = tmp_path / "ck" / "step_8"
+    restart = threading.Thread(target=lambda: (time.sleep(8), server.start()))
+    restart.start()  # ~8 s down + ~12-20 s start = the outage
+    while restart.is_alive():
+        train_step()
+        if step == 8:
+            ck.mkdir(parents=True)
+            (ck / "model.pt").write_bytes(os.urandom(4096))
+            t0 = time.monotonic()
+            tracker.log_checkpoint(str(ck), 8)
+            slowest = max(slowest, time.monotonic() - t0)
+    restart.join()
+    outage_s = time.monotonic() - outage_start
+    for _ in range(3):
+        train_step()
+    tracker.close("FINISHED")
+    assert outage_s >= 15, outage_s
+    assert slowest < 1.0, f"a tracker call blocked training for {slowest:.2f} s"
+    history = client.get_metric_history(tracker.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 10.0 / s) for s in range(1, step + 1)]
+    assert step > 20
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert [s for s, _ in complete_checkpoints(client, tracker.run_id)] == [8]
+
+
+SECRETS = {
+    "MLFLOW_TRACKING_USERNAME": "user-7f3a9c",
+    "MLFLOW_TRACKING_PASSWORD": "pw-Zq81mX0c",
+    "AWS_SECRET_ACCESS_KEY": "aws-5ecret-Kk2",
+    "HF_TOKEN": "hf_tok_Y6uu2",
+}
+
+
+def test_credentials_appear_nowhere_in_the_run(mlflow_server, tmp_path, monkeypatch):
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    password = SECRETS["MLFLOW_TRACKING_PASSWORD"]
+    uri = mlflow_server.uri.replace("http://", f"http://{SECRETS['MLFLOW_TRACKING_USERNAME']}:{password}@")
+    cfg = TrackingConfig(tracking_uri=mlflow_server.uri, experiment_name="secrets", flush_interval_s=0.2)
+    run_dir = tmp_path / "run"
+    tracker = MLflowTracker(cfg, run_dir=str(run_dir), tags={"launch.command": f"train --token {password}"})
+    tracker.log_params({"tracking": {"tracking_uri": uri, "api_key": "cfg-key-9981"},
+                        "data": {"note": f"made with {SECRETS['HF_TOKEN']}"}})
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "config.yaml").write_text(f"tracking:\n  tracking_uri: {uri}\n  password: cfg-pw-5512\n")
+    (run_dir / "ds_config.json").write_text(json.dumps({"auth_token": "cfg-tok-1234",
+                                                        "comment": SECRETS["AWS_SECRET_ACCESS_KEY"]}))
+    tracker.log_artifact(str(run_dir / "config.yaml"), "config")
+    tracker.log_artifact(str(run_dir / "ds_config.json"), "config")
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker.close("FINISHED")
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(tracker.run_id)
+    assert run.data.tags["slurm.job_id"] == "4242"
+    assert run.data.params["tracking.api_key"] == "***"
+    dump = json.dumps({"params": run.data.params, "tags": run.data.tags, "metrics": run.data.metrics,
+                       "name": run.info.run_name})
+    artifacts = client.download_artifacts(tracker.run_id, "", str(tmp_path / "dl"))
+    files = [p for p in Path(artifacts).rglob("*") if p.is_file()]
+    assert {p.name for p in files} == {"config.yaml", "ds_config.json"}
+    dump += "".join(p.read_text() for p in files)
+    for secret in [*SECRETS.values(), "cfg-key-9981", "cfg-pw-5512", "cfg-tok-1234"]:
+        assert secret not in dump, secret
+    # the files still carry their non-secret content
+    assert f"127.0.0.1:{mlflow_server.port}" in dump
+
+
+def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path, monkeypatch, capsys):
+    from albert_dist.tracking import compare
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri)
+    exp_id = client.create_experiment("compare")
+    runs = []
+    for groups, slope in ((1, 1.0), (2, 2.0)):
+        run_id = client.create_run(exp_id, run_name=f"g{groups}").info.run_id
+        client.log_param(run_id, "model.num_hidden_groups", str(groups))
+        client.log_param(run_id, "model.hidden_size", "64")
+        for step in range(1, 6):
+            client.log_metric(run_id, "loss", 10.0 - slope * step, step=step)
+            client.log_metric(run_id, "mlm_accuracy", 0.1 * slope * step, step=step)
+        client.log_metric(run_id, "val/loss", 3.0 + groups, step=5)
+        client.set_terminated(run_id)
+        runs.append(run_id)
+    png = tmp_path / "curves.png"
+    assert compare.cli([*runs, "--output", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "model.num_hidden_groups" in out and "model.hidden_size" not in out
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert table["model.num_hidden_groups"] == ["1", "2"]
+    assert table["loss.final"] == ["5", "0"] and table["loss.best"] == ["5", "0"]
+    assert table["mlm_accuracy.final"] == ["0.5", "1"] and table["mlm_accuracy.best"] == ["0.5", "1"]
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --experiment selects the same two runs
+    png2 = tmp_path / "exp.png"
+    assert compare.cli(["--experiment", "compare", "--output", str(png2)]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert sorted(rows["run_id"]) == sorted(runs) and sorted(rows["run"]) == ["g1", "g2"]
+    assert png2.stat().st_size > 1000
