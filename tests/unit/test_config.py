@@ -1,0 +1,148 @@
+"""TrainConfig / load_config strictness and the DeepSpeed config generated from it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_yaml
+from albert_dist.engine.deepspeed_config import EngineConfig, build_deepspeed_config
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted((REPO / "configs" / "pretrain").glob("*.yaml"))
+MAIN_RECIPE = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe):
+    cfg = load_config(recipe)
+    ds = build_deepspeed_config(cfg, world_size=2, accelerator="cuda")
+    assert ds["train_batch_size"] == (cfg.engine.train_micro_batch_size_per_gpu
+                                      * cfg.engine.gradient_accumulation_steps * 2)
+
+
+def test_main_recipe_is_the_documented_job():
+    cfg = load_config(MAIN_RECIPE)
+    assert cfg.engine.zero_stage == 2
+    assert cfg.model.num_hidden_groups == 2 and cfg.model.num_hidden_layers == 4
+    assert cfg.data.validation and cfg.eval_interval_steps > 0
+    assert 100 <= cfg.max_steps <= 1000
+
+
+def test_overrides_apply_with_yaml_types():
+    cfg = load_config(MAIN_RECIPE, ["engine.zero_stage=3", "optimizer.lr=5e-4", "model.sharing=ffn",
+                                    "optimizer.betas=[0.8,0.9]", "run_dir=/tmp/x"])
+    assert cfg.engine.zero_stage == 3 and isinstance(cfg.engine.zero_stage, int)
+    assert cfg.optimizer.lr == 5e-4 and cfg.model.sharing == "ffn"
+    assert cfg.optimizer.betas == [0.8, 0.9] and cfg.run_dir == "/tmp/x"
+
+
+@pytest.mark.parametrize("override, fragment", [
+    (["engine.zero_stag=3"], "zero_stag"),                       # unknown key in a section
+    (["nonsense=1"], "nonsense"),                                # unknown top-level key
+    (["engine.zero_stage=three"], "engine.zero_stage"),          # wrong type
+    (["max_steps=1.5"], "max_steps"),                            # float for an int
+    (["engine.zero_stage=4"], "engine.zero_stage"),              # out of range (__post_init__)
+    (["optimizer.type=sgd"], "optimizer.type"),
+    (["optimizer.decay=cosine"], "optimizer.decay"),
+    (["engine.precision=fp8"], "engine.precision"),
+    (["model.num_hidden_groups=9"], "num_hidden_groups"),
+    (["optimizer.warmup_steps=100000"], "warmup_steps"),
+    (["engine.zero_stage"], "dotted.key=value"),                 # malformed override
+])
+def test_bad_override_is_a_clear_value_error(override, fragment):
+    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+        load_config(MAIN_RECIPE, override)
+
+
+def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MAIN_RECIPE.read_text() + "\nengine_typo:\n  zero_stage: 1\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml.*engine_typo"):
+        load_config(bad)
+
+
+def test_wrong_type_in_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  train_micro_batch_size_per_gpu: [1, 2]\n")
+    with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu"):
+        load_config(bad)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError):
+        load_config("/nonexistent/recipe.yaml")
+
+
+@pytest.mark.parametrize("micro, ga, world, given, ok", [
+    (8, 1, 2, None, True), (8, 3, 2, 48, True), (4, 2, 4, 32, True),
+    (8, 1, 2, 32, False), (8, 3, 2, 16, False), (4, 2, 3, 32, False),
+])
+def test_batch_arithmetic(micro, ga, world, given, ok):
+    cfg = load_config(None, [f"engine.train_micro_batch_size_per_gpu={micro}",
+                             f"engine.gradient_accumulation_steps={ga}",
+                             f"engine.train_batch_size={'null' if given is None else given}"])
+    if ok:
+        assert check_derived(cfg, world) == micro * ga * world
+        ds = build_deepspeed_config(cfg, world, accelerator="cpu")
+        assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) \
+            == (micro * ga * world, micro, ga)
+    else:
+        with pytest.raises(ValueError, match=rf"train_batch_size \({given}\).*= {micro * ga * world}"):
+            check_derived(cfg, world)
+        with pytest.raises(ValueError, match="train_batch_size"):
+            build_deepspeed_config(cfg, world, accelerator="cpu")
+
+
+def test_deepspeed_config_content():
+    cfg = load_config(None, ["engine.zero_stage=3", "engine.gradient_clipping=0.5", "engine.precision=bf16",
+                             "engine.zero_optimization.stage3_param_persistence_threshold=0",
+                             "engine.zero_optimization.overlap_comm=false"])
+    ds = build_deepspeed_config(cfg, 2, accelerator="cpu")
+    assert ds["zero_optimization"] == {"stage": 3, "stage3_param_persistence_threshold": 0, "overlap_comm": False}
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["bf16"] == {"enabled": True} and ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert "fp16" not in ds
+    assert ds["zero_force_ds_cpu_optimizer"] is False and ds["zero_allow_untested_optimizer"] is True
+    json.dumps(ds)  # what the run directory's ds_config.json holds
+
+
+def test_fp32_has_no_mixed_precision_sections():
+    ds = build_deepspeed_config(TrainConfig(), 1, accelerator="cpu")
+    assert "bf16" not in ds and "fp16" not in ds and "data_types" not in ds
+    assert ds["zero_optimization"] == {"stage": 2}
+
+
+def test_precision_rules():
+    with pytest.raises(ValueError, match="fp16 needs a GPU"):
+        build_deepspeed_config(load_config(None, ["engine.precision=fp16"]), 1, accelerator="cpu")
+    ds = build_deepspeed_config(load_config(None, ["engine.precision=fp16"]), 1, accelerator="cuda")
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    # DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers.
+    with pytest.raises(ValueError, match="zero_stage >= 1"):
+        EngineConfig(zero_stage=0, precision="bf16", grad_accum_dtype="fp32")
+    ds = build_deepspeed_config(load_config(None, ["engine.zero_stage=0", "engine.precision=bf16",
+                                                   "engine.grad_accum_dtype=bf16"]), 1, accelerator="cpu")
+    assert ds["data_types"] == {"grad_accum_dtype": "bf16"}
+
+
+def test_zero_pass_through_validation():
+    with pytest.raises(ValueError, match="reduce_bucket_size"):
+        load_config(None, ["engine.zero_optimization.reduce_bucket_size=0"])
+    with pytest.raises(ValueError, match="stage3_prefetch_bucket_siz"):
+        load_config(None, ["engine.zero_optimization.stage3_prefetch_bucket_siz=1"])
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(MAIN_RECIPE, ["engine.zero_stage=1"])
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_config_hash_tracks_the_trajectory_not_the_outputs():
+    base = load_config(MAIN_RECIPE)
+    assert config_hash(base) == config_hash(load_config(MAIN_RECIPE, ["run_dir=/elsewhere",
+                                                                      "checkpoint.keep_last=9"]))
+    assert config_hash(base) != config_hash(load_config(MAIN_RECIPE, ["optimizer.lr=1e-4"]))
