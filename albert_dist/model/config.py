@@ -104,7 +104,18 @@ class AlbertConfig:
         path = Path(path)
         try:
             loaded = OmegaConf.load(path)
-            merged = OmegaConf.merge(OmegaConf.structured(cls), loaded)
-            return OmegaConf.to_object(merged)
         except OmegaConfBaseException as err:
             raise ValueError(f"{path}: invalid model config: {err}") from err
+        return cls.from_mapping(loaded, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, data, source: str = "model config") -> "AlbertConfig":
+        """Build from a dict / OmegaConf mapping of fields, strictly (same errors as `from_yaml`)."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(cls), data)
+            return OmegaConf.to_object(merged)
+        except OmegaConfBaseException as err:
+            raise ValueError(f"{source}: invalid model config: {err}") from err

@@ -1,0 +1,56 @@
+"""`albert-dist export`: a saved state dict becomes a transformers directory with the same logits."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.model.export import cli
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=90, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_hidden_groups=3,
+            num_attention_heads=4, intermediate_size=48, max_position_embeddings=16)
+
+
+def write_yaml(path: Path, fields: dict, section: bool) -> Path:
+    lines = [f"{'  ' if section else ''}{k}: {v}" for k, v in fields.items()]
+    path.write_text(("model:\n" if section else "") + "\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("as_dir, section", [(False, False), (True, True)])
+def test_export_round_trip(tmp_path, as_dir, section):
+    torch.manual_seed(0)
+    model = AlbertForPreTraining(AlbertConfig(**TINY)).eval()
+    state = {("module." + k if as_dir else k): v for k, v in model.state_dict().items()}
+    ckpt = tmp_path / "ckpt"
+    if as_dir:
+        ckpt.mkdir()
+        torch.save(state, ckpt / "pytorch_model.bin")
+    else:
+        torch.save(state, ckpt)
+    config = write_yaml(tmp_path / "model.yaml", TINY, section)
+    assert cli([str(ckpt), "--config", str(config), "--output", str(tmp_path / "hf")]) == 0
+    hf = transformers.AlbertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, 90, (2, 7))
+    mask, types = torch.ones_like(ids), torch.zeros_like(ids)
+    with torch.no_grad():
+        mlm, sop = model.logits(ids, mask, types)
+        ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    torch.testing.assert_close(mlm, ref.prediction_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sop, ref.sop_logits, rtol=0, atol=1e-5)
+
+
+def test_mismatching_checkpoint_is_a_value_error(tmp_path):
+    model = AlbertForPreTraining(AlbertConfig(**TINY))
+    torch.save(model.state_dict(), tmp_path / "ckpt.pt")
+    config = write_yaml(tmp_path / "model.yaml", {**TINY, "num_hidden_groups": 1}, False)
+    with pytest.raises(ValueError, match="unexpected keys"):
+        cli([str(tmp_path / "ckpt.pt"), "--config", str(config), "--output", str(tmp_path / "hf")])
+
+
+def test_missing_checkpoint_file(tmp_path):
+    config = write_yaml(tmp_path / "model.yaml", TINY, False)
+    with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
+        cli([str(tmp_path), "--config", str(config), "--output", str(tmp_path / "hf")])
