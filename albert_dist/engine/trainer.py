@@ -65,6 +65,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "PATH: a checkpoint directory or step_<N> directory")
     # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
+                        help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
+                             "keep logging into the same run (albert_dist.tracking)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
     return parser.parse_intermixed_args(list(argv))
 
@@ -92,10 +95,16 @@ def cli(argv: Sequence[str]) -> int:
         build_deepspeed_config(cfg, env.world_size)  # precision / accelerator checks
         if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
             raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
+        if args.resume_from is not None:  # MLflow resume: checked here, before any process group
+            from albert_dist.tracking.tracker import parse_run_ref
+
+            parse_run_ref(args.resume_from)
+            if not cfg.tracking.enabled:
+                raise ValueError("--resume-from needs tracking.enabled=true")
     except (ValueError, FileNotFoundError) as err:
         print(f"albert-dist train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    trainer = Trainer(cfg, recipe_name=Path(args.config).stem)
+    trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from)
     return trainer.run()
 
 
@@ -140,8 +149,9 @@ class Trainer:
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`.
     """
 
-    def __init__(self, cfg: TrainConfig, recipe_name: str = "run"):
+    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None):
         self.cfg = cfg
+        self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.recipe_name = recipe_name
         self.step = 0
         self.engine = None
@@ -168,7 +178,13 @@ class Trainer:
         self.ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.run_dir / "checkpoints"
         self.config_hash = config_hash(cfg)
 
-        point = ckpt.plan_resume(cfg.checkpoint.resume, self.ckpt_dir)
+        resume = cfg.checkpoint.resume
+        if self.resume_from is not None:  # MLflow: fetch the run's newest complete checkpoint, then resume it
+            from albert_dist.tracking.integration import fetch_run_checkpoint
+
+            fetch_run_checkpoint(cfg.tracking, self.resume_from, self.ckpt_dir, rank, self.dist_env.local_rank)
+            resume = "auto"
+        point = ckpt.plan_resume(resume, self.ckpt_dir)
         ds_config = build_deepspeed_config(cfg, world)
         if point is not None and point.needs_universal(world):
             ds_config["checkpoint"] = {"load_universal": True}
@@ -220,7 +236,7 @@ class Trainer:
             logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
                         self.run_dir, self.dist_env.describe(), self.n_params, check_derived(cfg, world),
                         self.peak_tflops, peak_source)
-            if point is not None and isinstance(self.tracker, JsonlTracker):
+            if point is not None and hasattr(self.tracker, "truncate_after"):
                 self.tracker.truncate_after(self.step)
             params = to_container(cfg)
             params["derived"] = {"world_size": world, "train_batch_size": check_derived(cfg, world),
@@ -237,8 +253,14 @@ class Trainer:
         return name[0]
 
     def _build_tracker(self):
-        """The job's tracker on rank 0 (console + metrics.jsonl), a no-op elsewhere."""
-        return JsonlTracker(self.run_dir) if self.dist_env.rank == 0 else NullTracker()
+        """The job's tracker: console + metrics.jsonl on rank 0 and, unless tracking.enabled is false, the MLflow
+        run (collective; `albert_dist.tracking.integration.build_tracker`)."""
+        from albert_dist.tracking.integration import build_tracker
+
+        console = JsonlTracker(self.run_dir) if self.dist_env.rank == 0 else NullTracker()
+        return build_tracker(self.cfg, self.run_dir, self.dist_env.rank, self.dist_env.world_size, console,
+                             resume_from=self.resume_from, resuming=self.cfg.checkpoint.resume is not None,
+                             model=self.engine.module)
 
     # ------------------------------------------------------------------------------------------------ loop
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -366,6 +388,10 @@ class Trainer:
             self.setup()
             code = self.train()
             status = "FINISHED" if code == EXIT_OK else "KILLED"
+            if code == EXIT_OK and self.dist_env.rank == 0:  # MLflow: consolidated fp32 + HF export as artifacts
+                from albert_dist.tracking.integration import log_final_model
+
+                log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
             if self.dist_env.rank == 0:
                 logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/)",
                             self.run_dir.resolve())

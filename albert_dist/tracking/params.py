@@ -188,7 +188,7 @@ def model_param_counts(model: Any) -> dict[str, int]:
     for name, p in model.named_parameters():  # named_parameters() yields a tied/shared tensor once
         if not p.requires_grad:
             continue
-        n = p.numel()
+        n = getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 leaves a partitioned param empty
         counts["unique_parameters"] += n
         if name.startswith(prefix):
             parts = name.split(".")
