@@ -14,8 +14,8 @@ Follows google-research/albert ``create_pretraining_data.py`` (itself BERT's), w
   front or the back with probability 1/2 (BERT's ``truncate_seq_pair``, in closed form).
 * Masking (ALBERT paper, section 4.1, ``max_ngram`` = 3): whole words are the units (a word starts at a piece
   beginning with "▁"; a piece holding a CJK/kana character is a word of its own, so text without spaces falls
-  back to pieces). The word sequence is tiled into n-grams with n drawn from p(n) ∝ 1/n; tiles are taken in a
-  random order while they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
+  back to pieces). The word sequence is tiled into n-grams with n drawn from p(n) ∝ 1/n; tiles are visited in a
+  random order and taken when they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
   masked_lm_prob)))`` tokens. Of the chosen tokens 80% become [MASK], 10% a random ordinary token, 10% stay.
   [CLS], [SEP] and padding are never candidates. Tiling makes the chosen n-grams non-overlapping without a
   per-token loop; it differs from ALBERT's "random start, reject overlaps" loop only in where n-grams may start.
@@ -52,11 +52,12 @@ def _is_cjk_char(ch: str) -> bool:
 
 
 def word_start_table(sp) -> np.ndarray:
-    """(V,) bool: piece id starts a whole word (leading "▁", a CJK/kana piece, or a special/unknown piece)."""
+    """(V,) bool: piece id starts a whole word: a leading "▁" (ALBERT's rule; everything else, <unk> included,
+    continues the word before it), or a piece holding a CJK/kana character (text without spaces)."""
     table = np.zeros(sp.get_piece_size(), dtype=bool)
     for i in range(sp.get_piece_size()):
         piece = sp.id_to_piece(i)
-        table[i] = piece.startswith("\u2581") or sp.is_control(i) or sp.is_unknown(i) or any(map(_is_cjk_char, piece))
+        table[i] = piece.startswith("\u2581") or any(map(_is_cjk_char, piece))
     return table
 
 
@@ -171,9 +172,19 @@ class ExampleBuilder:
         tile_end = np.minimum(tile_end[:n_tiles], n_words)
         tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
         order = np.argsort(rng.random(n_tiles))  # a random visiting order
-        order = order[tile_tokens[order] <= budget]
         chosen = np.zeros(n_tiles, dtype=bool)
-        chosen[order[np.cumsum(tile_tokens[order]) <= budget]] = True
+        # ALBERT visits n-grams in random order and takes each one that still fits. Each pass below takes the
+        # longest prefix (of the not yet taken tiles that fit on their own) that fits; three passes leave the
+        # budget as full as the sequential loop does in practice, with no per-tile Python loop.
+        left = budget
+        for _ in range(3):
+            order = order[tile_tokens[order] <= left]
+            take = np.cumsum(tile_tokens[order]) <= left
+            if not take.any():
+                break
+            chosen[order[take]] = True
+            left -= int(tile_tokens[order[take]].sum())
+            order = order[~take]
         return tile_end - tile_start, tile_tokens, chosen
 
     def _mask(self, a: np.ndarray, b: np.ndarray, sop_label: int, rng) -> Example:
