@@ -60,8 +60,8 @@ class Headline:
 HEADLINES: tuple[Headline, ...] = (
     Headline("model_step", "train step ALBERT-base B=8 S=128 fp32: ours / transformers tokens/s",
              "ratio_ours_over_hf", ">=", 1.15, "ours_tokens_per_s", "hf_tokens_per_s", "tokens/s"),
-    Headline("model_step", "model FLOP/s / matmul peak measured in the same run (MFU-like)",
-             "ratio_flops_over_matmul_peak"),
+    Headline("model_step", "ours: model FLOP/s / fp32 matmul peak measured in the same run (MFU)",
+             "ours_mfu"),
     Headline("data_pipeline", "data pipeline S=512, 1 core: ours / HF tokenizer+collator tokens/s",
              "ratio_ours_over_hf", ">=", 2.0, "ours_tokens_per_s", "hf_tokens_per_s", "tokens/s"),
     Headline("zero", "ZeRO-3 all-gather bytes per step / unique parameter bytes (12 layers shared)",
@@ -161,7 +161,25 @@ def render_table(results: dict[str, Any]) -> str:
         ratio = _fmt_stat(r["ratio"]) if r["ratio"] else f"n/a ({r['status']})"
         lines.append(f"| {r['bench']} | {r['label']} | {_fmt_stat(r['ours'], r['unit']) if r['ours'] else '—'} | "
                      f"{_fmt_stat(r['peer'], r['unit']) if r['peer'] else '—'} | {ratio} | {r['target']} | {met} |")
+    notes = notes_of(results)
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines)
+
+
+def notes_of(results: dict[str, Any]) -> list[str]:
+    """Notes for the table: each benchmark's ``result["notes"]`` and why a benchmark did not finish."""
+    out = []
+    for name, entry in results.get("benchmarks", {}).items():
+        result = entry.get("result") or {}
+        out += [f"{name}: {n}" for n in result.get("notes", []) if isinstance(n, str)]
+        if entry.get("status") == "skipped":
+            out.append(f"{name}: skipped: {result.get('skipped')}")
+        elif entry.get("status") in ("failed", "timed out"):
+            first = (entry.get("error") or "").splitlines()
+            last = [line for line in first if line.strip()][-1:] if first else []
+            out.append(f"{name}: {entry['status']} ({first[0] if first else ''}{'; ' + last[0] if last else ''})")
+    return out
 
 
 def update_readme(readme_text: str, table: str) -> str:

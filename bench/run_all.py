@@ -97,7 +97,8 @@ def summarize(result: Any, prefix: str = "") -> dict[str, dict[str, float]]:
     """``{dotted key: {"min", "median", "max", "n"}}`` for every number in a benchmark's result.
 
     A list of numbers is one value per repeat; a dict holding ``min``, ``median`` and ``max`` is already a
-    summary (its ``n`` kept if given); a scalar gives n = 1; NaN/inf values are dropped from lists. Lists of
+    summary (its ``n`` kept if given), and so are sibling keys ``<x>_min``, ``<x>_median``, ``<x>_max`` (summary
+    of ``<x>``; n from a sibling ``repeats`` key, else 0 = unknown); a scalar gives n = 1; NaN/inf values are dropped from lists. Lists of
     non-numbers and strings are not summarized.
     """
     out: dict[str, dict[str, float]] = {}
@@ -108,8 +109,18 @@ def summarize(result: Any, prefix: str = "") -> dict[str, dict[str, float]]:
             out[prefix] = {"min": float(result["min"]), "median": float(result["median"]),
                            "max": float(result["max"]), "n": int(n) if _is_number(n) else 0}
             return out
+        # Flat `<x>_min`, `<x>_median`, `<x>_max` siblings are one summary of `<x>`.
+        triples = {k[: -len("_median")] for k, v in result.items() if k.endswith("_median") and _is_number(v)}
+        triples = {b for b in triples if _is_number(result.get(f"{b}_min")) and _is_number(result.get(f"{b}_max"))}
+        n = result.get("repeats")
+        for base in sorted(triples):
+            out[f"{prefix}.{base}" if prefix else base] = {
+                "min": float(result[f"{base}_min"]), "median": float(result[f"{base}_median"]),
+                "max": float(result[f"{base}_max"]), "n": int(n) if _is_number(n) else 0}
+        grouped = {f"{b}_{s}" for b in triples for s in ("min", "median", "max")}
         for k, v in result.items():
-            out.update(summarize(v, f"{prefix}.{k}" if prefix else str(k)))
+            if k not in grouped:
+                out.update(summarize(v, f"{prefix}.{k}" if prefix else str(k)))
     elif _is_number(result):
         out[prefix] = {"min": float(result), "median": float(result), "max": float(result), "n": 1}
     elif isinstance(result, (list, tuple)) and result and all(_is_number(v) for v in result):

@@ -36,6 +36,9 @@ def test_summarize_lists_scalars_and_presummarized():
     assert s["d"] == {"min": 1.0, "median": 2.0, "max": 5.0, "n": 7}
     assert s["e"]["n"] == 1  # NaN dropped
     assert "b.ok" not in s and "b.name" not in s  # booleans and strings are not measurements
+    flat = run_all.summarize({"x": {"tps_min": 1.0, "tps_median": 2.0, "tps_max": 4.0, "repeats": 3, "tps_median2": 9}})
+    assert flat["x.tps"] == {"min": 1.0, "median": 2.0, "max": 4.0, "n": 3}
+    assert "x.tps_min" not in flat and flat["x.tps_median2"]["median"] == 9.0
 
 
 def _results(ratio_values, status="ok"):
