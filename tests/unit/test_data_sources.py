@@ -1,0 +1,251 @@
+"""Corpus reading and splitting: record boundaries, formats, bad input, disjoint/covering slots, epochs, mixing."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from albert_dist.data import loader as loader_mod
+from albert_dist.data.config import DataConfig, SourceConfig
+from albert_dist.data.loader import PretrainingStream, build_train_loader
+from albert_dist.data.pretraining import Example
+from albert_dist.data.sources import SourceStream, iter_texts, plan_pieces, split_records
+
+
+def _reference_records(data: bytes, separator: str) -> list[bytes]:
+    """Independent parse: split the whole stream at once (bytes before the start count as newlines)."""
+    if separator == "blank_line":
+        parts = re.split(rb"\n\n+", b"\n\n" + data)[1:]
+    else:
+        parts = (b"\n" + data).split(b"\n")[1:]
+    if parts and parts[-1] == b"":
+        parts = parts[:-1]
+    return parts
+
+
+@pytest.mark.parametrize("separator", ["blank_line", "line"])
+def test_byte_ranges_are_disjoint_and_cover_the_records(separator):
+    rng = np.random.default_rng(0)
+    lead = 2 if separator == "blank_line" else 1
+    for trial in range(300):
+        data = bytes(rng.choice(list(b"ab\n"), size=int(rng.integers(0, 60)), p=[0.35, 0.35, 0.3]))
+        cuts = sorted(set(rng.integers(0, len(data) + 1, size=int(rng.integers(0, 6))).tolist()) | {0, len(data)})
+        got = []
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            f = io.BytesIO(data)
+            f.seek(max(0, start - lead))
+            got += [rec for rec, _ in split_records(f.read, separator, start, end, max_bytes=1000)]
+        assert got == _reference_records(data, separator), (data, cuts)
+
+
+def test_oversized_record_is_skipped_with_its_size():
+    data = b"short\n" + b"x" * 5000 + b"\nafter\n"
+    f = io.BytesIO(data)
+    assert list(split_records(f.read, "line", 0, len(data), max_bytes=100)) == [(b"short", 5), (None, 5000), (b"after", 5)]
+
+
+DOCS = [f"Document {i} first sentence. Second sentence of {i}.\nA new line of {i}." for i in range(23)]
+
+
+def _write_all_formats(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    txt = "\n\n".join(DOCS) + "\n"
+    (tmp_path / "c.txt").write_text(txt)
+    with gzip.open(tmp_path / "c.txt.gz", "wt") as f:
+        f.write(txt)
+    (tmp_path / "c.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(txt.encode()))
+    jsonl = "".join(json.dumps({"body": d, "id": i}) + "\n" for i, d in enumerate(DOCS))
+    (tmp_path / "c.jsonl").write_text(jsonl)
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
+        f.write(jsonl)
+    pq.write_table(pa.table({"body": DOCS}), tmp_path / "c.parquet", row_group_size=5)
+    (tmp_path / "files").mkdir()
+    for i, d in enumerate(DOCS):
+        (tmp_path / "files" / f"{i:03d}.txt").write_text(d + "\n\n")
+
+
+@pytest.mark.parametrize("name", ["c.txt", "c.txt.gz", "c.txt.zst", "c.jsonl", "c.jsonl.gz", "c.parquet", "files"])
+def test_every_format_yields_the_same_documents(tmp_path, name):
+    _write_all_formats(tmp_path)
+    src = SourceConfig(paths=[str(tmp_path / name)], text_field="body",
+                       txt_documents="file" if name == "files" else "blank_line")
+    assert list(iter_texts([src], "t", 1 << 20)) == DOCS
+    pieces, stats = plan_pieces(src, "t", 1024)
+    assert stats["files"] == (23 if name == "files" else 1)
+    if name == "c.parquet":
+        assert len(pieces) == 5  # one per row group
+    if name in ("c.txt", "c.jsonl"):
+        assert len(pieces) == -(-stats["bytes"] // 1024)  # byte ranges
+
+
+def test_missing_path_and_empty_glob_fail_at_start(tmp_path):
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "nope.txt")])], num_workers=0)
+    with pytest.raises(ValueError, match=r"data\.train\[0\]\.paths: .*nope\.txt.* does not exist"):
+        build_train_loader(cfg, 2, 0, 1)
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "*.jsonl")])], num_workers=0)
+    with pytest.raises(ValueError, match=r"glob .*\*\.jsonl.* matches no file"):
+        build_train_loader(cfg, 2, 0, 1)
+    (tmp_path / "empty.txt").write_bytes(b"")
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "empty.txt")])], num_workers=0)
+    with pytest.raises(ValueError, match="only empty files"):
+        build_train_loader(cfg, 2, 0, 1)
+
+
+def _bad_corpus(tmp_path):
+    good = [f"Good document number {i} has a sentence. And another one here." for i in range(6)]
+    lines = [
+        json.dumps({"text": good[0]}).encode(),
+        b'{"text": "unterminated',  # malformed JSON
+        json.dumps({"text": good[1]}).encode(),
+        b'{"text": "bad \xff\xfe utf8"}',  # invalid UTF-8
+        json.dumps({"text": "   "}).encode(),  # empty document
+        json.dumps({"title": "no text field"}).encode(),  # missing field
+        json.dumps({"text": "x" * (10 << 20)}).encode(),  # a 10 MB single line
+        json.dumps({"text": good[2]}).encode(),
+    ]
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "b.jsonl").write_bytes(b"")  # 0-byte shard
+    (tmp_path / "c.txt").write_bytes(
+        "\n\n".join(good[3:5]).encode() + b"\n\n\xc3\x28 invalid utf8 doc\n\n\n\n" + good[5].encode() + b"\n")
+    return good
+
+
+def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
+    good = _bad_corpus(tmp_path)
+    src = SourceConfig(paths=[str(tmp_path / "*.jsonl"), str(tmp_path / "c.txt")], format="auto")
+    with pytest.raises(ValueError, match="format"):  # a .jsonl and a .txt in one source are fine; auto per file
+        SourceConfig(paths=[str(tmp_path / "a.jsonl")], format="csv")
+    pieces, stats = plan_pieces(src, "data.train[0]", 1 << 20)
+    assert stats["empty_files"] == 1 and stats["files"] == 3
+    stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=4 << 20)
+    texts = []
+    with caplog.at_level("INFO"):
+        while stream.epoch == 0:
+            text, (epoch, _) = stream.next_document()
+            if epoch == 0:
+                texts.append(text)
+    assert sorted(texts) == sorted(good)
+    c = stream.counters
+    assert (c["skipped_malformed_json"], c["skipped_invalid_utf8"], c["skipped_empty"], c["skipped_missing_field"],
+            c["skipped_too_long"]) == (1, 2, 1, 1, 1)
+    assert c["documents"] == 6 + 1  # one document of epoch 1 was read to detect the epoch end
+    assert "skipped" in caplog.text and "malformed_json" in caplog.text
+    # and the whole pipeline runs through it
+    cfg = DataConfig(train=[src], max_seq_length=32, num_workers=0)
+    it = iter(build_train_loader(cfg, 4, 0, 1))
+    for _ in range(5):
+        assert next(it)["input_ids"].shape == (4, 32)
+
+
+def _uneven_shards(tmp_path, n_docs=40):
+    """5 shards of very different sizes; document i is 'doc <i> ...'."""
+    sizes = [1, 2, 4, 12, 21]
+    i = 0
+    for s, n in enumerate(sizes):
+        docs = [f"doc {i + k} " + "word " * (5 + (i + k) % 7) for k in range(n)]
+        (tmp_path / f"shard-{s}.txt").write_text("\n\n".join(docs) + "\n")
+        i += n
+    return i
+
+
+def _epoch_docs(stream: SourceStream) -> list[int]:
+    out = []
+    while True:
+        text, (epoch, _) = stream.next_document()
+        if epoch > 0:
+            return out
+        out.append(int(text.split()[1]))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("piece_bytes", [1024, 1 << 20])  # many pieces (shard split) / 5 pieces (record split at 8 slots)
+def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, piece_bytes):
+    total = _uneven_shards(tmp_path)
+    src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
+    pieces, _ = plan_pieces(src, "t", piece_bytes)
+    num_slots = world_size * max(1, workers)
+    seen: list[set] = []
+    for slot in range(num_slots):
+        stream = SourceStream(src, "t", pieces, slot, num_slots, seed=5, shuffle=True, max_document_bytes=1 << 20)
+        docs = _epoch_docs(stream)
+        assert len(docs) == len(set(docs))
+        seen.append(set(docs))
+    assert set().union(*seen) == set(range(total))
+    assert sum(len(s) for s in seen) == total  # disjoint
+
+
+def _doc_id_examples(monkeypatch):
+    """Replace example building by one example per document carrying its id and the DataLoader worker id."""
+    import torch
+
+    def build(self, text, rng):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        doc = int(text.split()[1])
+        ids = np.array([2, 1000 + doc, 3, 2000 + worker, 3], dtype=np.int32)
+        return [Example(ids, np.zeros(5, np.int32), np.full(5, -100, np.int32), 0)]
+
+    monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_and_real_workers_split_uneven_shards_with_equal_batches(tmp_path, monkeypatch, workers):
+    """5 uneven shards on 2 ranks: disjoint, covering, and every rank keeps yielding (it cycles, never runs dry)."""
+    _doc_id_examples(monkeypatch)
+    total = _uneven_shards(tmp_path)
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "shard-*.txt")])], max_seq_length=16,
+                     num_workers=workers, shard_piece_bytes=1024)
+    per_rank = []
+    steps = 3 * total  # every rank yields this many batches, far more than its share of documents
+    for rank in range(2):
+        it = iter(build_train_loader(cfg, micro_batch_size=2, rank=rank, world_size=2))
+        batches = [next(it) for _ in range(steps)]
+        ids = np.concatenate([b["input_ids"].numpy() for b in batches])
+        per_rank.append(Counter(zip(ids[:, 1] - 1000, ids[:, 3] - 2000)))
+    docs = [{d for d, _ in c} for c in per_rank]
+    assert docs[0].isdisjoint(docs[1]) and docs[0] | docs[1] == set(range(total))
+    for c in per_rank:  # each document is read by exactly one worker of its rank
+        by_doc = {}
+        for d, w in c:
+            by_doc.setdefault(d, set()).add(w)
+        assert all(len(ws) == 1 for ws in by_doc.values())
+        assert {w for _, w in c} == set(range(max(1, workers)))
+
+
+def test_epochs_reshuffle_the_same_documents(tmp_path):
+    total = _uneven_shards(tmp_path)
+    src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
+    pieces, _ = plan_pieces(src, "t", 1024)
+    stream = SourceStream(src, "t", pieces, 0, 1, seed=1, shuffle=True, max_document_bytes=1 << 20)
+    e0 = _epoch_docs(stream)
+    e1 = [int(stream.next_document()[0].split()[1]) for _ in range(total - 1)]  # the first of epoch 1 was read
+    assert sorted(e0) == list(range(total))
+    assert e1 != e0[1:] and len(set(e1)) == total - 1
+    fixed = SourceStream(src, "t", pieces, 0, 1, seed=1, shuffle=False, max_document_bytes=1 << 20)
+    f0 = _epoch_docs(fixed)
+    assert [int(fixed.next_document()[0].split()[1]) for _ in range(total - 1)] == f0[1:]
+
+
+def test_sources_are_mixed_by_weight_deterministically(tmp_path, monkeypatch):
+    _doc_id_examples(monkeypatch)
+    (tmp_path / "a.txt").write_text("\n\n".join(f"doc {i} a" for i in range(10)) + "\n")
+    (tmp_path / "b.txt").write_text("\n\n".join(f"doc {100 + i} b" for i in range(10)) + "\n")
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "a.txt")], weight=3.0),
+                            SourceConfig(paths=[str(tmp_path / "b.txt")], weight=1.0)], num_workers=0)
+
+    def draw():
+        it = iter(PretrainingStream(cfg, "train", 8, 0, 1))
+        return np.concatenate([next(it)["input_ids"][:, 1].numpy() - 1000 for _ in range(100)])
+
+    first = draw()
+    assert np.array_equal(first, draw())
+    assert abs(np.mean(first < 100) - 0.75) < 0.04
