@@ -2,8 +2,8 @@
 
 Outputs (``out_dir``, logged by the trainer under the run's ``model/`` artifacts)::
 
-    fp32/pytorch_model.pt      consolidated fp32 state dict of albert_dist's AlbertForPreTraining
-    fp32/model_config.json     its AlbertConfig
+    fp32/model.pt              consolidated fp32 state dict of albert_dist's AlbertForPreTraining
+    fp32/model.yaml            its AlbertConfig (a model preset: `albert-dist export fp32 --config fp32/model.yaml`)
     hf/                        transformers AlbertForPreTraining.save_pretrained + tokenizer (spiece.model,
                                tokenizer_config.json): `from_pretrained` + `AlbertTokenizer` load it
 
@@ -17,13 +17,13 @@ ZeRO checkpoints elsewhere is a lost tied decoder.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
 from typing import Any, Optional
 
 import torch
+import yaml
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ def export_final_model(model_config: Any, ckpt_dir: str, tag: str, out_dir: str,
     written = {}
     fp32_dir = os.path.join(out_dir, "fp32")
     os.makedirs(fp32_dir, exist_ok=True)
-    torch.save(model.state_dict(), os.path.join(fp32_dir, "pytorch_model.pt"))
-    with open(os.path.join(fp32_dir, "model_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(model_config), f, indent=2)
+    torch.save(model.state_dict(), os.path.join(fp32_dir, "model.pt"))
+    with open(os.path.join(fp32_dir, "model.yaml"), "w") as f:
+        yaml.safe_dump(dataclasses.asdict(model_config), f, sort_keys=False)
     written["fp32"] = fp32_dir
     try:
         from albert_dist.model.hf import to_transformers
