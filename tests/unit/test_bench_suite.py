@@ -110,3 +110,24 @@ def test_discover_and_child_process(tmp_path):
     failed = run_all.run_one("fails", {"repeats": 1}, timeout_s=120, bench_dir=tmp_path)
     assert failed["status"] == "failed" and "boom" in failed["error"]
     json.dumps(entry)
+
+
+def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # a SQLite store puts artifacts under ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    results = _results([1.2, 1.3, 1.25])
+    results["machine"].update(gpu=None, python="3.11", versions={"torch": "2.13.0", "deepspeed": None})
+    results["benchmarks"]["model_step"].update(wall_s=3.0, kwargs={"repeats": 3})
+    results["benchmarks"]["newbench"].update(wall_s=1.0, kwargs={"repeats": 2})
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    rid = run_all.log_to_mlflow(results, uri, "bench-test", [tmp_path / "results.json"])
+    run = MlflowClient(tracking_uri=uri).get_run(rid)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["model_step/ratio_ours_over_hf/median"] == 1.25
+    assert run.data.metrics["model_step/ratio_ours_over_hf/max"] == 1.3
+    assert run.data.metrics["suite/wall_s"] == 12.0
+    assert run.data.params["model_step.repeats"] == "3" and run.data.params["cpu_model"] == "Test CPU"
+    assert run.data.tags["status.newbench"] == "ok"
+    assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(rid)] == ["results.json"]
