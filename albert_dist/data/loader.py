@@ -17,6 +17,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict
 from typing import Any, Iterator, Optional
 
@@ -66,12 +67,27 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             self.plans.append(pieces)
         weights = np.array([s.weight for s in self.sources], dtype=np.float64)
         self.weights = weights / weights.sum()
-        self.fingerprint = hashlib.sha256(
-            json.dumps([asdict(cfg), split, micro_batch_size, self.plans], sort_keys=True, default=str).encode()
-        ).hexdigest()[:16]
+        self.fingerprint = self._fingerprint(micro_batch_size)
         self._resume: Optional[dict] = None
         self._live: Optional[dict] = None
         self._builder: Optional[ExampleBuilder] = None
+
+    def _fingerprint(self, micro_batch_size: int) -> str:
+        """Hash of what defines this stream's batches: the sources' pieces (file names and byte ranges, not
+        absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
+        that do not change the batches (num_workers: checked per slot; eval_batches) are left out."""
+        keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
+                "max_ngram", "random_token_prob", "seed", "shuffle", "shard_piece_bytes", "max_document_bytes")
+        pieces = [
+            None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
+            for plan in self.plans
+        ]
+        payload = {
+            "split": self.split, "micro_batch_size": micro_batch_size, "pieces": pieces,
+            "sources": [asdict(s) | {"paths": s.paths if s.format == "hub" else None} for s in self.sources],
+            "settings": {k: getattr(self.cfg, k) for k in keys},
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- slots ---------------------------------------------------------------------------------------------------
     def _slot(self) -> tuple[int, int]:

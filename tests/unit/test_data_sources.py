@@ -192,7 +192,7 @@ def _doc_id_examples(monkeypatch):
         worker = info.id if info is not None else 0
         doc = int(text.split()[1])
         ids = np.array([2, 1000 + doc, 3, 2000 + worker, 3], dtype=np.int32)
-        return [Example(ids, np.zeros(5, np.int32), np.full(5, -100, np.int32), 0)]
+        return [Example(ids, 1, np.zeros(0, np.int64), np.zeros(0, np.int32), 0)]
 
     monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
 
