@@ -24,10 +24,15 @@ IGNORE_INDEX = -100
 """Label value of positions / examples that take no part in a loss (transformers' convention)."""
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """Tanh-approximate GELU (transformers' "gelu_new"), as one fused kernel."""
+    return F.gelu(x, approximate="tanh")
+
+
 def activation(name: str):
     """The activation function for `hidden_act` (fused PyTorch kernels; "gelu_new" == tanh-approximate GELU)."""
     if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
+        return gelu_tanh
     if name == "gelu":
         return F.gelu
     if name == "relu":
