@@ -51,6 +51,8 @@ _SEPARATORS: dict[str, tuple[re.Pattern[bytes], int]] = {
     "line": (re.compile(rb"\n"), 1),
 }
 _COMPRESSIONS = (".gz", ".zst")
+_LOUD_SKIPS = 3  # per reason and slot, logged as warnings
+_LOG_EVERY_DOCUMENTS = 100_000
 SKIP_REASONS = ("empty", "invalid_utf8", "malformed_json", "missing_field", "too_long")
 
 
@@ -381,12 +383,20 @@ class SourceStream:
             self.records_in_epoch += 1
             self.counters["bytes"] += rec["nbytes"]
             if rec["skip"]:
-                self.counters[f"skipped_{rec['skip']}"] += 1
-                logger.debug("%s slot %d: skipped a record (%s, %d bytes)", self.where, self.slot, rec["skip"], rec["nbytes"])
+                name = f"skipped_{rec['skip']}"
+                self.counters[name] += 1
+                # the first few of each kind loudly, the rest in the per-epoch and periodic summaries
+                log = logger.warning if self.counters[name] <= _LOUD_SKIPS else logger.debug
+                log("%s slot %d: skipped a record (%s, %d bytes, record %d of epoch %d; %d such so far)", self.where,
+                    self.slot, rec["skip"], rec["nbytes"], self.records_in_epoch - 1, self.epoch, self.counters[name])
                 continue
             key = (self.epoch, self.docs_in_epoch)
             self.docs_in_epoch += 1
             self.counters["documents"] += 1
+            if self.counters["documents"] % _LOG_EVERY_DOCUMENTS == 0:
+                logger.info("%s slot %d/%d: %d documents, %d bytes read so far, skipped %s", self.where, self.slot,
+                            self.num_slots, self.counters["documents"], self.counters["bytes"],
+                            {k: v for k, v in self.counters.items() if k.startswith("skipped_")} or "none")
             return rec["text"], key
 
     def _end_epoch(self) -> None:
