@@ -34,6 +34,8 @@ class SourceConfig:
     """format "hub": the dataset configuration name (``load_dataset(path, name=...)``)."""
     hub_split: str = "train"
     """format "hub": the split to stream."""
+    hub_data_files: list[str] = field(default_factory=list)
+    """format "hub": ``data_files`` for a builder dataset (e.g. paths "json" + these files); empty = none."""
 
     def __post_init__(self) -> None:
         if not self.paths:

@@ -17,7 +17,8 @@ local files, ``datasets.load_dataset(..., streaming=True)`` for the hub), split 
   warning with the read amplification. It only happens for corpora smaller than slots x shard_piece_bytes.
 
 Each slot cycles its own pieces forever (a new order of pieces and of documents inside a piece every epoch),
-so no rank or worker ever runs dry; epochs are counted per slot. Resume: ``IterableDataset.state_dict()`` records
+so no rank or worker ever runs dry; epochs are counted per slot. Hub sources stream in their stored order:
+datasets' shuffle buffer is not part of its state_dict, so it would break exact resume. Resume: ``IterableDataset.state_dict()`` records
 the piece index and the record index inside it; on resume datasets re-reads only the current piece up to that
 record (bounded by the piece size, independent of the position in the corpus).
 
@@ -344,7 +345,8 @@ class SourceStream:
             )
         else:
             ds = datasets.load_dataset(
-                self.source.paths[0], name=self.source.hub_config, split=self.source.hub_split, streaming=True
+                self.source.paths[0], name=self.source.hub_config, split=self.source.hub_split, streaming=True,
+                data_files=[str(resolve_path(f)) for f in self.source.hub_data_files] or None,
             )
         strategy = "shards" if ds.num_shards >= self.num_slots else "examples"
         ds = split_dataset_by_node(ds, rank=self.slot, world_size=self.num_slots, strategy=strategy)

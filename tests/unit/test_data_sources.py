@@ -249,3 +249,25 @@ def test_sources_are_mixed_by_weight_deterministically(tmp_path, monkeypatch):
     first = draw()
     assert np.array_equal(first, draw())
     assert abs(np.mean(first < 100) - 0.75) < 0.04
+
+
+@pytest.mark.parametrize("num_slots", [1, 2, 3])
+def test_hub_code_path_is_split_and_resumes(tmp_path, num_slots):
+    """A datasets builder source (load_dataset("json", data_files=..., streaming=True), as for a hub dataset):
+    slots disjoint and covering (2 files: shard split for 1 and 2 slots, record split for 3), exact resume."""
+    for f in range(2):
+        rows = [json.dumps({"text": f"doc {f * 10 + i} text"}) for i in range(10)]
+        (tmp_path / f"h{f}.jsonl").write_text("\n".join(rows) + "\n")
+    src = SourceConfig(paths=["json"], format="hub", hub_data_files=[str(tmp_path / "h0.jsonl"), str(tmp_path / "h1.jsonl")])
+    seen = []
+    for slot in range(num_slots):
+        stream = SourceStream(src, "t", None, slot, num_slots, seed=0, shuffle=False, max_document_bytes=1 << 20)
+        seen.append(_epoch_docs(stream))
+    assert sorted(d for docs in seen for d in docs) == list(range(20))
+    stream = SourceStream(src, "t", None, 0, num_slots, seed=0, shuffle=False, max_document_bytes=1 << 20)
+    [stream.next_document() for _ in range(3)]
+    state = json.loads(json.dumps(stream.state_dict()))
+    expected = [stream.next_document() for _ in range(4)]
+    resumed = SourceStream(src, "t", None, 0, num_slots, seed=0, shuffle=False, max_document_bytes=1 << 20)
+    resumed.load_state_dict(state)
+    assert [resumed.next_document() for _ in range(4)] == expected
