@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     # A bf16 matmul on CPU takes tens of seconds: the smoke test skips it.
     measured = measure_peak_tflops(device, torch.bfloat16, seconds=1.0) if device.type == "cuda" else float("nan")
     result: dict[str, Any] = {
-        "device": name, "model": args.model, "peak_bf16_tflops_datasheet": peak, "bf16_matmul_tflops_measured": measured,
+        "device": name, "model": args.model, "peak_bf16_tflops_datasheet": peak,
+        "bf16_matmul_tflops_measured": measured,
         "torch": torch.__version__, "cuda": torch.version.cuda, "engine": {}, "model_step": {},
     }
     import deepspeed

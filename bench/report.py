@@ -75,12 +75,14 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("lamb", "step time LAMB / AdamW, ZeRO-2, 2 ranks",
              "ratio_lamb_over_adamw", "<=", 1.15, "lamb_step_s", "adamw_step_s", "s"),
     Headline("checkpoint_io", "checkpoint save ALBERT-base: DeepSpeed engine / torch.save",
-             "ratio_save", None, None, "deepspeed_save_s", "torch_save_s", "s"),
+             "albert-base.ratio_save", None, None,
+             "albert-base.deepspeed_save_s", "albert-base.torch_save_s", "s"),
     Headline("checkpoint_io", "checkpoint load ALBERT-base: DeepSpeed engine / torch.load",
-             "ratio_load", None, None, "deepspeed_load_s", "torch_load_s", "s"),
-    Headline("resume", "loader resume, far stream position / near (0 workers)",
+             "albert-base.ratio_load", None, None,
+             "albert-base.deepspeed_load_s", "albert-base.torch_load_s", "s"),
+    Headline("resume", "loader resume + first batch after 300 batches / after 1 (0 workers)",
              "workers_0.ratio_far_over_near", "<=", 1.2, "workers_0.far_resume_s", "workers_0.near_resume_s", "s"),
-    Headline("resume", "loader resume, far stream position / near (2 workers)",
+    Headline("resume", "loader resume + first batch after 300 batches / after 1 (2 workers)",
              "workers_2.ratio_far_over_near", "<=", 1.2, "workers_2.far_resume_s", "workers_2.near_resume_s", "s"),
 )
 
@@ -177,7 +179,7 @@ def notes_of(results: dict[str, Any]) -> list[str]:
         out += [f"{name}: {n}" for n in result.get("notes", []) if isinstance(n, str)]
         if entry.get("status") == "skipped":
             out.append(f"{name}: skipped: {result.get('skipped')}")
-        elif entry.get("status") in ("failed", "timed out"):
+        elif entry.get("status") in ("failed", "timed out", "not run"):
             first = (entry.get("error") or "").splitlines()
             last = [line for line in first if line.strip()][-1:] if first else []
             out.append(f"{name}: {entry['status']} ({first[0] if first else ''}{'; ' + last[0] if last else ''})")

@@ -62,6 +62,10 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
 DEFAULT_ARGS: dict[str, Any] = {"repeats": 3}
 #: Seconds a benchmark may run before it is killed (its entry then says "timed out").
 DEFAULT_TIMEOUT_S = 240.0
+#: Seconds the whole suite may take (issue 8: under 10 minutes on 2 CPU cores); a benchmark gets at most what
+#: is left, and one that would get less than MIN_START_S is not started ("not run").
+DEFAULT_BUDGET_S = 570.0
+MIN_START_S = 20.0
 
 #: Modules in bench/ that are not benchmarks even if they grew a `run` (the runner and the renderer).
 NOT_BENCHMARKS = {"run_all", "report"}
@@ -98,8 +102,9 @@ def summarize(result: Any, prefix: str = "") -> dict[str, dict[str, float]]:
 
     A list of numbers is one value per repeat; a dict holding ``min``, ``median`` and ``max`` is already a
     summary (its ``n`` kept if given), and so are sibling keys ``<x>_min``, ``<x>_median``, ``<x>_max`` (summary
-    of ``<x>``; n from a sibling ``repeats`` key, else 0 = unknown); a scalar gives n = 1; NaN/inf values are dropped from lists. Lists of
-    non-numbers and strings are not summarized.
+    of ``<x>``; n from a sibling ``repeats`` key, else 0 = unknown); a scalar gives n = 1; NaN/inf values are
+    dropped from lists. Lists of non-numbers and strings are not summarized, nor a top-level ``summary`` dict
+    (a benchmark's own summary of lists that are summarized here anyway).
     """
     out: dict[str, dict[str, float]] = {}
     if isinstance(result, dict):
@@ -119,7 +124,7 @@ def summarize(result: Any, prefix: str = "") -> dict[str, dict[str, float]]:
                 "max": float(result[f"{base}_max"]), "n": int(n) if _is_number(n) else 0}
         grouped = {f"{b}_{s}" for b in triples for s in ("min", "median", "max")}
         for k, v in result.items():
-            if k not in grouped:
+            if k not in grouped and not (k == "summary" and not prefix):
                 out.update(summarize(v, f"{prefix}.{k}" if prefix else str(k)))
     elif _is_number(result):
         out[prefix] = {"min": float(result), "median": float(result), "max": float(result), "n": 1}
@@ -237,7 +242,8 @@ def run_one(name: str, kwargs: dict[str, Any], timeout_s: float, bench_dir: Path
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(bench_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    paths = [str(ROOT), str(bench_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         out_path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(bench_dir / f"{name}.py"),
@@ -332,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="+", metavar="NAME", default=[], help="do not run these benchmarks")
     p.add_argument("--repeats", type=int, help="override every benchmark's repeats")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per-benchmark time limit")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="time limit of the whole suite")
     p.add_argument("--results", default=str(BENCH_DIR / "results.json"), help="results file to write")
     p.add_argument("--readme", default=str(ROOT / "README.md"), help="README to put the table in ('' = none)")
     p.add_argument("--plot", default=str(BENCH_DIR / "results.png"), help="plot to write ('' = none)")
@@ -359,8 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(SUITE_ARGS.get(name, DEFAULT_ARGS))
         if args.repeats is not None:
             kwargs["repeats"] = args.repeats
+        left = args.budget_s - (time.perf_counter() - t0)
+        if left < MIN_START_S:
+            log.error("=== %s not started: %.0f s of the %.0f s suite budget left", name, left, args.budget_s)
+            results["benchmarks"][name] = {"status": "not run", "wall_s": 0.0, "kwargs": kwargs,
+                                           "error": f"suite budget of {args.budget_s:.0f} s spent"}
+            continue
         log.info("=== %s %s", name, kwargs)
-        entry = run_one(name, kwargs, args.timeout_s)
+        entry = run_one(name, kwargs, min(args.timeout_s, left))
         results["benchmarks"][name] = entry
         log.info("=== %s: %s in %.1f s", name, entry["status"], entry["wall_s"])
     results["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -98,7 +98,8 @@ def test_plot_writes_png(tmp_path):
 
 
 def test_discover_and_child_process(tmp_path):
-    (tmp_path / "fake.py").write_text("def run(repeats=1):\n    return {'ratio_x': [1.0 * i for i in range(1, repeats + 1)]}\n")
+    (tmp_path / "fake.py").write_text(
+        "def run(repeats=1):\n    return {'ratio_x': [1.0 * i for i in range(1, repeats + 1)], 'summary': {'x': 1}}\n")
     (tmp_path / "skipme.py").write_text("def main():\n    pass\n")
     (tmp_path / "_private.py").write_text("def run():\n    pass\n")
     (tmp_path / "broken.py").write_text("def run(:\n")
@@ -107,6 +108,7 @@ def test_discover_and_child_process(tmp_path):
     entry = run_all.run_one("fake", {"repeats": 3, "unknown_size": 5}, timeout_s=120, bench_dir=tmp_path)
     assert entry["status"] == "ok" and entry["kwargs"] == {"repeats": 3}
     assert entry["summary"]["ratio_x"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    assert "summary.x" not in entry["summary"]  # a benchmark's own summary is not summarized again
     failed = run_all.run_one("fails", {"repeats": 1}, timeout_s=120, bench_dir=tmp_path)
     assert failed["status"] == "failed" and "boom" in failed["error"]
     json.dumps(entry)
