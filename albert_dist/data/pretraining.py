@@ -24,7 +24,7 @@ Everything per token is numpy; Python loops run per sentence and per example onl
 """
 from __future__ import annotations
 
-import unicodedata
+import re
 from dataclasses import dataclass
 from itertools import chain
 
@@ -47,18 +47,16 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in (part.strip() for part in text.split("\n")) if s]
 
 
-def _is_cjk_char(ch: str) -> bool:
-    return unicodedata.name(ch, "").startswith(("CJK", "HIRAGANA", "KATAKANA"))
+# CJK ideographs (unified, extensions, compatibility), kana, CJK symbols: scripts written without spaces.
+_CJK = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]")
 
 
 def word_start_table(sp) -> np.ndarray:
     """(V,) bool: piece id starts a whole word: a leading "▁" (ALBERT's rule; everything else, <unk> included,
     continues the word before it), or a piece holding a CJK/kana character (text without spaces)."""
-    table = np.zeros(sp.get_piece_size(), dtype=bool)
-    for i in range(sp.get_piece_size()):
-        piece = sp.id_to_piece(i)
-        table[i] = piece.startswith("\u2581") or any(map(_is_cjk_char, piece))
-    return table
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return np.fromiter((p.startswith("\u2581") or _CJK.search(p) is not None for p in pieces), dtype=bool,
+                       count=len(pieces))
 
 
 @dataclass
