@@ -50,3 +50,20 @@ def test_group_index_exhaustive():
 def test_group_index_rejects_bad_arguments(args):
     with pytest.raises(ValueError):
         group_index(*args)
+
+
+def test_model_package_imports_no_distributed_stack():
+    import subprocess
+    import sys
+
+    code = ("import sys, albert_dist.model, albert_dist.model.hf, albert_dist.model.export, albert_dist.model.flops; "
+            "print(sorted(m for m in ('deepspeed', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    import re
+    from pathlib import Path
+
+    import albert_dist.model as model_pkg
+    forbidden = re.compile(r"^\s*(import|from)\s+(deepspeed|mlflow|torch\.distributed)\b", re.MULTILINE)
+    for source in Path(model_pkg.__file__).parent.glob("*.py"):
+        assert not forbidden.search(source.read_text()), source
