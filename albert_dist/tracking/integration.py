@@ -173,5 +173,5 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
         mlflow_tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
         return None
     for kind, path in written.items():
-        mlflow_tracker.log_artifact(path, f"model/{kind}")
+        mlflow_tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
     return written

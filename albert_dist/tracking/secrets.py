@@ -2,9 +2,11 @@
 
 Two rules, applied together:
 
-* a *name* is secret when one of its ``_``/``.``/``-`` separated words is a credential word (``token``,
-  ``password``, ``secret``, ``key``, ...): ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``,
-  ``tracking.api_key``. Whole words, so that ``tokenizer_path`` or ``train_tokens`` are not secret;
+* a *name* is secret when one of its ``_``/``.``/``-``/camelCase words is a credential word (``password``,
+  ``secret``, ``credentials``, ...) or when its last word is ``token``, ``key``, ``auth``... and it does not
+  name one of a tokenizer's special tokens: ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``,
+  ``tracking.api_key`` are secret; ``tokenizer_path``, ``train_tokens``, ``pad_token_id``, ``mask_token``
+  are not (whole words only);
 * a *value* is secret when it equals the value of an environment variable with a secret name (e.g. the
   password in ``MLFLOW_TRACKING_PASSWORD``): every occurrence of it in a logged string is masked, wherever
   it came from (a config field, a URI, a command line).
@@ -20,11 +22,15 @@ from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
-#: Words that make a name secret (lower case, compared against whole words of the name).
-SECRET_WORDS = frozenset(
-    {"token", "password", "passwd", "pwd", "secret", "key", "apikey", "credential", "credentials", "auth",
-     "private", "passphrase", "cookie", "session"}
-)
+#: Words that make a name secret wherever they appear (lower case, whole words of the name).
+SECRET_WORDS = frozenset({"password", "passwd", "pwd", "secret", "apikey", "credential", "credentials",
+                          "passphrase"})
+#: Words that make a name secret when they end it (``hf_token``, ``api_key``), not in ``pad_token_id``.
+SECRET_LAST_WORDS = frozenset({"token", "key", "auth", "cookie"})
+#: Credentials whose names the word rules above do not catch.
+KNOWN_SECRET_NAMES = frozenset({"MLFLOW_TRACKING_USERNAME", "DATABRICKS_USERNAME"})
+#: First words of tokenizer special-token names (``pad_token``, ``cls_token``...), never secrets.
+SPECIAL_TOKEN_WORDS = frozenset({"pad", "cls", "sep", "mask", "unk", "bos", "eos"})
 #: Environment values shorter than this are not scrubbed from text (masking "1" everywhere helps nobody).
 MIN_SECRET_LEN = 4
 
@@ -32,8 +38,15 @@ _WORD_SPLIT = re.compile(r"[^0-9A-Za-z]+|(?<=[a-z])(?=[A-Z])")
 
 
 def is_secret_name(name: str) -> bool:
-    """True when a word of ``name`` (split at non-alphanumerics and camelCase humps) is a credential word."""
-    return any(word.lower() in SECRET_WORDS for word in _WORD_SPLIT.split(name) if word)
+    """True when ``name`` (a dotted key or an environment variable) names a credential (module docstring)."""
+    if name.upper() in KNOWN_SECRET_NAMES:
+        return True
+    words = [w.lower() for w in _WORD_SPLIT.split(name.rsplit(".", 1)[-1]) if w]
+    if not words:
+        return False
+    if any(w in SECRET_WORDS for w in words):
+        return True
+    return words[-1] in SECRET_LAST_WORDS and words[0] not in SPECIAL_TOKEN_WORDS
 
 
 def secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:

@@ -272,9 +272,10 @@ class MLflowTracker:
         seq = self._sender.added
         self._uploader.submit(local_dir, step, before_marker=lambda: self._sender.wait_sent(seq))
 
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
         """Queue a file or directory for upload (background). Text files (``.json``, ``.yaml``, ...) are
-        uploaded as a copy with secret-named keys masked and secret values scrubbed.
+        uploaded as a copy with secret environment values scrubbed and, if ``redact_keys``, the values of
+        secret-named keys masked (configs; not model exports, whose keys are a library's fixed schema).
 
         Raises:
             ValueError: ``local_path`` does not exist.
@@ -291,7 +292,7 @@ class MLflowTracker:
                 shutil.copy2(local_path, staging)
             for dirpath, _, names in os.walk(staging):
                 for name in names:
-                    _scrub_file(os.path.join(dirpath, name))
+                    _scrub_file(os.path.join(dirpath, name), redact_keys)
             self._uploader.submit_files(staging, artifact_path, take=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -362,7 +363,7 @@ class MLflowTracker:
         return list(self._uploader.completed) if self._uploader is not None else []
 
 
-def _scrub_file(path: str) -> None:
+def _scrub_file(path: str, redact_keys: bool = True) -> None:
     """Rewrite a text artifact with secrets masked (a fresh file, so a hard-linked original is untouched)."""
     from albert_dist.tracking.secrets import redact, scrub_text
 
@@ -373,7 +374,12 @@ def _scrub_file(path: str) -> None:
             text = f.read()
     except (UnicodeDecodeError, OSError):
         return
-    if path.endswith(".json"):
+    if not redact_keys:
+        scrubbed = scrub_text(text)
+        if scrubbed == text:
+            return
+        text = scrubbed
+    elif path.endswith(".json"):
         try:
             text = json.dumps(redact(json.loads(text)), indent=2)
         except ValueError:
