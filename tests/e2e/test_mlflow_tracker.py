@@ -255,3 +255,28 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert sorted(rows["run_id"]) == sorted(runs) and sorted(rows["run"]) == ["g1", "g2"]
     assert png2.stat().st_size > 1000
+
+
+def test_requeued_attempt_continues_recorded_run_and_resends_spooled_metrics(mlflow_server, tmp_path):
+    """A Slurm requeue: attempt 1 dies with metrics it never sent; attempt 2 (same run directory, `--resume
+    auto`) continues the run recorded there and re-sends them from the local spool."""
+    from albert_dist.tracking.tracker import read_run_id
+
+    run_dir = str(tmp_path / "run")
+    never = TrackingConfig(tracking_uri=mlflow_server.uri, experiment_name="requeue", flush_interval_s=3600.0)
+    first = MLflowTracker(never, run_dir=run_dir)
+    for step in range(1, 6):
+        first.log_metrics({"loss": 10.0 / step}, step)  # buffered, never flushed: the job is killed
+    client = MlflowClient(mlflow_server.uri)
+    assert client.get_metric_history(first.run_id, "loss") == []
+    cfg = TrackingConfig(tracking_uri=mlflow_server.uri, experiment_name="requeue", flush_interval_s=0.2)
+    second = MLflowTracker(cfg, run_dir=run_dir, resume_run_id=read_run_id(run_dir))
+    assert second.run_id == first.run_id
+    for step in range(3, 9):  # resumed from a checkpoint at step 2: steps 3-5 are re-run
+        second.log_metrics({"loss": 10.0 / step}, step)
+    second.close("FINISHED")
+    assert second.skipped_steps == 3
+    history = client.get_metric_history(first.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 10.0 / s) for s in range(1, 9)]
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    assert len(client.search_runs([client.get_experiment_by_name("requeue").experiment_id])) == 1
