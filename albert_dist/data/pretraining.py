@@ -119,18 +119,18 @@ class ExampleBuilder:
         target = self.max_num_tokens
         if rng.random() < self.cfg.short_seq_prob:
             target = int(rng.integers(2, self.max_num_tokens + 1))
-        examples: list[Example] = []
+        pairs: list[tuple[np.ndarray, np.ndarray, int]] = []
         first = 0
         for i in range(n_sent):
             if i == n_sent - 1 or offsets[i + 1] - offsets[first] >= target:
-                example = self._pair(tokens, offsets, first, i + 1, rng)
-                if example is not None:
-                    examples.append(example)
+                pair = self._pair(tokens, offsets, first, i + 1, rng)
+                if pair is not None:
+                    pairs.append(pair)
                 first = i + 1
-        return examples
+        return self._mask(pairs, rng) if pairs else []
 
-    def _pair(self, tokens, offsets, first: int, stop: int, rng) -> "Example | None":
-        """Example from sentences [first, stop) of the document."""
+    def _pair(self, tokens, offsets, first: int, stop: int, rng) -> "tuple[np.ndarray, np.ndarray, int] | None":
+        """(A, B, sop_label) from sentences [first, stop) of the document, truncated; None if too short."""
         if stop - first >= 2:
             cut = offsets[int(rng.integers(first + 1, stop))]
         else:
@@ -146,7 +146,7 @@ class ExampleBuilder:
         if sop_label:
             a, b = b, a
         a, b = self._truncate_pair(a, b, rng)
-        return self._mask(a, b, sop_label, rng)
+        return a, b, sop_label
 
     def _truncate_pair(self, a: np.ndarray, b: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
         """BERT's truncate_seq_pair in closed form: always trim the longer (ties: B), front/back with p=1/2."""
@@ -168,67 +168,106 @@ class ExampleBuilder:
     def choose_ngrams(
         self, word_starts: np.ndarray, num_tokens: int, budget: int, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tile words into n-grams and pick the masked ones.
+        """:meth:`choose_ngrams_batch` for one example: ``(tile_words, tile_tokens, chosen)``, each (T,)."""
+        words, tokens, _, chosen = self.choose_ngrams_batch(
+            word_starts, np.zeros(len(word_starts), dtype=np.int64), num_tokens, np.array([budget]), rng)
+        return words, tokens, chosen
 
-        ``word_starts`` (W,) int: sorted token index where each word starts (the first is 0); ``num_tokens``: the
-        token count. The words are tiled into n-grams with n ~ p(n) ∝ 1/n, n <= max_ngram (the last tile may be
-        cut short by the end); tiles are visited in a random order and taken while the running token count
-        stays <= ``budget`` (tiles longer than the budget are passed over). Returns ``(tile_words, tile_tokens,
-        chosen)``, each (T,): words and tokens per tile, and whether the tile is masked; the tiles cover the
-        tokens in order, so ``np.repeat(chosen, tile_tokens)`` is the (num_tokens,) token mask.
+    def choose_ngrams_batch(
+        self, word_starts: np.ndarray, word_example: np.ndarray, num_tokens: int, budgets: np.ndarray,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Tile the words of several examples into n-grams and pick the masked ones, all examples at once.
+
+        ``word_starts`` (W,) int: sorted flat token index where each word starts (each example's first token
+        starts a word); ``word_example`` (W,) int: non-decreasing example of each word; ``num_tokens``: flat
+        token count; ``budgets`` (E,) int: tokens to mask per example. Each example's words are tiled into
+        n-grams with n ~ p(n) ∝ 1/n, n <= max_ngram (its last tile may be cut short); tiles are visited in a
+        random order and taken while they fit the example's budget (ALBERT's loop takes every n-gram that still
+        fits; each pass below takes the longest fitting prefix of what is left, and three passes fill the
+        budget as that loop does in practice). Returns ``(tile_words, tile_tokens, tile_example, chosen)``,
+        each (T,); the tiles cover the flat tokens in order, so ``np.repeat(chosen, tile_tokens)`` is the
+        (num_tokens,) token mask.
         """
-        n_words = len(word_starts)
+        n_words, n_examples = len(word_starts), len(budgets)
         word_bounds = np.concatenate((word_starts, [num_tokens]))
-        u = rng.random(2 * n_words)  # n-gram lengths, then the visiting order (n_tiles <= n_words)
+        first_word = word_example.searchsorted(np.arange(n_examples))  # (E,)
+        words_in_example = np.diff(np.append(first_word, n_words))
+        u = rng.random(2 * n_words)  # n-gram lengths, then visiting keys (tiles <= words)
         n = np.ones(n_words, dtype=np.int64)
-        for threshold in self.ngram_cdf:  # inverse CDF; max_ngram - 1 comparisons beat a searchsorted here
+        for threshold in self.ngram_cdf:  # inverse CDF; max_ngram - 1 comparisons beat a searchsorted
             n += u[:n_words] >= threshold
-        tile_end = n.cumsum()
-        n_tiles = int(tile_end.searchsorted(n_words)) + 1
-        tile_start = tile_end[:n_tiles] - n[:n_tiles]
-        tile_end = np.minimum(tile_end[:n_tiles], n_words)
+        # the j-th draw of an example is the length of its j-th tile: per-example cumulative sums
+        total = n.cumsum()
+        before = np.where(first_word > 0, total[first_word - 1], 0)  # (E,)
+        end_rel = total - before[word_example]
+        start_rel = end_rel - n
+        k = (start_rel < words_in_example[word_example]).nonzero()[0]  # draws that start a real tile
+        tile_example = word_example[k]
+        tile_start = first_word[tile_example] + start_rel[k]
+        tile_end = first_word[tile_example] + np.minimum(end_rel[k], words_in_example[tile_example])
         tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
-        order = u[n_words : n_words + n_tiles].argsort()  # a random visiting order
-        chosen = np.zeros(n_tiles, dtype=bool)
-        # ALBERT visits n-grams in random order and takes each one that still fits. Each pass below takes the
-        # longest prefix (of the not yet taken tiles that fit on their own) that fits; three passes leave the
-        # budget as full as the sequential loop does in practice, with no per-tile Python loop.
-        left = budget
+        order = np.lexsort((u[n_words : n_words + len(k)], tile_example))  # by example, random inside
+        chosen = np.zeros(len(k), dtype=bool)
+        left = np.asarray(budgets, dtype=np.int64).copy()
+        examples = np.arange(n_examples)
         for _ in range(3):
-            order = order[tile_tokens[order] <= left]
-            take = tile_tokens[order].cumsum() <= left
-            taken = order[take]
-            if not len(taken):
+            order = order[tile_tokens[order] <= left[tile_example[order]]]
+            if not len(order):
                 break
-            chosen[taken] = True
-            left -= int(tile_tokens[taken].sum())
-            if left == 0:
-                break
+            tok, ex = tile_tokens[order], tile_example[order]
+            running = tok.cumsum()
+            seg_first = ex.searchsorted(examples)
+            base = np.where(seg_first > 0, running[seg_first - 1], 0)
+            take = running - base[ex] <= left[ex]
+            chosen[order[take]] = True
+            left -= np.bincount(ex[take], weights=tok[take], minlength=n_examples).astype(np.int64)
             order = order[~take]
-        return tile_end - tile_start, tile_tokens, chosen
+        return tile_end - tile_start, tile_tokens, tile_example, chosen
 
-    def _mask(self, a: np.ndarray, b: np.ndarray, sop_label: int, rng) -> Example:
-        """[CLS] a [SEP] b [SEP] with whole-word n-gram masking (see the module docstring)."""
-        la, lb = len(a), len(b)
-        ab = np.concatenate((a, b))  # (C,) the candidates: every token but [CLS]/[SEP] (no padding yet)
-        starts = self.word_start[ab]
-        starts[0] = True
-        if lb:
-            starts[la] = True  # B's first piece starts a word even when the cut fell inside one
-        budget = min(self.cfg.max_predictions_per_seq, max(1, int(round(len(ab) * self.cfg.masked_lm_prob))))
-        _, tile_tokens, chosen = self.choose_ngrams(starts.nonzero()[0], len(ab), budget, rng)
-        masked = np.repeat(chosen, tile_tokens)  # (C,) tiles cover the candidates in order
-        sel = masked.nonzero()[0]
-        pos = sel + 1 + (sel >= la)  # candidate index -> position after [CLS] (and A's [SEP])
+    def _mask(self, pairs: list[tuple[np.ndarray, np.ndarray, int]], rng) -> list[Example]:
+        """``[CLS] A [SEP] B [SEP]`` for every pair of a document with whole-word n-gram masking, vectorised over
+        the document's examples (see the module docstring for the rules)."""
+        n_ex = len(pairs)
+        la = np.fromiter((len(p[0]) for p in pairs), dtype=np.int64, count=n_ex)
+        lb = np.fromiter((len(p[1]) for p in pairs), dtype=np.int64, count=n_ex)
+        sop = [p[2] for p in pairs]
+        cand = la + lb  # (E,) candidates per example: every token but [CLS]/[SEP]
+        flat = np.concatenate([seg for a, b, _ in pairs for seg in (a, b)])  # (N,)
+        off = cand.cumsum() - cand  # (E,) flat offset of each example
+        ex_of = np.repeat(np.arange(n_ex), cand)  # (N,)
+        starts = self.word_start[flat]
+        starts[off] = True
+        starts[(off + la)[lb > 0]] = True  # B's first piece starts a word even when the cut fell inside one
+        word_starts = starts.nonzero()[0]
+        budgets = np.minimum(self.cfg.max_predictions_per_seq,
+                             np.maximum(1, np.round(cand * self.cfg.masked_lm_prob).astype(np.int64)))
+        _, tile_tokens, _, chosen = self.choose_ngrams_batch(word_starts, ex_of[word_starts], len(flat), budgets, rng)
+        sel = np.repeat(chosen, tile_tokens).nonzero()[0]  # (k,) flat candidates to predict
 
-        ids = np.concatenate((self._cls, a, self._sep, b, self._sep))  # (L,) int32
-        original = ids[pos]
+        # layout: example e occupies out[out_off[e] : out_off[e] + cand[e] + 3]
+        out_off = off + 3 * np.arange(n_ex)
+        within = np.arange(len(flat)) - off[ex_of]
+        new_idx = out_off[ex_of] + 1 + within + (within >= la[ex_of])
+        out = np.empty(len(flat) + 3 * n_ex, dtype=np.int32)
+        out[new_idx] = flat
+        out[out_off] = CLS_ID
+        out[out_off + la + 1] = SEP_ID
+        out[out_off + cand + 2] = SEP_ID
+        pos = new_idx[sel]
+        original = out[pos]
         u = rng.random(2 * len(pos))
         r, rand = u[: len(pos)], u[len(pos) :]
         replace = r >= self.keep_below
-        ids[pos[r < self.mask_below]] = MASK_ID
-        ids[pos[replace]] = FIRST_NORMAL_ID + (rand[replace] * (self.vocab_size - FIRST_NORMAL_ID)).astype(np.int32)
-        return Example(ids, la, pos, original, sop_label)
+        out[pos[r < self.mask_below]] = MASK_ID
+        out[pos[replace]] = FIRST_NORMAL_ID + (rand[replace] * (self.vocab_size - FIRST_NORMAL_ID)).astype(np.int32)
+
+        ex_sel = ex_of[sel]
+        local = pos - out_off[ex_sel]
+        cuts = np.bincount(ex_sel, minlength=n_ex).cumsum()[:-1]
+        ids = np.split(out, (out_off + cand + 3)[:-1])
+        return [Example(i, int(a), p, o, s) for i, a, p, o, s in
+                zip(ids, la, np.split(local, cuts), np.split(original, cuts), sop)]
 
 
 def collate(examples: list[Example], max_seq_length: int) -> dict[str, torch.Tensor]:
