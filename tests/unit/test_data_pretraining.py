@@ -198,3 +198,34 @@ def test_text_without_spaces_masks_pieces(tmp_path):
         spans.append(np.count_nonzero(np.diff(masked.astype(int)) == 1))
     assert np.mean(filled) > 0.85  # pieces are words, so the budget is (nearly) met
     assert np.mean(spans) > 1.5  # several separate n-grams, not one whole "word" per sentence
+
+
+def test_batched_ngram_choice_respects_example_boundaries_and_budgets(sp):
+    builder = ExampleBuilder(sp, DataConfig(max_ngram=3))
+    rng = np.random.default_rng(3)
+    greedy = total = 0
+    for _ in range(100):
+        n_ex = int(rng.integers(1, 6))
+        lengths = rng.integers(1, 40, size=n_ex)  # tokens per example
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        starts = rng.random(offsets[-1]) < 0.6
+        starts[offsets[:-1]] = True  # every example starts a word
+        word_starts = starts.nonzero()[0]
+        word_example = np.searchsorted(offsets, word_starts, side="right") - 1
+        budgets = rng.integers(1, 8, size=n_ex)
+        words, tokens, tile_ex, chosen = builder.choose_ngrams_batch(word_starts, word_example, offsets[-1], budgets, rng)
+        assert tokens.sum() == offsets[-1] and (words >= 1).all() and (words <= 3).all()
+        tile_first = np.concatenate(([0], np.cumsum(tokens)[:-1]))
+        tile_last = tile_first + tokens - 1
+        # a tile lies inside one example (the one it is attributed to)
+        assert (np.searchsorted(offsets, tile_first, side="right") - 1 == tile_ex).all()
+        assert (np.searchsorted(offsets, tile_last, side="right") - 1 == tile_ex).all()
+        masked_per_ex = np.bincount(tile_ex[chosen], weights=tokens[chosen], minlength=n_ex)
+        assert (masked_per_ex <= budgets).all()
+        # the sequential loop's property, met in (nearly) every example: no unchosen tile would still fit
+        left = budgets - masked_per_ex
+        for e in range(n_ex):
+            unchosen = tokens[(tile_ex == e) & ~chosen]
+            total += 1
+            greedy += not len(unchosen) or unchosen.min() > left[e]
+    assert greedy / total > 0.97, (greedy, total)
