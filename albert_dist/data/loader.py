@@ -170,13 +170,25 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                 s.load_state_dict(st)
             mix.bit_generator.state = snap["mix"]
 
+        barren: list[int] = []  # epochs of every source when the current run of example-less documents began
+
         def next_document() -> None:
-            nonlocal pending, consumed, before
+            nonlocal pending, consumed, before, barren
             before = snapshot()
             i = int(mix.choice(len(streams), p=self.weights)) if len(streams) > 1 else 0
             text, (epoch, index) = streams[i].next_document()
             rng = np.random.default_rng([self.cfg.seed, i, slot, epoch, index])
             pending, consumed = self._builder.build(text, rng), 0
+            if pending:
+                barren = []
+            elif not barren:
+                barren = [s.epoch for s in streams]
+            elif all(s.epoch >= e + 2 for s, e in zip(streams, barren)):
+                # a full epoch of every source without one example: fail instead of spinning forever
+                raise ValueError(
+                    f"data.{self.split}: slot {slot} of {num_slots} read a whole epoch of every source without "
+                    "one example (documents shorter than 2 tokens?)"
+                )
 
         if before is not None:
             restore(before)

@@ -136,3 +136,11 @@ def test_config_is_a_structured_config_and_validates():
         SourceConfig(paths=["a.txt"], weight=0.0)
     with pytest.raises(ValueError, match="SourceConfig.paths"):
         SourceConfig(paths=[])
+
+
+@pytest.mark.timeout(60)
+def test_a_corpus_without_examples_fails_instead_of_hanging(tmp_path):
+    (tmp_path / "tiny.txt").write_text("\n\n".join(["a"] * 20) + "\n")  # one-piece documents: no A/B pair
+    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "tiny.txt")])], num_workers=0, max_seq_length=16)
+    with pytest.raises(ValueError, match="without one example"):
+        next(iter(build_train_loader(cfg, 2, 0, 1)))
