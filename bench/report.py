@@ -80,9 +80,9 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("checkpoint_io", "checkpoint load ALBERT-base: DeepSpeed engine / torch.load",
              "albert-base.ratio_load", None, None,
              "albert-base.deepspeed_load_s", "albert-base.torch_load_s", "s"),
-    Headline("resume", "loader resume + first batch after 300 batches / after 1 (0 workers)",
+    Headline("resume", "loader restore + first batch, 0 workers: far (after 300 batches, as ours) / near (after 1)",
              "workers_0.ratio_far_over_near", "<=", 1.2, "workers_0.far_resume_s", "workers_0.near_resume_s", "s"),
-    Headline("resume", "loader resume + first batch after 300 batches / after 1 (2 workers)",
+    Headline("resume", "loader restore + first batch, 2 workers: far (after 300 batches, as ours) / near (after 1)",
              "workers_2.ratio_far_over_near", "<=", 1.2, "workers_2.far_resume_s", "workers_2.near_resume_s", "s"),
 )
 
@@ -158,7 +158,7 @@ def render_table(results: dict[str, Any]) -> str:
         f"{_fmt(results.get('wall_s', float('nan')))} s, commit {m.get('git_commit', '?')}. "
         "Figures: median (min–max) over the repeats of one run; ratios are computed per repeat."
     )
-    lines = [head, "", "| benchmark | measure | ours | peer | ratio (or figure) | target | met |",
+    lines = [head, "", "| benchmark | measure | ours | peer | ratio ours / peer (or figure) | target | met |",
              "|---|---|---|---|---|---|---|"]
     for r in rows(results):
         met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
