@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -279,7 +280,9 @@ def _generate_records(pieces: list[dict], text_field: str, txt_documents: str, m
             continue
         # A piece is bounded (shard_piece_bytes), so holding it to shuffle its documents is bounded too.
         records = list(records)
-        rng = np.random.default_rng([order_seed, piece["start"], piece["row_group"] + 1, len(piece["path"])])
+        # seeded by the file *name* and range, so moving the corpus keeps the order (and a saved resume state)
+        name = zlib.crc32(os.path.basename(piece["path"]).encode())
+        rng = np.random.default_rng([order_seed, piece["start"], piece["row_group"] + 1, name])
         for i in rng.permutation(len(records)):
             yield records[i]
 
