@@ -31,6 +31,7 @@ from albert_dist.data.sources import SourceStream, plan_pieces
 from albert_dist.data.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
+_LOUD_AMPLIFICATION_BYTES = 1 << 28  # record-level splitting reads this much more than needed -> warning
 
 
 class PretrainingStream(torch.utils.data.IterableDataset):
@@ -104,7 +105,10 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                 logger.info("%s: hub dataset %s streamed over %d slots", where, self.sources[i].paths[0], slots)
                 continue
             if len(pieces) < slots:
-                logger.warning(
+                # loud only when the extra reading matters (a small validation file read twice does not)
+                extra_bytes = sum(p["nbytes"] for p in pieces) * (slots - 1)
+                log = logger.warning if extra_bytes > _LOUD_AMPLIFICATION_BYTES else logger.info
+                log(
                     "%s: %d pieces < %d slots (ranks x workers): every slot reads the whole source and keeps 1 record "
                     "in %d (read amplification x%d); split the files or lower shard_piece_bytes", where, len(pieces),
                     slots, slots, slots,
