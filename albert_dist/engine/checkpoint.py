@@ -21,8 +21,9 @@ Resume on another number of ranks (`plan_resume` sees the saved world size diffe
 checkpoint with DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), and the engine
 is built with `checkpoint.load_universal=true`, which re-partitions parameters and optimiser moments for the
 new world size. The converter needs the module to carry a `universal_checkpoint_info` attribute when the engine
-is built (`UNIVERSAL_CHECKPOINT_INFO` below; the trainer sets it). Data-loader states are re-mapped by
-`remap_data_states`; RNG states of ranks that did not exist are derived from the seed and the rank.
+is built (`UNIVERSAL_CHECKPOINT_INFO` below; the trainer sets it). The data streams continue by the rule of
+`albert_dist.engine.reshard`; dropout RNGs are re-seeded from (seed, rank, step), since the old ranks' RNG
+streams cannot be split or merged.
 """
 from __future__ import annotations
 
@@ -98,15 +99,15 @@ def read_latest(ckpt_dir: str | Path) -> Optional[str]:
     return tag or None
 
 
-def write_latest(ckpt_dir: str | Path, tag: str) -> None:
-    """Point `<ckpt_dir>/latest` at `tag` atomically: a reader sees the old or the new tag, never a partial one."""
+def write_latest(ckpt_dir: str | Path, tag: str, name: str = LATEST) -> None:
+    """Point `<ckpt_dir>/<name>` at `tag` atomically: a reader sees the old or the new tag, never a partial one."""
     ckpt_dir = Path(ckpt_dir)
-    tmp = ckpt_dir / f".{LATEST}.tmp.{os.getpid()}"
+    tmp = ckpt_dir / f".{name}.tmp.{os.getpid()}"
     with open(tmp, "w") as fh:
         fh.write(tag)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, ckpt_dir / LATEST)
+    os.replace(tmp, ckpt_dir / name)
     dir_fd = os.open(ckpt_dir, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
@@ -180,24 +181,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def remap_data_states(states: list[Any], new_world_size: int) -> list[Optional[Any]]:
-    """Data-loader states for `new_world_size` ranks from those saved by `len(states)` ranks.
-
-    Same world size: rank r gets state r. Otherwise the loader module decides, since only it knows how a
-    state maps onto the rank x worker split: `albert_dist.data.loader.reshard_states(states, new_world_size)`
-    if it exists; without it, every new rank gets None (its loader starts fresh with a logged warning).
-    """
-    if len(states) == new_world_size:
-        return list(states)
-    try:
-        from albert_dist.data.loader import reshard_states  # type: ignore[attr-defined]
-    except ImportError:
-        logger.warning("data loader cannot re-shard its state from %d to %d ranks; loaders start from the "
-                       "beginning of the stream", len(states), new_world_size)
-        return [None] * new_world_size
-    return list(reshard_states(states, new_world_size))
 
 
 def _all_gather_object(obj: Any) -> list[Any]:
@@ -295,6 +278,8 @@ def to_universal(point: ResumePoint) -> str:
         shutil.copy2(Path(point.ckpt_dir) / point.tag / META_FILE, tmp / META_FILE)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
+        # The converter points `latest_universal` at its output folder, i.e. at the temporary name.
+        write_latest(point.ckpt_dir, tag, name="latest_universal")
     _barrier()
     return tag
 

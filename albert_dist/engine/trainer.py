@@ -39,6 +39,7 @@ import torch.distributed as dist
 from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_container, to_yaml
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
+from albert_dist.engine.reshard import build_resumed_loader
 from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
                                         resolve_peak_tflops)
 
@@ -209,8 +210,11 @@ class Trainer:
         self.ga_steps = self.engine.gradient_accumulation_steps()
         assert self.ga_steps == cfg.engine.gradient_accumulation_steps  # the loop and DeepSpeed must agree
 
-        self.train_loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, rank, world)
+        def make_loader(base_rank: int, base_world: int):
+            return build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
+
         if point is None:
+            self.train_loader = make_loader(rank, world)
             _seed_all(seed_for(cfg.seed, rank, 0))
         else:
             state = ckpt.load_checkpoint(self.engine, point)
@@ -218,9 +222,8 @@ class Trainer:
             if state["config_hash"] != self.config_hash:
                 logger.warning("config differs from the checkpoint's (hash %s -> %s); continuing with the new one",
                                state["config_hash"], self.config_hash)
-            data_state = ckpt.remap_data_states(state["data_states"], world)[rank]
-            if data_state is not None:
-                self.train_loader.load_state_dict(data_state)
+            # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
+            self.train_loader = build_resumed_loader(make_loader, state["data_states"], world, rank)
             if state["world_size"] != world:
                 _seed_all(seed_for(cfg.seed, rank, self.step))
         self._train_iter = iter(self.train_loader)
