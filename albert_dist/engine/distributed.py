@@ -1,5 +1,7 @@
 """Rank / world discovery and process-group start-up, for every way albert_dist is launched.
 
+``python -m albert_dist.engine.distributed`` prints the discovery of the calling task (a job-script check).
+
 Launch methods and the variables each one sets (precedence from top to bottom):
 
 1. ``torchrun`` and the ``deepspeed`` launcher (``deepspeed.launcher.launch``, also under ``--no_ssh``):
@@ -405,3 +407,27 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
                                    verbose=dist_env.rank == 0)
     log.info("process group up: %s backend %s", dist_env.describe(), accel.communication_backend_name())
     return dist_env
+
+
+def main() -> int:
+    """``python -m albert_dist.engine.distributed``: print this task's discovery as one JSON line.
+
+    A pre-flight check for job scripts (``srun python -m albert_dist.engine.distributed``): every task prints
+    ``DIST {"rank": ..., "node_rank": ..., ...}``, so a node list or a batch-shell expansion gone wrong
+    (every node believing it is node 0) shows before any training starts. Imports nothing but the stdlib.
+    Exit status 2 with the message when discovery fails.
+    """
+    import json
+    import sys
+
+    try:
+        env = discover()
+    except ValueError as err:
+        print(f"DIST-ERROR {err}", file=sys.stderr)
+        return 2
+    print("DIST " + json.dumps(dataclasses.asdict(env) | {"host": socket.gethostname()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+# Shared by slurm/pretrain.sbatch and slurm/deepspeed.sbatch (sourced from the batch shell; jobs are submitted
+# from the repository root, which is where the batch shell starts).
+#
+# Defines: the job's settings (CONFIG, RUN_DIR, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, and
+# `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
+# checkpoint-and-stop request for the ranks, and requeues the job when the ranks exit with EXIT_PREEMPTED.
+
+EXIT_PREEMPTED=75 # albert_dist.engine.trainer.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
+RUN_DIR=${ALBERT_RUN_DIR:-runs/slurm-${SLURM_JOB_ID}}
+PYTHON=${PYTHON:-python3}
+RESTARTS=${SLURM_RESTART_COUNT:-0}
+MAX_REQUEUES=${ALBERT_MAX_REQUEUES:-20}
+
+log() { echo "[$(basename "${SLURM_JOB_NAME:-job}") $(date -u +%H:%M:%S)] $*"; }
+
+if [[ ${ALBERT_SLURM_CPU:-0} == 1 ]]; then
+    export DS_ACCELERATOR=cpu                 # DeepSpeed's CPU accelerator: gloo backend
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+else
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
+    # NCCL: adapt to your fabric (README, "Launchers and Slurm").
+    # export NCCL_SOCKET_IFNAME=ib0            # interface for NCCL's bootstrap/socket traffic
+    # export NCCL_IB_HCA=mlx5                  # InfiniBand adapters to use
+    # export NCCL_DEBUG=WARN                   # INFO prints the rings/trees NCCL builds
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a failed rank aborts the job instead of hanging it
+fi
+
+# Rendezvous, computed once here rather than by every rank. Rank 0 runs on the first node of the node list
+# (block distribution), so MASTER_ADDR is that node's address: its NodeAddr from slurmctld, which also covers
+# node names that do not resolve (several virtual nodes on one host). The port is derived from the job id by
+# albert_dist.engine.distributed (the same after a requeue, which keeps the job id).
+if [[ -z ${MASTER_ADDR:-} ]]; then
+    _first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    MASTER_ADDR=$(scontrol show node "$_first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 || true)
+    export MASTER_ADDR=${MASTER_ADDR:-$_first_node}
+fi
+
+# run_preemptible STOP_COMMAND -- COMMAND...
+#   Runs COMMAND in the background (bash runs a trap only between foreground commands, so a foreground srun
+#   would hold the signal until training ends). On SIGUSR1 to this shell (`--signal=B:USR1@T` before the time
+#   limit, or `scancel -b -s USR1 <job>`), runs STOP_COMMAND, which must deliver SIGUSR1 to every rank. If
+#   COMMAND then exits with EXIT_PREEMPTED (or died of that SIGUSR1 during start-up), requeues the job (at
+#   most ALBERT_MAX_REQUEUES times) and returns 0; otherwise returns COMMAND's status. The signal lead time
+#   must be shorter than the time limit, or every run is signalled at its start.
+run_preemptible() {
+    local stop_command=$1
+    shift 2
+    _preempted=0
+    _train_pid=
+    _stop_command=$stop_command
+    trap '_preempted=1; log "SIGUSR1: asking every rank to checkpoint and stop"; [[ -n $_train_pid ]] && eval "$_stop_command" || true' USR1
+    "$@" &
+    _train_pid=$!
+    local rc=0
+    wait "$_train_pid" || rc=$?
+    while kill -0 "$_train_pid" 2>/dev/null; do # a trapped signal interrupts `wait`: wait again
+        rc=0
+        wait "$_train_pid" || rc=$?
+    done
+    rc=0
+    wait "$_train_pid" || rc=$? # the command's own exit status (srun: the highest of its tasks)
+    log "training exited with status $rc"
+    # 75: the ranks checkpointed and stopped. 138 (128 + SIGUSR1): the signal came before the trainer had
+    # installed its handler (start-up), so the ranks died of it with nothing to save since the last
+    # checkpoint; the requeued run resumes from that one.
+    if [[ $_preempted == 1 && ($rc == "$EXIT_PREEMPTED" || $rc == 138) ]]; then
+        if ((RESTARTS >= MAX_REQUEUES)); then
+            log "checkpointed, not requeueing: restarted $RESTARTS times already (ALBERT_MAX_REQUEUES)"
+            return "$rc"
+        fi
+        log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
+        scontrol requeue "$SLURM_JOB_ID"
+        return 0
+    fi
+    return "$rc"
+}
