@@ -133,3 +133,17 @@ def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
     assert run.data.params["model_step.repeats"] == "3" and run.data.params["cpu_model"] == "Test CPU"
     assert run.data.tags["status.newbench"] == "ok"
     assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(rid)] == ["results.json"]
+
+
+def test_child_benchmark_can_spawn_processes(tmp_path):
+    # lamb.py / zero.py start their ranks with the spawn method, which unpickles the worker function by
+    # its module's name: the runner must import a benchmark under its plain name, importable in the ranks.
+    (tmp_path / "spawner.py").write_text(
+        "import multiprocessing as mp\n"
+        "def square(x):\n    return x * x\n"
+        "def run(repeats=1):\n"
+        "    with mp.get_context('spawn').Pool(1) as pool:\n"
+        "        return {'squares': pool.map(square, range(1, repeats + 1))}\n")
+    entry = run_all.run_one("spawner", {"repeats": 3}, timeout_s=120, bench_dir=tmp_path)
+    assert entry["status"] == "ok", entry.get("error")
+    assert entry["result"]["squares"] == [1, 4, 9]
