@@ -268,6 +268,10 @@ def run_one(name: str, kwargs: dict[str, Any], timeout_s: float, bench_dir: Path
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        except BaseException:  # Ctrl-C / SIGTERM of the runner: its own session must not outlive it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         reader.join(timeout=5)
         wall = time.perf_counter() - t0
         entry: dict[str, Any] = {"wall_s": round(wall, 2), "kwargs": kwargs}
@@ -327,6 +331,10 @@ def log_to_mlflow(results: dict[str, Any], tracking_uri: str, experiment: str, a
     return rid
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the suite; returns 0 when every benchmark ran ('ok' or 'skipped'), else 1."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -348,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print the benchmarks found and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bench %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that run_one can stop the running benchmark
 
     found = discover()
     if args.list:
