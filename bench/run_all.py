@@ -364,13 +364,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     unknown = sorted(set(args.only or []) - set(found)) + sorted(set(args.skip) - set(found))
     if unknown:
-        raise SystemExit(f"run_all: no benchmark named {unknown} in {BENCH_DIR} (found: {found})")
+        p.error(f"no benchmark named {unknown} in {BENCH_DIR} (found: {found})")
     names = [n for n in found if (not args.only or n in args.only) and n not in args.skip]
     if args.repeats is not None and args.repeats < 1:
-        raise SystemExit(f"run_all: --repeats must be >= 1, got {args.repeats}")
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
 
     t0 = time.perf_counter()
-    results: dict[str, Any] = {"machine": machine_facts(), "benchmarks": {}}
+    results: dict[str, Any] = {"machine": machine_facts(), "benchmarks": {},
+                               "suite": {"found": found, "run": names, "budget_s": args.budget_s,
+                                         "timeout_s": args.timeout_s, "repeats_override": args.repeats}}
     for name in names:
         kwargs = dict(SUITE_ARGS.get(name, DEFAULT_ARGS))
         if args.repeats is not None:
