@@ -143,7 +143,7 @@ def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_r
     tok = AlbertTokenizer.from_pretrained(hf_dir)
     text = ["The tower was built in 1889 .", "Valkyria Chronicles III is a tactical role @-@ playing game ."]
     sp = spm.SentencePieceProcessor(model_file=str(REPO / "data" / "sample" / "spiece.model"))
-    batch = tok(text, padding=True, return_tensors="pt")
+    batch = tok(text, padding=True, return_tensors="pt", return_token_type_ids=True)
     assert batch["input_ids"][0, : len(sp.encode(text[0])) + 2].tolist() == [2, *sp.encode(text[0]), 3]
     with torch.no_grad():
         out = hf(**batch)
