@@ -137,7 +137,10 @@ class MLflowTracker:
             dist.broadcast_object_list(box, src=0)
             self.run_id, error = box
         if error is not None:
-            raise RuntimeError(f"MLflow run could not be opened on rank 0 ({self.tracking_uri}): {error}")
+            from albert_dist.tracking.secrets import scrub_text
+
+            raise RuntimeError(f"MLflow run could not be opened on rank 0 ({scrub_text(self.tracking_uri)}): "
+                               f"{scrub_text(error)}")
 
     # ---- rank 0: run lifecycle ----
     def _open_run(self, resume_run_id: Optional[str], tags: dict[str, str]) -> None:
@@ -159,7 +162,8 @@ class MLflowTracker:
             for key in run.data.metrics:
                 self._last_step[key] = max(m.step for m in client.get_metric_history(self.run_id, key))
             client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
-            log.info("continuing MLflow run %s (%s); last logged step %s", self.run_id, self.tracking_uri,
+            log.info("continuing MLflow run %s (%s); last logged step %s", self.run_id,
+                     strip_uri_userinfo(self.tracking_uri),
                      max(self._last_step.values(), default=None))
         else:
             exp = client.get_experiment_by_name(cfg.experiment_name)
