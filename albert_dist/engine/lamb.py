@@ -138,8 +138,8 @@ class Lamb(torch.optim.Optimizer):
         self._own_param_ids = {id(p) for g in self.param_groups for p in g["params"]}
         self._resolver: Optional[PartitionResolver] = None
         self._attached = False
-        # Device tensors derived from a map, rebuilt only when the map changes: id(flat) -> (map, tensors).
-        self._layout_cache: dict[int, tuple[FlatPartitionMap, dict[str, torch.Tensor]]] = {}
+        # The slots of a map as a device tensor, rebuilt only when the map changes: id(flat) -> (map, slots).
+        self._slot_cache: dict[int, tuple[FlatPartitionMap, torch.Tensor]] = {}
 
     def set_partition_resolver(self, resolver: Optional[PartitionResolver]) -> None:
         """Install the function mapping flat tensors to their `FlatPartitionMap` (None: no flat tensors).
@@ -148,7 +148,7 @@ class Lamb(torch.optim.Optimizer):
         """
         self._resolver = resolver
         self._attached = True
-        self._layout_cache.clear()
+        self._slot_cache.clear()
 
     def _partition_map(self, p: torch.Tensor) -> Optional[FlatPartitionMap]:
         """The map of `p`, or None for a whole parameter tensor. Raises RuntimeError for an unmapped flat one."""
@@ -159,30 +159,6 @@ class Lamb(torch.optim.Optimizer):
                 f"{p.numel()} elements) and no partition map is attached, so per-tensor trust ratios would be "
                 "wrong. Call albert_dist.engine.lamb.attach_zero_partition_map(engine) after deepspeed.initialize.")
         return pmap
-
-    def _layout(self, p: torch.Tensor, pmap: FlatPartitionMap) -> dict[str, torch.Tensor]:
-        cached = self._layout_cache.get(id(p))
-        if cached is not None and cached[0] == pmap:
-            return cached[1]
-        # Cover the flat tensor with runs [fragment or gap]; gaps take the extra slot num_params (ratio 1).
-        runs_slot, runs_len, pos = [], [], 0
-        for slot, start, n in sorted(zip(pmap.slots, pmap.starts, pmap.numels), key=lambda t: t[1]):
-            if start > pos:
-                runs_slot.append(pmap.num_params)
-                runs_len.append(start - pos)
-            runs_slot.append(slot)
-            runs_len.append(n)
-            pos = start + n
-        if pos < pmap.numel:
-            runs_slot.append(pmap.num_params)
-            runs_len.append(pmap.numel - pos)
-        layout = {
-            "frag_slots": torch.tensor(pmap.slots, dtype=torch.long, device=p.device),
-            "run_slots": torch.tensor(runs_slot, dtype=torch.long, device=p.device),
-            "run_lens": torch.tensor(runs_len, dtype=torch.long, device=p.device),
-        }
-        self._layout_cache[id(p)] = (pmap, layout)
-        return layout
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], torch.Tensor]] = None) -> Optional[torch.Tensor]:
@@ -225,12 +201,14 @@ class Lamb(torch.optim.Optimizer):
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         bias_correction1 = 1.0 - beta1 ** t
         bias_correction2 = 1.0 - beta2 ** t
-        # r = m_hat / (sqrt(v_hat) + eps) + wd * w, with v_hat = v / bc2, m_hat = m / bc1.
-        denom = exp_avg_sq.sqrt().div_(math.sqrt(bias_correction2)).add_(eps)
+        # r = m_hat / (sqrt(v_hat) + eps) + wd * w with m_hat = m / bc1, v_hat = v / bc2, rewritten as
+        # (sqrt(bc2) / bc1) * m / (sqrt(v) + eps * sqrt(bc2)) + wd * w: the same value, one pass fewer.
+        sqrt_bc2 = math.sqrt(bias_correction2)
+        denom = exp_avg_sq.sqrt().add_(eps * sqrt_bc2)
         if wd != 0.0:
-            update = torch.mul(p, wd).addcdiv_(exp_avg, denom, value=1.0 / bias_correction1)
+            update = torch.mul(p, wd).addcdiv_(exp_avg, denom, value=sqrt_bc2 / bias_correction1)
         else:
-            update = torch.div(exp_avg, denom).div_(bias_correction1)
+            update = torch.div(exp_avg, denom, out=denom).mul_(sqrt_bc2 / bias_correction1)
         del denom
 
         if not group["layer_adaptation"]:
@@ -247,20 +225,29 @@ class Lamb(torch.optim.Optimizer):
     def _apply_partitioned(self, p: torch.Tensor, update: torch.Tensor, lr: float,
                            pmap: FlatPartitionMap) -> None:
         """w -= lr * ratio[param] * update on a flat partition, ratios from all-reduced per-parameter sums."""
-        layout = self._layout(p, pmap)
         sums = torch.zeros(2, pmap.num_params, dtype=torch.float32, device=p.device)
-        if pmap.slots:
-            w_views = [p.narrow(0, s, n) for s, n in zip(pmap.starts, pmap.numels)]
-            u_views = [update.narrow(0, s, n) for s, n in zip(pmap.starts, pmap.numels)]
+        u_views = [update.narrow(0, start, n) for start, n in zip(pmap.starts, pmap.numels)]
+        if u_views:
+            w_views = [p.narrow(0, start, n) for start, n in zip(pmap.starts, pmap.numels)]
             norms = torch.stack(torch._foreach_norm(w_views + u_views)).float().view(2, -1)
-            sums[:, layout["frag_slots"]] = norms.square()
+            sums[:, self._slot_index(p, pmap)] = norms.square()
         if pmap.world_size > 1:
             torch_dist.all_reduce(sums, op=torch_dist.ReduceOp.SUM, group=pmap.process_group)
         w_norm, u_norm = sums.sqrt_().unbind(0)
-        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-        ratio = torch.cat([ratio, ratio.new_ones(1)]).to(p.dtype)  # extra slot: padding runs
-        scale = torch.repeat_interleave(ratio[layout["run_slots"]], layout["run_lens"], output_size=pmap.numel)
-        p.addcmul_(update, scale, value=-lr)
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm)).to(p.dtype)
+        if u_views:
+            # Scale each fragment's update by its tensor's ratio (0-dim device tensors: no host sync). Padding
+            # between fragments keeps its update, which is 0 there (zero weight and gradient).
+            torch._foreach_mul_(u_views, list(ratio[self._slot_index(p, pmap)].unbind(0)))
+        p.add_(update, alpha=-lr)
+
+    def _slot_index(self, p: torch.Tensor, pmap: FlatPartitionMap) -> torch.Tensor:
+        """`pmap.slots` as a long tensor on p's device, cached per flat tensor until its map changes."""
+        cached = self._slot_cache.get(id(p))
+        if cached is None or cached[0] != pmap:
+            cached = (pmap, torch.tensor(pmap.slots, dtype=torch.long, device=p.device))
+            self._slot_cache[id(p)] = cached
+        return cached[1]
 
 
 def _check_hparams(*, lr: float, betas: Sequence[float], eps: float, weight_decay: float, where: str) -> None:

@@ -1,0 +1,185 @@
+"""Step time of LAMB (albert_dist.engine.lamb, exact under ZeRO) vs AdamW under DeepSpeed ZeRO-2, 2 ranks.
+
+Both optimisers are built exactly as the trainer builds them (`albert_dist.engine.optim.build_optimizer`:
+ALBERT parameter groups, torch AdamW vs `Lamb` + `attach_zero_partition_map`) for the same model and
+DeepSpeed ZeRO-2 config, in the same 2-rank gloo process group (CPU, 1 thread per rank). The two engines
+alternate in ABBA order, `steps` optimiser steps per block, so that drift of a shared machine hits both.
+One step = forward + backward + `engine.step()` on one micro-batch (B=micro_batch, S=seq) of random
+pretraining inputs; the optimiser part (`engine.step()`: gradient partition flattening, clipping, the
+client optimiser, the parameter all-gather) is also timed on its own.
+
+Figures per repeat (one repeat = one ABBA round), min / median / max over repeats:
+* ``lamb_step_s``, ``adamw_step_s``: wall seconds per step (the slower rank's, barrier to barrier);
+  ``ratio_lamb_over_adamw`` = their ratio (target <= 1.15, issue 7).
+* ``lamb_cpu_step_s``, ``adamw_cpu_step_s``, ``cpu_ratio_lamb_over_adamw``: process CPU seconds per step
+  (mean over ranks); on a loaded machine this is steadier than wall time, but misses waits in collectives.
+* ``lamb_optimizer_s``, ``adamw_optimizer_s``, ``ratio_optimizer_step``: wall seconds of `engine.step()`
+  alone, i.e. the part LAMB changes.
+
+    python bench/lamb.py [--repeats 3] [--model albert-base] [--micro-batch 4] [--seq 128] [--steps 2]
+
+`run(repeats=...)` returns the dict for the suite runner (bench/run_all.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+
+
+def _batch(vocab_size: int, micro_batch: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random ALBERT pretraining micro-batch: (B, S) int64 tensors, 20 MLM predictions per row, (B,) SOP."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, vocab_size, (micro_batch, seq), generator=g)
+    attention_mask = torch.ones(micro_batch, seq, dtype=torch.long)
+    token_type_ids = (torch.arange(seq)[None, :] >= seq // 2).long().expand(micro_batch, seq).contiguous()
+    mlm_labels = torch.full((micro_batch, seq), -100)
+    for b in range(micro_batch):
+        pos = torch.randperm(seq - 1, generator=g)[:20] + 1
+        mlm_labels[b, pos] = input_ids[b, pos]
+    sop_labels = torch.randint(0, 2, (micro_batch,), generator=g)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                mlm_labels=mlm_labels, sop_labels=sop_labels)
+
+
+def _worker(rank: int, port: int, args: dict, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    import deepspeed
+    import torch.distributed as dist
+
+    from albert_dist.engine.lamb import attach_zero_partition_map
+    from albert_dist.engine.optim import OptimConfig, build_optimizer
+    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+
+    deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=300))
+    config = AlbertConfig.from_yaml(ROOT / "configs" / "model" / f"{args['model']}.yaml")
+    ds_config = {
+        "train_micro_batch_size_per_gpu": args["micro_batch"], "gradient_accumulation_steps": 1,
+        "train_batch_size": args["micro_batch"] * WORLD, "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False, "steps_per_print": 2**31 - 1,
+    }
+    engines = {}
+    for name in ("lamb", "adamw"):
+        torch.manual_seed(0)
+        model = AlbertForPreTraining(config)
+        optimizer = build_optimizer(model, OptimConfig(type=name, lr=1.76e-3, weight_decay=0.01, eps=1e-6))
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        if name == "lamb":
+            attach_zero_partition_map(engine)
+        engines[name] = engine
+    batch = _batch(config.vocab_size, args["micro_batch"], args["seq"], seed=rank)
+
+    def block(name: str, steps: int) -> tuple[float, float, float]:
+        engine = engines[name]
+        dist.barrier()
+        w0, c0, opt_s = time.perf_counter(), time.process_time(), 0.0
+        for _ in range(steps):
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            s0 = time.perf_counter()
+            engine.step()
+            opt_s += time.perf_counter() - s0
+        dist.barrier()
+        stats = torch.tensor([time.perf_counter() - w0, time.process_time() - c0, opt_s], dtype=torch.float64)
+        walls = stats.clone()
+        dist.all_reduce(walls, op=dist.ReduceOp.MAX)   # the step ends when the slower rank is done
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        return walls[0].item() / steps, stats[1].item() / WORLD / steps, walls[2].item() / steps
+
+    for name in ("lamb", "adamw"):  # warm-up: allocator, first-step state init
+        block(name, 1)
+    rows: dict[str, list[float]] = {k: [] for k in ("lamb_step_s", "adamw_step_s", "lamb_cpu_step_s",
+                                                    "adamw_cpu_step_s", "lamb_optimizer_s", "adamw_optimizer_s")}
+    for r in range(args["repeats"]):
+        order = ("lamb", "adamw", "adamw", "lamb") if r % 2 == 0 else ("adamw", "lamb", "lamb", "adamw")
+        acc = {name: [0.0, 0.0, 0.0] for name in ("lamb", "adamw")}
+        for name in order:
+            for i, value in enumerate(block(name, args["steps"])):
+                acc[name][i] += value / 2
+        for name, (wall, cpu, opt) in acc.items():
+            rows[f"{name}_step_s"].append(wall)
+            rows[f"{name}_cpu_step_s"].append(cpu)
+            rows[f"{name}_optimizer_s"].append(opt)
+    for engine in engines.values():
+        engine.destroy()
+    if rank == 0:
+        torch.save(rows, out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 4, seq: int = 128,
+        steps: int = 2) -> dict[str, Any]:
+    """Time LAMB vs AdamW under ZeRO-2 on 2 gloo ranks; returns per-repeat lists, their ratios and summaries.
+
+    Keys: the per-repeat lists named in the module docstring, ``ratio_lamb_over_adamw``,
+    ``cpu_ratio_lamb_over_adamw``, ``ratio_optimizer_step`` (per-repeat lists), ``summary`` ({key: min /
+    median / max / n}) and the sizes used. Raises `ValueError` for repeats/steps/micro_batch/seq < 1.
+    """
+    for key, value in dict(repeats=repeats, steps=steps, micro_batch=micro_batch, seq=seq).items():
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value!r}")
+    import torch.multiprocessing as mp
+
+    args = dict(repeats=repeats, model=model, micro_batch=micro_batch, seq=seq, steps=steps)
+    with tempfile.TemporaryDirectory(prefix="bench-lamb-") as tmp:
+        out = os.path.join(tmp, "rows.pt")
+        mp.spawn(_worker, args=(_free_port(), args, out), nprocs=WORLD, join=True)
+        rows = torch.load(out)
+    result: dict[str, Any] = dict(rows)
+    result["ratio_lamb_over_adamw"] = [a / b for a, b in zip(rows["lamb_step_s"], rows["adamw_step_s"])]
+    result["cpu_ratio_lamb_over_adamw"] = [a / b for a, b in zip(rows["lamb_cpu_step_s"], rows["adamw_cpu_step_s"])]
+    result["ratio_optimizer_step"] = [a / b for a, b in zip(rows["lamb_optimizer_s"], rows["adamw_optimizer_s"])]
+    result["summary"] = {k: _stats(v) for k, v in result.items() if isinstance(v, list)}
+    result.update(model=model, micro_batch=micro_batch, seq=seq, steps_per_block=steps, world_size=WORLD,
+                  zero_stage=2)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="ABBA rounds (each gives one ratio)")
+    parser.add_argument("--model", default="albert-base", help="preset in configs/model")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=2, help="optimiser steps per timed block")
+    a = parser.parse_args()
+    r = run(repeats=a.repeats, model=a.model, micro_batch=a.micro_batch, seq=a.seq, steps=a.steps)
+    s = r["summary"]
+    print(f"{a.model}, ZeRO-2, {WORLD} gloo ranks x 1 thread, B={a.micro_batch} S={a.seq}, {a.repeats} ABBA repeats")
+    for key, label in (("step_s", "step wall s"), ("cpu_step_s", "step CPU s"), ("optimizer_s", "engine.step() s")):
+        for name in ("lamb", "adamw"):
+            x = s[f"{name}_{key}"]
+            print(f"  {name:<6} {label:<16} min {x['min']:.4f}  median {x['median']:.4f}  max {x['max']:.4f}")
+    for key, label in (("ratio_lamb_over_adamw", "LAMB / AdamW step (wall), target <= 1.15"),
+                       ("cpu_ratio_lamb_over_adamw", "LAMB / AdamW step (CPU)"),
+                       ("ratio_optimizer_step", "LAMB / AdamW engine.step() (wall)")):
+        x = s[key]
+        print(f"  {label:<42} min {x['min']:.3f}  median {x['median']:.3f}  max {x['max']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
