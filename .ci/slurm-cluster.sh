@@ -13,6 +13,8 @@
 # Settings (environment): SLURM_CI_NODES (default 2), SLURM_CI_CPUS (CPUs per virtual node, default nproc),
 # SLURM_CI_PARTITION (default "ci").
 set -euo pipefail
+# the daemons live in /usr/sbin, which a non-login CI shell may not have on PATH
+export PATH=/usr/sbin:/sbin:$PATH
 
 MODE=${1:-start}
 NODES=${SLURM_CI_NODES:-2}
