@@ -381,8 +381,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
     ``get_accelerator().communication_backend_name()``) and MPI discovery off, since :func:`discover`
-    already covered Slurm. On an accelerator, selects device ``local_rank`` first (NCCL needs it before
-    the first collective). A second call returns the discovery without re-initialising.
+    already covered Slurm. On an accelerator, selects device ``local_rank % visible devices`` first (NCCL
+    needs it before the first collective; the modulo covers tasks that see only their own GPU). A second
+    call returns the discovery without re-initialising.
 
     Args:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
@@ -400,7 +401,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
 
     accel = get_accelerator()
     if accel.device_name() != "cpu":
-        accel.set_device(dist_env.local_rank)
+        # local_rank indexes the node's GPUs, unless the launcher already narrowed each task to its own
+        # (srun --gpus-per-task / --gpu-bind=single: CUDA_VISIBLE_DEVICES holds one device, index 0)
+        accel.set_device(dist_env.local_rank % max(1, accel.device_count()))
     if not tdist.is_initialized():
         deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
                                    distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
