@@ -5,7 +5,7 @@
 
 Prints one table, a column per run: ``run`` (name) and ``run_id``, then every param whose value is not the
 same in all runs (a param missing from a run shows ``-``), then for every metric ``<key>.final`` (value at
-the last logged step) and ``<key>.best`` (the minimum, or the maximum for accuracy-like keys). Writes a PNG
+the last logged step) and ``<key>.best`` (the minimum; the maximum for accuracies, throughputs, MFU). Writes a PNG
 with one panel per plotted metric (default: ``loss`` and ``mlm_accuracy``, plus their ``val_`` versions
 when logged), one line per run. The tracking URI is ``--tracking-uri`` or ``$MLFLOW_TRACKING_URI``, else
 the trainer's default local store.
@@ -24,8 +24,10 @@ MISSING = "-"
 
 
 def higher_is_better(key: str) -> bool:
-    """Accuracy-like metrics are maximised, everything else (losses, times) minimised."""
-    return "acc" in key.lower()
+    """Accuracies, throughputs (``*_per_s``) and MFU are maximised; everything else (losses, memory, times)
+    minimised."""
+    key = key.lower()
+    return "acc" in key or key.endswith("_per_s") or "mfu" in key
 
 
 def _fmt(value: Optional[float]) -> str:

@@ -194,3 +194,11 @@ def test_compare_table_rows():
                     ["loss.final", "2", "3.5"], ["loss.best", "1", "3.5"],
                     ["mlm_accuracy.final", "0.25", "-"], ["mlm_accuracy.best", "0.25", "-"]]
     assert format_table(rows).splitlines()[2].split() == ["x", "1", "2"]
+
+
+@pytest.mark.parametrize("key,higher", [("loss", False), ("val_mlm_accuracy", True), ("tokens_per_s", True),
+                                        ("mfu", True), ("peak_mem_gib_max", False), ("interval_s", False)])
+def test_best_direction(key, higher):
+    from albert_dist.tracking.compare import higher_is_better
+
+    assert higher_is_better(key) is higher
