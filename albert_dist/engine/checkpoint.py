@@ -289,8 +289,9 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
 
     When the world size differs (`point.needs_universal`), the engine must have been built with
     `checkpoint.load_universal=true` in its DeepSpeed config (the trainer does this from `plan_resume`).
-    Restores this rank's RNG states when the world size is unchanged. Raises `RuntimeError` when DeepSpeed
-    loads nothing.
+    RNG states are not restored here: the caller does it last (`set_rng_state(state["rng_states"][rank])`),
+    after anything that draws from the global RNGs while setting up (a DataLoader draws its workers' base
+    seed when its iterator is created). Raises `RuntimeError` when DeepSpeed loads nothing.
     """
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     tag = to_universal(point) if point.needs_universal(world_size) else point.tag
@@ -298,8 +299,6 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
     if load_path is None or not client_state or CLIENT_KEY not in client_state:
         raise RuntimeError(f"DeepSpeed loaded no checkpoint from {point.ckpt_dir}/{tag}")
     state = client_state[CLIENT_KEY]
-    if state["world_size"] == world_size:
-        set_rng_state(state["rng_states"][_rank()])
     logger.info("resumed from %s/%s at step %d (saved by %d ranks, loaded on %d)", point.ckpt_dir, tag,
                 state["step"], state["world_size"], world_size)
     return state

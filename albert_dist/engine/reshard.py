@@ -108,6 +108,10 @@ class ReshardedLoader:
             self._turn = (i + 1) % len(self._members)
             yield batch
 
+    def iterators(self) -> list[Iterator]:
+        """The member loaders' live iterators (empty before iteration), e.g. to shut their workers down."""
+        return list(self._iters or [])
+
     def state_dict(self) -> dict:
         """Members (stream, stride, offset, batches taken, loader position) and whose turn is next."""
         members = copy.deepcopy(self._members)

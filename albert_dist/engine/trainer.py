@@ -39,7 +39,7 @@ import torch.distributed as dist
 from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_container, to_yaml
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
-from albert_dist.engine.reshard import build_resumed_loader
+from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
 from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
                                         resolve_peak_tflops)
 
@@ -134,6 +134,8 @@ class _StopFlag:
                            signal.Signals(signum).name, EXIT_PREEMPTED)
 
     def install(self) -> None:
+        if self._previous:
+            return
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
@@ -141,6 +143,19 @@ class _StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+class _IgnoreStopSignals:
+    """DataLoader `worker_init_fn`: stop signals are the training process's business, workers ignore them."""
+
+    def __init__(self, then: Optional[Any] = None):
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 class Trainer:
@@ -211,11 +226,14 @@ class Trainer:
         assert self.ga_steps == cfg.engine.gradient_accumulation_steps  # the loop and DeepSpeed must agree
 
         def make_loader(base_rank: int, base_world: int):
-            return build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
+            loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
+            # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
+            # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
+            loader.worker_init_fn = _IgnoreStopSignals(loader.worker_init_fn)
+            return loader
 
         if point is None:
             self.train_loader = make_loader(rank, world)
-            _seed_all(seed_for(cfg.seed, rank, 0))
         else:
             state = ckpt.load_checkpoint(self.engine, point)
             self.step = int(state["step"])
@@ -224,9 +242,8 @@ class Trainer:
                                state["config_hash"], self.config_hash)
             # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
             self.train_loader = build_resumed_loader(make_loader, state["data_states"], world, rank)
-            if state["world_size"] != world:
-                _seed_all(seed_for(cfg.seed, rank, self.step))
-        self._train_iter = iter(self.train_loader)
+        self._stop.install()
+        self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed from torch's RNG
 
         device = self.engine.device
         self.device = torch.device(device) if not isinstance(device, torch.device) else device
@@ -245,6 +262,15 @@ class Trainer:
             params["derived"] = {"world_size": world, "train_batch_size": check_derived(cfg, world),
                                  "n_parameters": self.n_params, "config_hash": self.config_hash}
             self.tracker.log_params(params)
+
+        # RNGs last (the loader's iterator, the matmul peak measurement and the tracker draw from them), so the
+        # first step sees exactly the state the interrupted run had when it saved.
+        if point is None:
+            _seed_all(seed_for(cfg.seed, rank, 0))
+        elif state["world_size"] == world:
+            ckpt.set_rng_state(state["rng_states"][rank])
+        else:  # an old rank's RNG stream cannot be split or merged
+            _seed_all(seed_for(cfg.seed, rank, self.step))
 
     def _agree_run_dir(self) -> str:
         """cfg.run_dir, or runs/<recipe>-<UTC time> chosen by rank 0 and broadcast (ranks' clocks differ)."""
@@ -282,7 +308,6 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=rank != 0 or not cfg.progress_bar,
                    mininterval=1.0 if sys.stderr.isatty() else 30.0)  # launcher logs are files: fewer lines
-        self._stop.install()
         try:
             with logging_redirect_tqdm():
                 while self.step < cfg.max_steps:
@@ -403,11 +428,30 @@ class Trainer:
             logger.exception("training failed")
             raise
         finally:
-            try:
-                self.tracker.close(status)
-            finally:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+            self.close(status)
+
+    def close(self, status: str) -> None:
+        """Restore signal handlers, stop the loader workers, close the tracker with `status`, destroy the
+        process group. Idempotent; `run()` calls it, callers of `setup()`/`train()` must."""
+        self._stop.restore()
+        # Explicitly: the workers ignore SIGTERM (see _IgnoreStopSignals), so multiprocessing's exit-time
+        # terminate() could not stop them if the iterator were left for the interpreter to clean up.
+        for it in self._loader_iterators():
+            shutdown = getattr(it, "_shutdown_workers", None)  # torch DataLoader iterators (also their __del__)
+            if callable(shutdown):
+                shutdown()
+        self._train_iter = None
+        try:
+            self.tracker.close(status)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _loader_iterators(self) -> list:
+        loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)
+        if isinstance(loader, ReshardedLoader):
+            return loader.iterators()
+        return [it] if it is not None else []
 
 
 __all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "Trainer", "cli", "seed_for"]

@@ -36,6 +36,22 @@ def _launch(run_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_group_gone(proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    proc.wait(timeout=timeout)
+    while _group_alive(proc.pid):
+        assert time.time() < deadline, "job processes still alive after SIGTERM"
+        time.sleep(0.2)
+
+
 def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -53,9 +69,10 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
             assert time.time() < deadline, "no step 7 within 300 s"
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGTERM)  # every process of the job, as scancel does
-        proc.wait(timeout=120)
+        # The shell and the launcher die at once; the ranks finish their step and checkpoint first.
+        _wait_group_gone(proc, timeout=120)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None or _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     log = (tmp_path / "first.log").read_text()
     assert "stopped by signal at step" in log, log[-5000:]

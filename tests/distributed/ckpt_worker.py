@@ -1,0 +1,87 @@
+"""One rank of a checkpoint test job: the real `Trainer`, plus what the tests need to look inside.
+
+    python tests/distributed/ckpt_worker.py --config C [--dump PATH] [--crash-save-step N --crash-rank R] [k=v ...]
+
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from the environment (as torchrun sets them).
+--dump PATH: after setup (i.e. right after a resume) every rank joins DeepSpeed's collective gathers and rank 0
+saves {name: fp32 parameter, exp_avg, exp_avg_sq} + step + lr to PATH; with --dump-at-end the same is done
+after training instead. --crash-save-step N: rank R dies (os._exit(CRASH_EXIT)) inside the save of step N,
+after DeepSpeed wrote its files and before the ranks agree the checkpoint is complete.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import pytest
+import torch
+
+CRASH_EXIT = 17
+
+
+def dump_state(trainer, path: str) -> None:
+    """Full (unpartitioned) fp32 parameters and Adam moments, gathered by DeepSpeed (collective)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    optimizer = trainer.engine.optimizer
+    if hasattr(optimizer, "_lazy_init_hp_params_optimizer_state"):
+        # DeepSpeed 0.19 ZeRO-1/2 links the moments of every group to the parameters' fragments after the
+        # *first group's* first step only, so later groups (ALBERT's no-decay group) stay unlinked and
+        # safe_get_full_optimizer_state fails for them; link again now that every group has its state.
+        optimizer._hp_optimizer_states_linked = False
+        optimizer._lazy_init_hp_params_optimizer_state()
+    out = {"step": trainer.step, "lr": trainer.engine.get_lr()[0], "params": {}}
+    for name, param in trainer.engine.module.named_parameters():
+        out["params"][name] = (safe_get_full_fp32_param(param).clone(),
+                               safe_get_full_optimizer_state(param, "exp_avg").clone(),
+                               safe_get_full_optimizer_state(param, "exp_avg_sq").clone())
+    if trainer.dist_env.rank == 0:
+        torch.save(out, path)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--dump")
+    parser.add_argument("--dump-at-end", action="store_true")
+    parser.add_argument("--crash-save-step", type=int)
+    parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from albert_dist.config import load_config
+    from albert_dist.engine import checkpoint as ckpt
+    from albert_dist.engine.trainer import Trainer
+
+    import deepspeed.ops
+
+    trainer = Trainer(load_config(args.config, args.overrides))
+    with pytest.MonkeyPatch.context() as mp:
+        # Plain gloo collectives instead of DeepSpeed's JIT-built shared-memory op: its build takes minutes on
+        # a busy machine and a process killed during it (these tests kill ranks) leaves a stale file lock.
+        mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)
+        if args.crash_save_step is not None:
+            barrier = ckpt._barrier
+
+            def crashing_barrier() -> None:
+                if trainer.step == args.crash_save_step and trainer.dist_env.rank == args.crash_rank:
+                    os._exit(CRASH_EXIT)
+                barrier()
+
+            mp.setattr(ckpt, "_barrier", crashing_barrier)
+        try:
+            trainer.setup()
+            if args.dump and not args.dump_at_end:
+                dump_state(trainer, args.dump)
+            code = trainer.train()
+            if args.dump and args.dump_at_end:
+                dump_state(trainer, args.dump)
+        finally:
+            trainer.close("FINISHED")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
