@@ -213,3 +213,26 @@ def test_universal_resume_on_another_world_size(config, reference, tmp_path, wor
         else:  # old stream rank % 2 shared by 2 new ranks, 2 batches taken each
             assert members == [(rank % 2, 2, 2, rank // 2, 2)]
     assert len(list((run_dir / "checkpoints" / "step_9").glob("*optim_states.pt"))) == world
+
+
+def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config, tmp_path):
+    """SIGUSR1 reaching only rank 1 (signals arrive at ranks at different times): both ranks stop after the same
+    step, checkpoint it and exit with EXIT_PREEMPTED."""
+    from albert_dist.engine.trainer import EXIT_PREEMPTED
+
+    run_dir = tmp_path / "run"
+    job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])
+    deadline = time.time() + 240
+    while not (run_dir / "metrics.jsonl").is_file() or not any(
+            json.loads(l).get("step", 0) >= 2 for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if l.endswith("}")):
+        assert all(p.poll() is None for p in job.procs), job.log_tail()
+        assert time.time() < deadline
+        time.sleep(0.2)
+    job.procs[1].send_signal(signal.SIGUSR1)
+    codes = job.wait(timeout=120)
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], job.log_tail()
+    last = max(train_records(run_dir))
+    assert 2 <= last < 200
+    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{last}"
+    assert ckpt.plan_resume("auto", run_dir / "checkpoints").step == last
