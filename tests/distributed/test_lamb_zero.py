@@ -3,9 +3,9 @@
 One spawned 2-rank process group runs every case in turn (5 optimiser steps each, gradient accumulation 2,
 gradient clipping active) and rank 0 saves the final parameters; the test process re-computes the same 5
 steps on the global batch with LAMB implemented here from You et al. 2019, Algorithm 2 (float64), and
-compares (rtol 1e-5). Controls: the same optimiser without the partition map (LAMB applied naively to ZeRO's
-flat partitions) must give different parameters, and ZeRO without `attach_zero_partition_map` must refuse
-to step.
+compares (rtol 1e-5). Two cases stop after 3 steps, save a checkpoint and finish in a new engine. Controls:
+the same optimiser without the partition map (LAMB applied naively to ZeRO's flat partitions) must give
+different parameters, and ZeRO without `attach_zero_partition_map` must refuse to step.
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ CASES = {
     "zero3": (3, {"stage3_param_persistence_threshold": 0, "sub_group_size": 100}, "lamb", "fp32"),
     "zero2_naive": (2, {}, "naive", "fp32"),
     "zero1_unattached": (1, {}, "unattached", "fp32"),
+    # 3 steps, save_checkpoint, a new engine loads it and runs the last 2 steps.
+    "zero2_resume": (2, {}, "resume", "fp32"),
+    "zero3_resume": (3, {"stage3_param_persistence_threshold": 0}, "resume", "fp32"),
     # bf16 weights + fp32 gradient accumulation at ZeRO-1 -> DeepSpeed's BF16_Optimizer wrapper.
     "bf16_zero1": (1, {}, "lamb", "bf16"),
     "bf16_zero1_naive": (1, {}, "naive", "bf16"),
@@ -139,7 +142,7 @@ def reference_run() -> tuple[dict[str, torch.Tensor], int]:
 
 
 # ------------------------------------------------------------------------------------------------- ranks
-def _run_case(rank: int, stage: int, zero_extra: dict, variant: str, precision: str) -> dict:
+def _build_engine(stage: int, zero_extra: dict, variant: str, precision: str):
     import deepspeed
 
     from albert_dist.engine.lamb import Lamb, attach_zero_partition_map
@@ -168,14 +171,33 @@ def _run_case(rank: int, stage: int, zero_extra: dict, variant: str, precision: 
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     if variant != "unattached":
         attach_zero_partition_map(engine)
-    result: dict = {"wrapper": type(engine.optimizer).__name__}
+    return engine
+
+
+def _train(engine, rank: int, steps: range) -> None:
     ids, labels = make_data()
+    for step in steps:
+        for micro in range(GA):
+            loss = engine(ids[step, micro, rank], labels[step, micro, rank])
+            engine.backward(loss)
+            engine.step()
+
+
+def _run_case(rank: int, stage: int, zero_extra: dict, variant: str, precision: str, ckpt_dir: str) -> dict:
+    import deepspeed
+
+    engine = _build_engine(stage, zero_extra, variant, precision)
+    result: dict = {"wrapper": type(engine.optimizer).__name__}
     try:
-        for step in range(STEPS):
-            for micro in range(GA):
-                loss = engine(ids[step, micro, rank], labels[step, micro, rank])
-                engine.backward(loss)
-                engine.step()
+        if variant == "resume":
+            _train(engine, rank, range(3))
+            engine.save_checkpoint(ckpt_dir, tag="step3")
+            engine.destroy()
+            engine = _build_engine(stage, zero_extra, variant, precision)
+            engine.load_checkpoint(ckpt_dir, tag="step3")
+            _train(engine, rank, range(3, STEPS))
+        else:
+            _train(engine, rank, range(STEPS))
     except RuntimeError as err:
         result["error"] = str(err)
     if "error" not in result:
@@ -199,7 +221,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     results = {}
     try:
         for name, (stage, extra, variant, precision) in CASES.items():
-            results[name] = _run_case(rank, stage, extra, variant, precision)
+            results[name] = _run_case(rank, stage, extra, variant, precision, str(Path(out_dir) / name))
     except Exception:
         (Path(out_dir) / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
@@ -235,10 +257,12 @@ def _assert_equal_params(got: dict, expected: dict) -> None:
         torch.testing.assert_close(value.double(), expected[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-@pytest.mark.parametrize("case", ["zero0", "zero1", "zero2", "zero2_round_robin", "zero3"])
+@pytest.mark.parametrize("case", ["zero0", "zero1", "zero2", "zero2_round_robin", "zero3", "zero2_resume",
+                                  "zero3_resume"])
 def test_lamb_under_zero_equals_single_process_reference(results, reference, case):
     assert "error" not in results[case], results[case].get("error")
-    expected_wrapper = {"zero0": "Lamb", "zero3": "DeepSpeedZeroOptimizer_Stage3"}.get(case, "DeepSpeedZeroOptimizer")
+    expected_wrapper = {"zero0": "Lamb", "zero3": "DeepSpeedZeroOptimizer_Stage3",
+                        "zero3_resume": "DeepSpeedZeroOptimizer_Stage3"}.get(case, "DeepSpeedZeroOptimizer")
     assert results[case]["wrapper"] == expected_wrapper
     _assert_equal_params(results[case]["params"], reference)
     # The optimiser moved every tensor (not a vacuous comparison with the initial weights).
