@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e '.[dev]'
+	# DeepSpeed JIT-compiles its shared-memory comm op on the first CPU process group (~1-2 min); build it
+	# once here so concurrent test ranks do not all wait on the compile lock. A no-op on GPU builds.
+	$(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
 	touch $@
 
 install: $(VENV)/.installed
