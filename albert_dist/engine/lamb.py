@@ -232,7 +232,10 @@ class Lamb(torch.optim.Optimizer):
             norms = torch.stack(torch._foreach_norm(w_views + u_views)).float().view(2, -1)
             sums[:, self._slot_index(p, pmap)] = norms.square()
         if pmap.world_size > 1:
-            torch_dist.all_reduce(sums, op=torch_dist.ReduceOp.SUM, group=pmap.process_group)
+            comm_device = _comm_device(pmap.process_group, sums.device)
+            reduced = sums.to(comm_device)
+            torch_dist.all_reduce(reduced, op=torch_dist.ReduceOp.SUM, group=pmap.process_group)
+            sums = reduced.to(p.device)
         w_norm, u_norm = sums.sqrt_().unbind(0)
         ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm)).to(p.dtype)
         if u_views:
@@ -248,6 +251,18 @@ class Lamb(torch.optim.Optimizer):
             cached = (pmap, torch.tensor(pmap.slots, dtype=torch.long, device=p.device))
             self._slot_cache[id(p)] = cached
         return cached[1]
+
+
+def _comm_device(process_group: Any, device: torch.device) -> torch.device:
+    """Where to all-reduce a tensor living on `device`: NCCL cannot reduce CPU tensors, which ZeRO-Offload's
+    CPU fp32 partitions produce, so those go through the current CUDA device unless the group has a CPU
+    backend (gloo, or a "cpu:gloo,cuda:nccl" pair)."""
+    if device.type != "cpu":
+        return device
+    backend = str(torch_dist.get_backend(process_group))
+    if "gloo" in backend or "cpu:" in backend or not torch.cuda.is_available():
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _check_hparams(*, lr: float, betas: Sequence[float], eps: float, weight_decay: float, where: str) -> None:
