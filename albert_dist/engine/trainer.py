@@ -223,7 +223,9 @@ class Trainer:
 
             attach_zero_partition_map(self.engine)
         self.ga_steps = self.engine.gradient_accumulation_steps()
-        assert self.ga_steps == cfg.engine.gradient_accumulation_steps  # the loop and DeepSpeed must agree
+        if self.ga_steps != cfg.engine.gradient_accumulation_steps:  # the loop and DeepSpeed must agree
+            raise RuntimeError(f"DeepSpeed runs {self.ga_steps} accumulation steps, the config says "
+                               f"{cfg.engine.gradient_accumulation_steps}")
 
         def make_loader(base_rank: int, base_world: int):
             loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
