@@ -20,19 +20,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# DeepSpeed JIT-compiles its shared-memory comm op on the first CPU process group (~1-2 min); build it
 	# once here so concurrent test ranks do not all wait on the compile lock. A no-op on GPU builds.
-	$(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
 	touch $@
 
 install: $(VENV)/.installed
 
+# The venv's bin comes first on PATH: the deepspeed/mlflow commands the e2e tests start are the venv's, and
+# DeepSpeed's JIT builds use the venv's ninja (a system ninja of another version would rebuild every time).
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 pretrain: install
 	PATH=$(abspath $(VENV))/bin:$$PATH bash launch/pretrain_local.sh $(NUM_RANKS)
 
 bench: install
-	OMP_NUM_THREADS=1 $(PY) bench/run_all.py
+	PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 $(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) runs mlruns.db
