@@ -154,6 +154,9 @@ class Lamb(torch.optim.Optimizer):
         """The map of `p`, or None for a whole parameter tensor. Raises RuntimeError for an unmapped flat one."""
         pmap = self._resolver(p) if self._resolver is not None else None
         if pmap is None and not self._attached and id(p) not in self._own_param_ids:
+            if not self.state.get(p) and p.grad is not None and not p.grad.any():
+                return None  # DeepSpeed's state-creating zero-gradient step, see _is_state_init_step
+
             raise RuntimeError(
                 "Lamb.step() got a tensor that is not one of its parameters (a DeepSpeed flat partition of "
                 f"{p.numel()} elements) and no partition map is attached, so per-tensor trust ratios would be "
@@ -176,8 +179,30 @@ class Lamb(torch.optim.Optimizer):
                 pmap = self._partition_map(p)
                 if p.grad is None and pmap is None:
                     continue
+                if pmap is None and self._is_state_init_step(p):
+                    self._init_state(p)
+                    continue
                 self._update(p, group, pmap)
         return loss
+
+    def _is_state_init_step(self, p: torch.Tensor) -> bool:
+        """True for the zero-gradient step DeepSpeed's FP16_UnfusedOptimizer (fp16/bf16 without ZeRO) takes
+        inside `deepspeed.initialize` to create optimiser states on its fp32 copies of the parameters.
+
+        LAMB must not move the weights there: with g = 0 the update is weight_decay * w, whose trust ratio
+        1 / weight_decay would scale w by (1 - lr). Only wrapper-created whole tensors (not the caller's own
+        parameters, not flat partitions whose ranks must all join the collective) with no state yet and an
+        all-zero gradient qualify; their state is created and the step count stays 0.
+        """
+        return id(p) not in self._own_param_ids and not self.state.get(p) and not p.grad.any()
+
+    def _init_state(self, p: torch.Tensor) -> dict:
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
 
     def _update(self, p: torch.Tensor, group: dict, pmap: Optional[FlatPartitionMap]) -> None:
         grad = p.grad
@@ -186,11 +211,7 @@ class Lamb(torch.optim.Optimizer):
             grad = torch.zeros_like(p)
         if grad.is_sparse:
             raise RuntimeError("Lamb does not support sparse gradients")
-        state = self.state[p]
-        if len(state) == 0:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state = self._init_state(p)
         state["step"] += 1
         t = int(state["step"].item())  # CPU scalar: no device sync
         beta1, beta2 = group["betas"]

@@ -52,6 +52,8 @@ CASES = {
     # bf16 weights + fp32 gradient accumulation at ZeRO-1 -> DeepSpeed's BF16_Optimizer wrapper.
     "bf16_zero1": (1, {}, "lamb", "bf16"),
     "bf16_zero1_naive": (1, {}, "naive", "bf16"),
+    # bf16 weights and gradients without ZeRO -> FP16_UnfusedOptimizer (one fp32 copy per tensor, no map).
+    "bf16_zero0": (0, {}, "lamb", "bf16_accum_bf16"),
 }
 
 
@@ -166,8 +168,9 @@ def _build_engine(stage: int, zero_extra: dict, variant: str, precision: str):
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 2**31 - 1,
     }
-    if precision == "bf16":
-        config.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
+    if precision.startswith("bf16"):
+        accum = "bf16" if precision == "bf16_accum_bf16" else "fp32"
+        config.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": accum})
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     if variant != "unattached":
         attach_zero_partition_map(engine)
@@ -284,10 +287,13 @@ def _worst_tensor_error(got: dict, expected: dict) -> float:
 
 
 def test_bf16_optimizer_wrapper_close_to_reference(results, reference):
-    """bf16 weights (rounding ~4e-3) through DeepSpeed's BF16_Optimizer: within 1e-2 per tensor, while the
-    naive LAMB on the same wrapper is off by more than 5e-2 -- so the tolerance still tells them apart."""
+    """bf16 weights (rounding ~4e-3) through DeepSpeed's BF16_Optimizer (ZeRO-1) and FP16_UnfusedOptimizer
+    (ZeRO-0, bf16 gradients): within 1e-2 per tensor, while the naive LAMB on BF16_Optimizer is off by more
+    than 5e-2 -- so the tolerance still tells them apart."""
     assert results["bf16_zero1"]["wrapper"] == "BF16_Optimizer"
     assert _worst_tensor_error(results["bf16_zero1"]["params"], reference) < 1e-2
+    assert results["bf16_zero0"]["wrapper"] == "FP16_UnfusedOptimizer"
+    assert _worst_tensor_error(results["bf16_zero0"]["params"], reference) < 1e-2
     assert _worst_tensor_error(results["bf16_zero1_naive"]["params"], reference) > 5e-2
 
 

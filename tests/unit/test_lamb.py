@@ -148,3 +148,28 @@ def test_build_lamb_excludes_no_decay_group_from_decay_and_adaptation():
     assert math.isclose(opt.defaults["lr"], 0.00176) and opt.defaults["eps"] == 1e-6
     assert groups[1].get("layer_adaptation") is None  # input not mutated
     assert lamb_param_groups([{"params": [], "no_decay": True, "weight_decay": 0.3}])[0]["weight_decay"] == 0.0
+
+
+def test_wrapper_state_creation_step_does_not_move_weights():
+    """DeepSpeed's FP16_UnfusedOptimizer steps its fp32 copies once with zero gradients inside
+    deepspeed.initialize; LAMB only creates state there, so the run still follows the paper's equations."""
+    weights, grads = _tensors(2)
+    weights = weights[:4]
+    own = [nn.Parameter(w.clone()) for w in weights]
+    opt = Lamb(own, lr=0.02, weight_decay=0.01)
+    copies = [nn.Parameter(w.clone()) for w in weights]  # what the wrapper puts into param_groups
+    opt.param_groups[0]["params"] = copies
+    for c in copies:
+        c.grad = torch.zeros_like(c)
+    opt.step()  # no map attached yet, as inside deepspeed.initialize
+    for c, w in zip(copies, weights):
+        assert torch.equal(c.detach(), w)
+        assert opt.state[c]["step"].item() == 0.0
+    opt.set_partition_resolver(None)  # what attach_zero_partition_map does for this wrapper
+    for step_grads in grads:
+        for c, g in zip(copies, step_grads):
+            c.grad = g.clone()
+        opt.step()
+    expected = reference_lamb(weights, [g[:4] for g in grads], 0.02, (0.9, 0.999), 1e-6, [0.01] * 4, [True] * 4)
+    for i, (c, e) in enumerate(zip(copies, expected)):
+        torch.testing.assert_close(c.detach().double(), e, rtol=1e-5, atol=1e-7, msg=f"tensor {i}")
