@@ -11,6 +11,7 @@ Each sub-command's module exposes ``cli(argv: list[str]) -> int``; this file onl
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 #: sub-command -> (module, one-line help)
@@ -28,9 +29,28 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _strip_launcher_local_rank(argv: list[str]) -> list[str]:
+    """Drop ``--local_rank=N`` / ``--local-rank N`` that the deepspeed launcher (without ``--no_local_rank``)
+    and old ``torch.distributed.launch`` put in front of the sub-command; LOCAL_RANK carries the same value
+    (set here if the launcher did not), and albert_dist.engine.distributed reads it from there."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith(("--local_rank=", "--local-rank=")):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+        elif arg in ("--local_rank", "--local-rank") and i + 1 < len(argv):
+            os.environ.setdefault("LOCAL_RANK", argv[i + 1])
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``albert-dist <command> ...`` to ``<module>.cli(rest)``; returns the process exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _strip_launcher_local_rank(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

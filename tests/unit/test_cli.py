@@ -1,0 +1,33 @@
+"""The `albert-dist` dispatcher: sub-commands, usage errors, launcher-injected --local_rank."""
+import pytest
+
+from albert_dist import cli
+
+
+def test_unknown_command_is_usage_error(capsys):
+    assert cli.main(["nope"]) == 2
+    assert "unknown command 'nope'" in capsys.readouterr().err
+
+
+def test_no_command_prints_usage(capsys):
+    assert cli.main([]) == 2
+    assert "commands:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prefix", [["--local_rank=1"], ["--local-rank", "1"]])
+def test_deepspeed_local_rank_before_subcommand_is_consumed(prefix, monkeypatch):
+    seen = {}
+
+    class FakeModule:
+        @staticmethod
+        def cli(argv):
+            seen["argv"] = argv
+            return 0
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: FakeModule)
+    assert cli.main(prefix + ["train", "--config", "x.yaml"]) == 0
+    assert seen["argv"] == ["--config", "x.yaml"]
+    import os
+
+    assert os.environ["LOCAL_RANK"] == "1"
