@@ -94,12 +94,16 @@ def cli(argv: Sequence[str]) -> int:
         cfg = load_config(args.config, overrides)
         check_derived(cfg, env.world_size)
         build_deepspeed_config(cfg, env.world_size)  # precision / accelerator checks
+        check_inputs(cfg)
         if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
             raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
         if args.resume_from is not None:  # MLflow resume: checked here, before any process group
             from albert_dist.tracking.tracker import parse_run_ref
 
-            parse_run_ref(args.resume_from)
+            try:
+                parse_run_ref(args.resume_from)
+            except ValueError as err:
+                raise ValueError(f"--resume-from: {err}") from err
             if not cfg.tracking.enabled:
                 raise ValueError("--resume-from needs tracking.enabled=true")
     except (ValueError, FileNotFoundError) as err:
@@ -107,6 +111,32 @@ def cli(argv: Sequence[str]) -> int:
         return EXIT_CONFIG_ERROR
     trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from)
     return trainer.run()
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
+
+    Checks every local data source (paths exist, globs match; `albert_dist.data.sources.discover_files`), the
+    tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
+    index past the embedding table) and an explicit `checkpoint.resume` path (`ckpt.plan_resume`).
+
+    Raises:
+        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size).
+        FileNotFoundError: `checkpoint.resume` names no complete checkpoint.
+    """
+    from albert_dist.data.sources import discover_files
+    from albert_dist.data.tokenizer import load_tokenizer
+
+    for split in ("train", "validation"):
+        for i, src in enumerate(getattr(cfg.data, split)):
+            if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
+                discover_files(src, f"data.{split}[{i}]")
+    pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
+    if pieces > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
+                         f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
+    if cfg.checkpoint.resume not in (None, "auto"):
+        ckpt.plan_resume(cfg.checkpoint.resume, cfg.checkpoint.resume)
 
 
 def seed_for(seed: int, rank: int, step: int) -> int:
@@ -456,4 +486,4 @@ class Trainer:
         return [it] if it is not None else []
 
 
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "Trainer", "cli", "seed_for"]
+__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "Trainer", "check_inputs", "cli", "seed_for"]

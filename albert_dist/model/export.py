@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -84,13 +85,18 @@ def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
 
 
 def cli(argv: list[str]) -> int:
-    """`albert-dist export CHECKPOINT --config YAML --output DIR [--tokenizer spiece.model]`; returns 0."""
+    """`albert-dist export CHECKPOINT --config YAML --output DIR [--tokenizer spiece.model]`; returns 0, or 2 (with
+    one line on stderr) for a missing file or a checkpoint/config mismatch."""
     parser = argparse.ArgumentParser(prog="albert-dist export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="consolidated state-dict file or a directory holding one")
     parser.add_argument("--config", required=True, help="model preset or training YAML (model: section)")
     parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
     parser.add_argument("--tokenizer", default=None, help="sentencepiece model to copy as spiece.model")
     args = parser.parse_args(argv)
-    export(args.checkpoint, args.config, args.output, args.tokenizer)
+    try:
+        export(args.checkpoint, args.config, args.output, args.tokenizer)
+    except (FileNotFoundError, ValueError) as err:  # a wrong path or config: one line, not a traceback
+        print(f"albert-dist export: {err}", file=sys.stderr)
+        return 2
     print(f"exported to {args.output}")
     return 0

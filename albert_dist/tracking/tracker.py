@@ -57,7 +57,7 @@ def parse_run_ref(ref: str) -> str:
     """
     candidate = ref[len("runs:/"):].strip("/").split("/")[0] if ref.startswith("runs:/") else ref.strip()
     if not _RUN_ID.match(candidate):
-        raise ValueError(f"--resume-from must be an MLflow run id (32 hex digits) or runs:/<run_id>, got {ref!r}")
+        raise ValueError(f"not an MLflow run id (32 hex digits) or runs:/<run_id>: {ref!r}")
     return candidate
 
 

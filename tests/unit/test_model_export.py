@@ -50,7 +50,10 @@ def test_mismatching_checkpoint_is_a_value_error(tmp_path):
         cli([str(tmp_path / "ckpt.pt"), "--config", str(config), "--output", str(tmp_path / "hf")])
 
 
-def test_missing_checkpoint_file(tmp_path):
+def test_missing_checkpoint_file(tmp_path, capsys):
     config = write_yaml(tmp_path / "model.yaml", TINY, False)
-    with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
-        cli([str(tmp_path), "--config", str(config), "--output", str(tmp_path / "hf")])
+    assert cli([str(tmp_path), "--config", str(config), "--output", str(tmp_path / "hf")]) == 2
+    assert "pytorch_model.bin" in capsys.readouterr().err
+    assert cli([str(tmp_path / "nope.pt"), "--config", str(config), "--output", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("albert-dist export: ") and "nope.pt" in err and "Traceback" not in err

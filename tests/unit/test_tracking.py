@@ -70,7 +70,7 @@ def test_parse_run_ref(ref):
 
 @pytest.mark.parametrize("ref", ["", "abc", "runs:/", "models:/x/1", "0123456789ABCDEF0123456789ABCDEF0"])
 def test_parse_run_ref_rejects(ref):
-    with pytest.raises(ValueError, match="--resume-from"):
+    with pytest.raises(ValueError, match="not an MLflow run id"):
         parse_run_ref(ref)
 
 

@@ -1,0 +1,46 @@
+"""`albert-dist train` refuses bad inputs with exit code 2 and one line naming the field, before any process group."""
+from pathlib import Path
+
+import pytest
+
+from albert_dist.engine import distributed, trainer
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
+BASE = ["tracking.enabled=false", "max_steps=40"]
+
+
+@pytest.fixture(autouse=True)
+def no_process_group(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a bad config must be refused before the process group starts")
+
+    monkeypatch.setattr(distributed, "init_distributed", fail)
+    monkeypatch.setattr(trainer.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["data.train=[{paths: [/nonexistent/*.txt]}]"], ["data.train[0].paths", "/nonexistent/*.txt", "matches no file"]),
+    (["data.validation=[{paths: [/nonexistent.txt]}]"], ["data.validation[0].paths", "/nonexistent.txt"]),
+    (["data.tokenizer_path=/nope/spiece.model"], ["tokenizer_path", "/nope/spiece.model"]),
+    (["model.vocab_size=100"], ["model.vocab_size (100)", "8000"]),
+    (["--resume", "/nonexistent/ckpt"], ["checkpoint.resume", "/nonexistent/ckpt"]),
+    (["--resume", "auto"], ["--resume auto", "run_dir"]),
+    (["--resume-from", "deadbeef"], ["--resume-from", "deadbeef"]),
+])
+def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
+    assert trainer.cli(["--config", RECIPE, *BASE, *args]) == trainer.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("albert-dist train: ") and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_good_inputs_pass_the_preflight(tmp_path):
+    from albert_dist.config import load_config
+
+    cfg = load_config(RECIPE, BASE + [f"run_dir={tmp_path}"])
+    trainer.check_inputs(cfg)  # the bundled sample and tokenizer exist and fit vocab_size 8000
