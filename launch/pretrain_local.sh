@@ -2,6 +2,7 @@
 # Pretrain albert-tiny on the bundled WikiText-2 sample with the deepspeed launcher on this machine
 # (`make pretrain`). Usage:
 #   launch/pretrain_local.sh [NUM_RANKS=2] [RECIPE=configs/pretrain/albert-tiny-wikitext.yaml] [key=value ...]
+#   (e.g. `launch/pretrain_local.sh 2 max_steps=50`; a recipe is recognised by its .yaml suffix)
 # On a GPU machine NUM_RANKS GPUs are used (nccl); without GPUs DeepSpeed's CPU accelerator starts NUM_RANKS
 # CPU processes (gloo), each with one torch thread unless OMP_NUM_THREADS says otherwise.
 # Outputs: runs/<recipe>-<UTC time>/ (config.yaml, ds_config.json, metrics.jsonl, checkpoints/); the path is
@@ -9,9 +10,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NUM_RANKS="${1:-2}"
-RECIPE="${2:-configs/pretrain/albert-tiny-wikitext.yaml}"
-shift $(( $# > 2 ? 2 : $# ))
+# Both positionals are optional and recognised by their form (as in launch/torchrun.sh), so
+# `launch/pretrain_local.sh 2 max_steps=50` keeps the default recipe instead of taking the override as one.
+NUM_RANKS=2
+if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then
+    NUM_RANKS=$1
+    shift
+elif [[ $# -gt 0 && ( $1 == -h || $1 == --help ) ]]; then
+    echo "usage: $0 [NUM_RANKS=2] [RECIPE.yaml] [key=value ...] [--resume auto]" >&2
+    exit 0
+fi
+RECIPE=configs/pretrain/albert-tiny-wikitext.yaml
+if [[ $# -gt 0 && $1 == *.yaml ]]; then
+    RECIPE=$1
+    shift
+fi
 RUN_DIR="${RUN_DIR:-runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
