@@ -118,10 +118,12 @@ def check_inputs(cfg: TrainConfig) -> None:
 
     Checks every local data source (paths exist, globs match; `albert_dist.data.sources.discover_files`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
-    index past the embedding table) and an explicit `checkpoint.resume` path (`ckpt.plan_resume`).
+    index past the embedding table), `data.max_seq_length <= model.max_position_embeddings` (same reason) and
+    an explicit `checkpoint.resume` path (`ckpt.plan_resume`).
 
     Raises:
-        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size).
+        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
+            data.max_seq_length).
         FileNotFoundError: `checkpoint.resume` names no complete checkpoint.
     """
     from albert_dist.data.sources import discover_files
@@ -131,6 +133,9 @@ def check_inputs(cfg: TrainConfig) -> None:
         for i, src in enumerate(getattr(cfg.data, split)):
             if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
                 discover_files(src, f"data.{split}[{i}]")
+    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
+        raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
+                         f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
     pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
     if pieces > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "

@@ -27,6 +27,7 @@ def no_process_group(monkeypatch):
     (["data.validation=[{paths: [/nonexistent.txt]}]"], ["data.validation[0].paths", "/nonexistent.txt"]),
     (["data.tokenizer_path=/nope/spiece.model"], ["tokenizer_path", "/nope/spiece.model"]),
     (["model.vocab_size=100"], ["model.vocab_size (100)", "8000"]),
+    (["data.max_seq_length=256"], ["data.max_seq_length (256)", "model.max_position_embeddings (128)"]),
     (["--resume", "/nonexistent/ckpt"], ["checkpoint.resume", "/nonexistent/ckpt"]),
     (["--resume", "auto"], ["--resume auto", "run_dir"]),
     (["--resume-from", "deadbeef"], ["--resume-from", "deadbeef"]),
