@@ -1,0 +1,442 @@
+"""Runner of the gradient-correctness matrix: one spawned gloo process group runs every cell in turn.
+
+A cell is (sharing, ZeRO stage, gradient accumulation steps, activation checkpointing, precision). In each cell
+every rank builds the same `AlbertForPreTraining`, the project's optimiser (`albert_dist.engine.optim`) and the
+project's DeepSpeed config (`albert_dist.engine.deepspeed_config.build_deepspeed_config`), runs the GA
+micro-steps of one optimiser step the way DeepSpeed wants them (forward, `engine.backward`, `engine.step` after
+every micro-step; the update happens at the boundary), reads
+
+* the full gradient of every parameter after the last micro-step's backward and before its `engine.step`
+  (`deepspeed.utils.safe_get_full_grad`: `param.grad` at ZeRO-0, the all-reduced fp32 partitions at ZeRO-1/2,
+  the all-gathered fp32 partition at ZeRO-3) - the value DeepSpeed will clip and apply, i.e. the mean over the
+  GA x world micro-batches of each micro-batch's loss gradient (DeepSpeed divides the loss by GA and averages
+  over ranks);
+* the parameters after the step (gathered with `GatheredParameters` under ZeRO-3; at ZeRO >= 1 also the fp32
+  master copy through `safe_get_full_fp32_param`);
+
+and compares them with two single-process references computed from the same initial weights on the same global
+batch (GA x world micro-batches):
+
+(a) gradients: `albert_dist.model.sharing.unroll` turns the model into an unshared one computing the same
+    function; the reference gradient of a shared parameter is the sum of its copies' gradients of
+    mean_m loss_m (m over the micro-batches);
+(b) parameters: a plain PyTorch loop on the shared model (autograd, `clip_grad_norm_`, the same optimiser).
+
+Errors are scale-free: ``max |x - ref| / max |ref|`` per tensor (with a floor, see `scaled_errors`), the worst
+tensor reported. Results travel
+back to the test process through a queue, one message per (rank, cell), so a crash names its cell.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from contextlib import ExitStack
+from typing import Any
+from unittest import mock
+
+import torch
+
+WORLD_SIZE = 2
+MICRO_BATCH = 2
+SEQ_LEN = 12
+SEED = 1234
+#: Tiny widths; 7 layers / 3 groups / 2 inner blocks -> group sizes 3, 2, 2 and 14 executed blocks.
+MODEL_OVERRIDES = [
+    "model.vocab_size=61", "model.embedding_size=8", "model.hidden_size=16", "model.num_hidden_layers=7",
+    "model.num_hidden_groups=3", "model.inner_group_num=2", "model.num_attention_heads=2",
+    "model.intermediate_size=24", "model.max_position_embeddings=16", "model.hidden_dropout_prob=0.0",
+    "model.attention_probs_dropout_prob=0.0",
+]
+#: eps=1: Adam's first update is lr * g / (|g| + eps) (bias-corrected moments equal g and g^2), which for
+#: |g| << 1 is ~ lr * g. With the usual eps=1e-6 it would be ~ lr * sign(g) and the parameter check could not
+#: see a wrongly scaled gradient. Clipping at 0.5 (below the measured initial gradient norm, asserted by the
+#: test) so the global-norm computation over partitioned, shared parameters is exercised too.
+OPTIM_OVERRIDES = ["optimizer.type=adamw", "optimizer.lr=1.0", "optimizer.eps=1.0", "optimizer.weight_decay=0.01",
+                   "optimizer.warmup_steps=0", "engine.gradient_clipping=0.5", "max_steps=1"]
+
+SHARINGS = ("all", "attention", "ffn", "none")
+STAGES = (0, 1, 2, 3)
+GAS = (1, 3)
+CHECKPOINTING = (False, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One matrix cell; `control="reentrant"` swaps the model's checkpointing to the reentrant variant."""
+
+    sharing: str
+    zero_stage: int
+    gradient_accumulation_steps: int
+    gradient_checkpointing: bool
+    precision: str = "fp32"
+    control: str = ""
+
+    @property
+    def id(self) -> str:
+        ckpt = "ckpt" if self.gradient_checkpointing else "nockpt"
+        base = f"{self.precision}-{self.sharing}-zero{self.zero_stage}-ga{self.gradient_accumulation_steps}-{ckpt}"
+        return f"{base}-{self.control}" if self.control else base
+
+
+def fp32_cells() -> list[Cell]:
+    """The 64 fp32 cells: sharing x ZeRO stage x gradient accumulation x activation checkpointing."""
+    return [Cell(s, z, ga, ck) for s in SHARINGS for z in STAGES for ga in GAS for ck in CHECKPOINTING]
+
+
+def bf16_cells() -> list[Cell]:
+    """bf16 subset (17 cells): every sharing x ZeRO 1/2/3 with GA 3 and checkpointing on; sharing "all" x
+    ZeRO 1/2/3 with GA 1 and checkpointing off; sharing "all" at ZeRO-1 with (GA 3, no checkpointing) and
+    (GA 1, checkpointing), which separate accumulation from checkpointing for DeepSpeed's BF16_Optimizer.
+
+    ZeRO-0 is left out because the project's config refuses bf16 with fp32 gradient accumulation without ZeRO
+    (DeepSpeed keeps the fp32 accumulator inside its ZeRO optimisers).
+    """
+    cells = [Cell(s, z, 3, True, "bf16") for s in SHARINGS for z in (1, 2, 3)]
+    cells += [Cell("all", z, 1, False, "bf16") for z in (1, 2, 3)]
+    return cells + [Cell("all", 1, 3, False, "bf16"), Cell("all", 1, 1, True, "bf16")]
+
+
+def control_cells() -> list[Cell]:
+    """Cells that must fail: reentrant activation checkpointing under ZeRO-2 (DeepSpeed's hook sees a shared
+    parameter's gradient once per checkpointed segment)."""
+    return [Cell("all", 2, 1, True, control="reentrant")]
+
+
+def train_config(cell: Cell):
+    """The project's `TrainConfig` for `cell`, through the strict loader (as a recipe + overrides would be)."""
+    from albert_dist.config import load_config
+
+    overrides = MODEL_OVERRIDES + OPTIM_OVERRIDES + [
+        f"model.sharing={cell.sharing}",
+        f"model.gradient_checkpointing={str(cell.gradient_checkpointing).lower()}",
+        f"engine.zero_stage={cell.zero_stage}",
+        f"engine.train_micro_batch_size_per_gpu={MICRO_BATCH}",
+        f"engine.gradient_accumulation_steps={cell.gradient_accumulation_steps}",
+        f"engine.precision={cell.precision}",
+        # DeepSpeed leaves parameters below 1e5 elements unpartitioned under ZeRO-3; 0 partitions every one.
+        "engine.zero_optimization.stage3_param_persistence_threshold=0",
+        f"seed={SEED}",
+    ]
+    return load_config(None, overrides)
+
+
+def global_batch(model_cfg, n_micro: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """`n_micro` micro-batches of MICRO_BATCH x SEQ_LEN random pretraining inputs (the loader's dict format).
+
+    Padding at the end of some rows, ~30 % of real positions labelled for MLM (so micro-batches have different
+    label counts and the per-micro-batch mean matters), one SOP label ignored (-100).
+    """
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n_micro):
+        ids = torch.randint(0, model_cfg.vocab_size, (MICRO_BATCH, SEQ_LEN), generator=g)
+        lengths = torch.randint(SEQ_LEN // 2, SEQ_LEN + 1, (MICRO_BATCH,), generator=g)
+        mask = (torch.arange(SEQ_LEN)[None, :] < lengths[:, None]).long()
+        types = (torch.arange(SEQ_LEN)[None, :] >= (lengths[:, None] // 2)).long() * mask
+        labelled = (torch.rand(MICRO_BATCH, SEQ_LEN, generator=g) < 0.3) & mask.bool()
+        labelled[:, 1] = True  # at least one MLM label per row
+        mlm = torch.where(labelled, torch.randint(0, model_cfg.vocab_size, (MICRO_BATCH, SEQ_LEN), generator=g),
+                          torch.full((MICRO_BATCH, SEQ_LEN), -100))
+        sop = torch.randint(0, 2, (MICRO_BATCH,), generator=g)
+        sop[0] = -100 if len(batches) % 2 else sop[0]
+        batches.append({"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types,
+                        "mlm_labels": mlm, "sop_labels": sop})
+    return batches
+
+
+def initial_state(model_cfg) -> dict[str, torch.Tensor]:
+    """Initial weights for `model_cfg` (seeded, identical on every rank and in the references)."""
+    from albert_dist.model import AlbertForPreTraining
+
+    torch.manual_seed(SEED)
+    model = AlbertForPreTraining(model_cfg)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
+    """Single-process references for a cell's config: (a) unrolled gradients, (b) one plain optimiser step.
+
+    Returns ``grads`` (sum over copies), ``first_copy_grads`` (only the first copy: a deliberately wrong
+    reference for the control), ``n_copies``, ``init`` and ``params`` (after the step), ``grad_norm``.
+
+    With ``precision="bf16"`` the references mirror DeepSpeed's bf16 arithmetic instead of fp32 (otherwise
+    the bf16 rounding of 14 blocks of forward and backward, ~1.5 % here, would be what the comparison
+    measures): (a) the unrolled model in bf16, each micro-batch's gradient (of loss / number of micro-batches)
+    accumulated in fp32 as `grad_accum_dtype: fp32` does; (b) the fp32 master weights stepped (clipping,
+    AdamW) with the shared parameters' sums of those gradients.
+    """
+    from albert_dist.engine.optim import build_optimizer
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.model.sharing import unroll
+
+    model_cfg = dataclasses.replace(cfg.model, gradient_checkpointing=False)
+    init = initial_state(cfg.model)
+
+    # (a) the unrolled, unshared model: loss = mean over micro-batches of each micro-batch's mean loss.
+    shared = AlbertForPreTraining(model_cfg)
+    shared.load_state_dict(init)
+    unrolled, copies = unroll(shared)
+    unrolled_params = dict(unrolled.named_parameters())
+    if precision == "bf16":
+        unrolled.to(torch.bfloat16)
+        acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in unrolled_params.items()}
+        for b in batches:
+            unrolled.zero_grad()
+            (unrolled(**b).loss / len(batches)).backward()
+            for n, p in unrolled_params.items():
+                acc[n] += p.grad.float()
+        copy_grads = acc
+    else:
+        loss = torch.stack([unrolled(**b).loss for b in batches]).mean()
+        loss.backward()
+        copy_grads = {n: p.grad for n, p in unrolled_params.items()}
+    grads = {name: torch.stack([copy_grads[c] for c in names]).sum(0) for name, names in copies.items()}
+    first_copy = {name: copy_grads[names[0]].clone() for name, names in copies.items()}
+
+    # (b) the shared model trained one step by plain PyTorch on the same global batch.
+    model = AlbertForPreTraining(model_cfg)
+    model.load_state_dict(init)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    if precision == "bf16":
+        for name, p in model.named_parameters():
+            p.grad = grads[name].clone()
+    else:
+        loss = torch.stack([model(**b).loss for b in batches]).mean()
+        loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.engine.gradient_clipping))
+    optimizer.step()
+    named = dict(model.named_parameters())
+    return {
+        "grads": grads,
+        "first_copy_grads": first_copy,
+        "n_copies": {name: len(names) for name, names in copies.items()},
+        "state": init,
+        "init": {name: init[name].clone() for name in named},
+        "params": {name: p.detach().clone() for name, p in named.items()},
+        "grad_norm": grad_norm,
+    }
+
+
+def scaled_errors(xs: dict[str, torch.Tensor], refs: dict[str, torch.Tensor],
+                  floor_fraction: float = 1e-3, norm: float = float("inf")) -> dict[str, float]:
+    """Per tensor ``|x - ref| / max(|ref|, floor)``, floor = `floor_fraction` x the largest |ref| of all tensors.
+
+    ``|.|`` is the max norm (default) or the L2 norm (``norm=2``).
+
+    Scale-free per tensor, except that a tensor whose reference is a thousand times smaller than the largest
+    one is measured against that floor: the attention key bias, for instance, has a gradient that is zero in
+    exact arithmetic (softmax is invariant to adding the same q.b_k to every score of a query), so its
+    computed value is rounding noise, and noise compared with noise says nothing.
+    """
+    refs64 = {n: refs[n].detach().double() for n in xs}
+    floor = floor_fraction * max(torch.linalg.vector_norm(r, norm).item() for r in refs64.values())
+    out = {}
+    for n, x in xs.items():
+        ref = refs64[n]
+        diff = torch.linalg.vector_norm(x.detach().double().reshape(ref.shape) - ref, norm).item()
+        denom = max(torch.linalg.vector_norm(ref, norm).item(), floor)
+        out[n] = diff / denom if denom > 0 else (0.0 if diff == 0 else float("inf"))
+    return out
+
+
+def global_l2_error(xs: dict[str, torch.Tensor], refs: dict[str, torch.Tensor]) -> float:
+    """||x - ref|| / ||ref|| over all tensors concatenated (L2)."""
+    diff = sum(torch.sum((xs[n].detach().double().reshape(refs[n].shape) - refs[n].double()) ** 2) for n in xs)
+    total = sum(torch.sum(refs[n].double() ** 2) for n in xs)
+    return float((diff / total).sqrt()) if total > 0 else 0.0
+
+
+def _worst(errors: dict[str, float]) -> tuple[float, str]:
+    name = max(errors, key=errors.get)
+    return errors[name], name
+
+
+def _reentrant_checkpoint(function, *args, use_reentrant=None, **kwargs):
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(function, *args, use_reentrant=True, **kwargs)
+
+
+def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[str, Any]:
+    """Run one optimiser step of `cell` on this rank and compare it with the single-process references."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    from albert_dist.engine.deepspeed_config import build_deepspeed_config
+    from albert_dist.engine.optim import build_optimizer
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.model import albert as albert_module
+
+    t_setup = time.perf_counter()
+    cfg = train_config(cell)
+    ga = cell.gradient_accumulation_steps
+    batches = global_batch(cfg.model, ga * world_size, seed=SEED + ga)
+    key = (cell.sharing, ga, cell.precision)
+    ref_s = 0.0
+    if key not in ref_cache:  # the reference depends on neither the stage nor checkpointing
+        ref_s = time.perf_counter()
+        ref_cache[key] = reference(cfg, batches, cell.precision)
+        ref_s = time.perf_counter() - ref_s
+    ref = ref_cache[key]
+
+    ds_config = build_deepspeed_config(cfg, world_size)
+    model = AlbertForPreTraining(cfg.model)
+    model.load_state_dict(ref["state"])
+    optimizer = build_optimizer(model, cfg.optimizer)
+    t0 = time.perf_counter()
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    named = dict(engine.module.named_parameters())
+    result: dict[str, Any] = {"ds_config": ds_config, "grad_norm_ref": ref["grad_norm"]}
+    if cell.zero_stage == 3:
+        # Evidence that partitioning is exercised: each rank holds about half of every parameter.
+        result["unpartitioned"] = sorted(n for n, p in named.items() if p.ds_tensor.numel() >= p.ds_numel)
+    grads: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        if cell.control == "reentrant":
+            stack.enter_context(mock.patch.object(albert_module, "checkpoint", _reentrant_checkpoint))
+        for micro in range(ga):
+            out = engine(**batches[micro * world_size + rank])
+            engine.backward(out.loss)
+            if micro == ga - 1:  # grads exist between the boundary backward and the step that consumes them
+                grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in named.items()}
+            engine.step()
+    if cell.zero_stage == 3:
+        with deepspeed.zero.GatheredParameters(list(named.values())):
+            module_params = {n: p.detach().float().clone() for n, p in named.items()}
+    else:
+        module_params = {n: p.detach().float().clone() for n, p in named.items()}
+    master = {n: safe_get_full_fp32_param(p) for n, p in named.items()} if cell.zero_stage >= 1 else {}
+    engine.destroy()
+    result["seconds"] = time.perf_counter() - t_setup
+
+    result["grad_error"] = _worst(scaled_errors(grads, ref["grads"]))
+    shared_names = [n for n in named if ref["n_copies"][n] > 1]
+    if shared_names:  # control: a reference that forgets to sum over the reuses must disagree
+        wrong = scaled_errors({n: grads[n] for n in shared_names}, ref["first_copy_grads"])
+        result["first_copy_grad_error"] = _worst(wrong)
+    ref_update = {n: ref["params"][n] - ref["init"][n] for n in named}
+    # The parameters the module computes with (bf16 copies in bf16 cells) and, at ZeRO >= 1, the fp32
+    # master weights; updates (after - before) too, since an update is ~1e-3 of a weight.
+    for prefix, values in (("", module_params), ("master_", master)):
+        if values:
+            result[f"{prefix}param_error"] = _worst(scaled_errors(values, ref["params"]))
+            result[f"{prefix}update_error"] = _worst(
+                scaled_errors({n: values[n] - ref["init"][n] for n in named}, ref_update))
+    # Norm-wise view (bf16): per-tensor relative L2 error (same floor rule) and the whole-model relative L2 error.
+    result["grad_l2_error"] = _worst(scaled_errors(grads, ref["grads"], norm=2))
+    result["grad_global_l2_error"] = (global_l2_error(grads, ref["grads"]), "all parameters")
+    upd = master or module_params
+    upd = {n: upd[n] - ref["init"][n] for n in named}
+    result["update_l2_error"] = _worst(scaled_errors(upd, ref_update, norm=2))
+    result["update_global_l2_error"] = (global_l2_error(upd, ref_update), "all parameters")
+    result["timing"] = {"reference_s": ref_s, "setup_s": t0 - t_setup, "engine_s": time.perf_counter() - t0}
+    return result
+
+
+def worker(rank: int, world_size: int, port: int, cells: list[Cell], results: "queue_mod.Queue") -> None:
+    """Entry point of one spawned rank: start the process group, run every cell, post one message per cell."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    try:
+        from albert_dist.engine.distributed import init_distributed
+
+        init_distributed(timeout_s=120)
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(logging.WARNING)
+        # ZeRO-3's optimiser logs its constructor's locals() through an eagerly formatted f-string, i.e. the
+        # repr of every parameter, and defragments with a full gc.collect(): with small print thresholds and
+        # the start-up objects frozen out of the collector, building an engine per cell stays cheap.
+        torch.set_printoptions(threshold=4, edgeitems=1)
+        gc.collect()
+        gc.freeze()
+        ref_cache: dict = {}
+        for cell in cells:
+            try:
+                results.put(("cell", rank, cell.id, run_cell(cell, rank, world_size, ref_cache)))
+            except Exception as err:  # reported per cell; the control cells expect one
+                results.put(("cell", rank, cell.id, {"error": f"{type(err).__name__}: {err}",
+                                                     "traceback": traceback.format_exc()}))
+        import torch.distributed as tdist
+
+        tdist.barrier()
+        tdist.destroy_process_group()
+    except BaseException:
+        results.put(("fatal", rank, None, traceback.format_exc()))
+        raise
+    results.put(("done", rank, None, None))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_matrix(cells: list[Cell], world_size: int = WORLD_SIZE, timeout_s: float = 600.0) -> dict[str, dict]:
+    """Spawn `world_size` ranks once, run `cells` in order and return ``{cell.id: merged result}``.
+
+    A merged result holds each rank's result under ``ranks`` and, when no rank failed, the worst of the
+    ranks' errors at the top level; a failed rank's exception text is under ``error``. Raises
+    `RuntimeError` when a rank dies or the whole run exceeds `timeout_s` (the ranks are then terminated).
+    """
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, world_size, port, cells, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    per_rank: dict[str, dict[int, dict]] = {c.id: {} for c in cells}
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(done) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"gradient matrix did not finish within {timeout_s:.0f} s; "
+                                   f"finished cells: {[c for c, r in per_rank.items() if len(r) == world_size]}")
+            try:
+                kind, rank, cell_id, payload = results.get(timeout=min(remaining, 5.0))
+            except queue_mod.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a rank exited with code {dead[0]} before finishing the matrix")
+                continue
+            if kind == "cell":
+                per_rank[cell_id][rank] = payload
+            elif kind == "fatal":
+                raise RuntimeError(f"rank {rank} failed outside a cell:\n{payload}")
+            else:
+                done.add(rank)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+    return {cell_id: merge_ranks(by_rank) for cell_id, by_rank in per_rank.items()}
+
+
+def merge_ranks(by_rank: dict[int, dict]) -> dict[str, Any]:
+    """Combine the ranks' results of one cell: the worst error of each kind, any rank's exception."""
+    merged: dict[str, Any] = {"ranks": by_rank}
+    errors = [r["error"] for r in by_rank.values() if "error" in r]
+    if errors:
+        merged["error"] = errors[0]
+        return merged
+    for key, value in by_rank[min(by_rank)].items():
+        if key.endswith("_error"):
+            merged[key] = max((r[key] for r in by_rank.values()), key=lambda t: t[0])
+        else:
+            merged[key] = value
+    merged["seconds"] = max(r["seconds"] for r in by_rank.values())
+    return merged
