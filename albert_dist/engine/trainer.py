@@ -357,10 +357,10 @@ class Trainer:
                         acc.add_micro_step(out, batch["attention_mask"])
                     self.step += 1
                     acc.add_step(engine.get_global_grad_norm())
-                    bar.update(1)
                     if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
                         record = self._log_train(acc, lr)
                         bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                    bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
                     paused = time.perf_counter()  # eval and save time is not training throughput
                     if self.step == cfg.max_steps or (cfg.eval_interval_steps
                                                       and self.step % cfg.eval_interval_steps == 0):
