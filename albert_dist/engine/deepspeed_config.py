@@ -105,6 +105,14 @@ class EngineConfig:
             raise ValueError("engine.precision=bf16 with engine.grad_accum_dtype=fp32 needs engine.zero_stage >= 1 "
                              "(DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers); "
                              "got zero_stage=0. Use zero_stage>=1, or grad_accum_dtype=bf16")
+        if self.precision == "bf16" and self.zero_stage == 1 and self.gradient_accumulation_steps > 1:
+            # Measured by tests/distributed/test_grad_matrix.py on DeepSpeed 0.19.8: bf16 at ZeRO-1 (DeepSpeed's
+            # BF16_Optimizer) with gradient accumulation > 1 gives shared-parameter gradients ~100 % off the
+            # unrolled reference, in every sharing mode; GA 1 and ZeRO-2/3 agree. Refuse rather than train wrong.
+            raise ValueError("engine.precision=bf16 with engine.zero_stage=1 and engine.gradient_accumulation_steps="
+                             f"{self.gradient_accumulation_steps} is refused: DeepSpeed 0.19's bf16 ZeRO-1 optimiser "
+                             "accumulates wrong gradients when gradient_accumulation_steps > 1. Use zero_stage=2 "
+                             "(same memory for parameters, less for gradients) or gradient_accumulation_steps=1")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

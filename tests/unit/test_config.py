@@ -125,6 +125,13 @@ def test_precision_rules():
     ds = build_deepspeed_config(load_config(None, ["engine.zero_stage=0", "engine.precision=bf16",
                                                    "engine.grad_accum_dtype=bf16"]), 1, accelerator="cpu")
     assert ds["data_types"] == {"grad_accum_dtype": "bf16"}
+    # bf16 + ZeRO-1 + gradient accumulation: refused (wrong gradients measured in the grad matrix test) ...
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=3 is refused"):
+        EngineConfig(zero_stage=1, precision="bf16", gradient_accumulation_steps=3)
+    # ... while each of its neighbours is accepted.
+    EngineConfig(zero_stage=1, precision="bf16", gradient_accumulation_steps=1)
+    EngineConfig(zero_stage=2, precision="bf16", gradient_accumulation_steps=3)
+    EngineConfig(zero_stage=1, precision="fp32", gradient_accumulation_steps=3)
 
 
 def test_zero_pass_through_validation():
