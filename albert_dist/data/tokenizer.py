@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -53,7 +54,8 @@ def train_tokenizer(
     Reads every input through :mod:`albert_dist.data.sources` (txt/jsonl/parquet, .gz/.zst) as one stream;
     sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
     memory is bounded whatever the corpus size. Normalisation is NFKC (``nmt_nfkc``), with case folding
-    (``nmt_nfkc_cf``) when ``lowercase``. Raises ValueError for a bad argument or inputs that match no file.
+    (``nmt_nfkc_cf``) when ``lowercase``. Raises ValueError for a bad argument, inputs that match no file or
+    hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
     """
     from albert_dist.data.config import SourceConfig
@@ -70,6 +72,23 @@ def train_tokenizer(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
+    try:
+        _train_sentencepiece(texts, out, vocab_size, model_type, lowercase, character_coverage,
+                             input_sentence_size, max_sentence_bytes, num_threads)
+    except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        if "sentences_.empty()" in detail:
+            detail = "the inputs hold no text"
+        raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
+                         f"{list(inputs)!r}: {detail}") from err
+    model = out / "spiece.model"
+    check_special_ids(load_tokenizer(str(model)))
+    return model
+
+
+def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, lowercase: bool,
+                         character_coverage: float, input_sentence_size: int, max_sentence_bytes: int,
+                         num_threads: int) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=_sentences(texts, max_sentence_bytes),
         model_prefix=str(out / "spiece"),
@@ -90,9 +109,6 @@ def train_tokenizer(
         num_threads=num_threads,
         minloglevel=2,
     )
-    model = out / "spiece.model"
-    check_special_ids(load_tokenizer(str(model)))
-    return model
 
 
 def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
@@ -142,7 +158,7 @@ def cli(argv: Optional[list[str]] = None) -> int:
             args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
         )
     except ValueError as err:
-        print(f"albert-dist tokenizer: error: {err}")
+        print(f"albert-dist tokenizer: error: {err}", file=sys.stderr)
         return 2
     # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -88,7 +88,19 @@ def test_cli_trains_model_with_albert_ids(tmp_path, capsys, model_type):
 def test_cli_missing_input_is_a_clear_error(tmp_path, capsys):
     rc = tok.cli(["train", "--input", str(tmp_path / "nothing-*.txt"), "--vocab-size", "100", "--output", str(tmp_path)])
     assert rc == 2
-    assert "matches no file" in capsys.readouterr().out
+    assert "matches no file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, vocab, fragment", [
+    ("alpha beta gamma.\n\ndelta epsilon.\n", 5000, "Vocabulary size too high"),  # sentencepiece's own limit
+    ("", 100, "hold no text"),
+])
+def test_cli_untrainable_input_is_a_clear_error(tmp_path, capsys, text, vocab, fragment):
+    (tmp_path / "small.txt").write_text(text)
+    rc = tok.cli(["train", "--input", str(tmp_path / "small.txt"), "--vocab-size", str(vocab),
+                  "--output", str(tmp_path / "tok")])
+    err = capsys.readouterr().err
+    assert rc == 2 and fragment in err and f"vocab_size={vocab}" in err and "small.txt" in err
 
 
 def test_load_tokenizer_rejects_wrong_ids(tmp_path):
