@@ -56,9 +56,15 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(checkpoint: str | Path, config: AlbertConfig) -> AlbertForPreTraining:
-    """`AlbertForPreTraining(config)` with the checkpoint's weights; `ValueError` on missing / unexpected keys."""
+    """`AlbertForPreTraining(config)` with the checkpoint's weights; `ValueError` on missing / unexpected keys
+    or a tensor whose shape differs from the config's (e.g. max_position_embeddings of another preset)."""
     model = AlbertForPreTraining(config)
-    missing, unexpected = model.load_state_dict(load_state_dict(checkpoint), strict=False)
+    state, expected = load_state_dict(checkpoint), model.state_dict()
+    shapes = [f"{k}: checkpoint {tuple(v.shape)}, config {tuple(expected[k].shape)}"
+              for k, v in state.items() if k in expected and v.shape != expected[k].shape]
+    if shapes:  # load_state_dict would raise a RuntimeError listing them; name the config instead
+        raise ValueError(f"{checkpoint}: checkpoint does not match the model config: {'; '.join(shapes[:5])}")
+    missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k not in TIED_KEYS]
     if missing or unexpected:
         raise ValueError(f"{checkpoint}: checkpoint does not match the model config: "

@@ -42,12 +42,20 @@ def test_export_round_trip(tmp_path, as_dir, section):
     torch.testing.assert_close(sop, ref.sop_logits, rtol=0, atol=1e-5)
 
 
-def test_mismatching_checkpoint_is_a_value_error(tmp_path):
+@pytest.mark.parametrize("change, fragments", [
+    ({"num_hidden_groups": 1}, ["unexpected keys"]),
+    # e.g. the main recipe's checkpoint (128 positions) with the albert-tiny preset (512)
+    ({"max_position_embeddings": 32}, ["albert.embeddings.position_embeddings.weight", "(16, 16)", "(32, 16)"]),
+])
+def test_mismatching_checkpoint_is_a_clear_error(tmp_path, capsys, change, fragments):
     model = AlbertForPreTraining(AlbertConfig(**TINY))
     torch.save(model.state_dict(), tmp_path / "ckpt.pt")
-    config = write_yaml(tmp_path / "model.yaml", {**TINY, "num_hidden_groups": 1}, False)
-    with pytest.raises(ValueError, match="unexpected keys"):
-        cli([str(tmp_path / "ckpt.pt"), "--config", str(config), "--output", str(tmp_path / "hf")])
+    config = write_yaml(tmp_path / "model.yaml", {**TINY, **change}, False)
+    assert cli([str(tmp_path / "ckpt.pt"), "--config", str(config), "--output", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("albert-dist export: ") and "does not match" in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
 
 
 def test_missing_checkpoint_file(tmp_path, capsys):
