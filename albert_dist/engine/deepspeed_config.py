@@ -130,8 +130,16 @@ def global_batch_size(engine: EngineConfig, world_size: int) -> int:
         raise ValueError(
             f"engine.train_batch_size ({engine.train_batch_size}) must equal train_micro_batch_size_per_gpu "
             f"({engine.train_micro_batch_size_per_gpu}) x gradient_accumulation_steps "
-            f"({engine.gradient_accumulation_steps}) x world size ({world_size}) = {derived}")
+            f"({engine.gradient_accumulation_steps}) x world size ({world_size}) = {derived}"
+            + _batch_hint(engine.train_batch_size, engine.train_micro_batch_size_per_gpu, world_size))
     return derived
+
+
+def _batch_hint(target: int, micro: int, world_size: int) -> str:
+    """The accumulation that reaches `target` on `world_size` ranks, when one exists (the usual fix)."""
+    if target % (micro * world_size) == 0:
+        return f"; on {world_size} rank(s) set engine.gradient_accumulation_steps={target // (micro * world_size)}"
+    return f"; {target} is not a multiple of micro batch x world size ({micro * world_size})"
 
 
 def build_deepspeed_config(cfg: "TrainConfig", world_size: int, accelerator: Optional[str] = None) -> dict:

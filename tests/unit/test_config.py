@@ -89,8 +89,12 @@ def test_batch_arithmetic(micro, ga, world, given, ok):
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) \
             == (micro * ga * world, micro, ga)
     else:
-        with pytest.raises(ValueError, match=rf"train_batch_size \({given}\).*= {micro * ga * world}"):
+        with pytest.raises(ValueError, match=rf"train_batch_size \({given}\).*= {micro * ga * world}") as err:
             check_derived(cfg, world)
+        if given % (micro * world) == 0:  # the hint names the accumulation that multiplies out
+            assert f"gradient_accumulation_steps={given // (micro * world)}" in str(err.value)
+        else:
+            assert "not a multiple" in str(err.value)
         with pytest.raises(ValueError, match="train_batch_size"):
             build_deepspeed_config(cfg, world, accelerator="cpu")
 
