@@ -236,6 +236,8 @@ class Trainer:
             fetch_run_checkpoint(cfg.tracking, self.resume_from, self.ckpt_dir, rank, self.dist_env.local_rank)
             resume = "auto"
         point = ckpt.plan_resume(resume, self.ckpt_dir)
+        if resume == "auto" and point is None and rank == 0:  # say so: a mistyped run_dir would restart silently
+            logger.warning("--resume auto: no complete checkpoint in %s; starting from step 0", self.ckpt_dir)
         ds_config = build_deepspeed_config(cfg, world)
         if point is not None and point.needs_universal(world):
             ds_config["checkpoint"] = {"load_universal": True}
