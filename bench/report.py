@@ -102,12 +102,13 @@ def _lookup(summary: dict[str, Any], key: str) -> Optional[dict[str, float]]:
 
 
 def _fmt(x: float) -> str:
-    """A number with 3 significant digits (thousands separators for large ones)."""
+    """A number for the table: thousands separators from 1e4, 4 significant digits from 1 (so that a ratio of
+    1.146 is not shown as a target-meeting 1.15), 3 below."""
     if not math.isfinite(x):
         return str(x)
     if abs(x) >= 1e4:
         return f"{x:,.0f}"
-    return f"{x:.3g}"
+    return f"{x:.4g}" if abs(x) >= 1 else f"{x:.3g}"
 
 
 def _fmt_stat(stat: Optional[dict[str, float]], unit: str = "") -> str:
@@ -188,9 +189,9 @@ def notes_of(results: dict[str, Any]) -> list[str]:
         if entry.get("status") == "skipped":
             out.append(f"{name}: skipped: {result.get('skipped')}")
         elif entry.get("status") in ("failed", "timed out", "not run"):
-            first = (entry.get("error") or "").splitlines()
-            last = [line for line in first if line.strip()][-1:] if first else []
-            out.append(f"{name}: {entry['status']} ({first[0] if first else ''}{'; ' + last[0] if last else ''})")
+            lines = [line for line in (entry.get("error") or "").splitlines() if line.strip()]
+            why = "; ".join(dict.fromkeys(lines[:1] + lines[-1:]))  # first and last line, once each
+            out.append(f"{name}: {entry['status']} ({why})")
     return out
 
 

@@ -62,6 +62,7 @@ def test_table_rows_targets_and_unknown_benchmarks():
     assert low["met"] is False
     table = report.render_table(_results([1.2, 1.3, 1.25]))
     assert "| model_step |" in table and "1.25 (1.2–1.3)" in table and "Test CPU" in table
+    assert report._fmt(1.1463) == "1.146" and report._fmt(0.04761) == "0.0476" and report._fmt(1.0e6) == "1,000,000"
     assert "n/a (not run)" in table
 
 
