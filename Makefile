@@ -10,6 +10,11 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 NUM_RANKS ?= 2
+# Every command runs with the venv's bin first on PATH (the deepspeed/mlflow commands tests start are the
+# venv's, and DeepSpeed's JIT builds use the venv's ninja: a system ninja of another version rebuilds every
+# time) and with a per-venv torch-extension cache (two venvs sharing ~/.cache/torch_extensions rebuild each
+# other's ops, and a build killed by another checkout's job can leave a stale lock there).
+RUN_ENV := PATH=$(abspath $(VENV))/bin:$$PATH TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions
 
 .PHONY: install test pretrain bench clean
 
@@ -20,21 +25,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# DeepSpeed JIT-compiles its shared-memory comm op on the first CPU process group (~1-2 min); build it
 	# once here so concurrent test ranks do not all wait on the compile lock. A no-op on GPU builds.
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
+	$(RUN_ENV) $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
 	touch $@
 
 install: $(VENV)/.installed
 
-# The venv's bin comes first on PATH: the deepspeed/mlflow commands the e2e tests start are the venv's, and
-# DeepSpeed's JIT builds use the venv's ninja (a system ninja of another version would rebuild every time).
 test: install
-	PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 pretrain: install
-	PATH=$(abspath $(VENV))/bin:$$PATH bash launch/pretrain_local.sh $(NUM_RANKS)
+	$(RUN_ENV) bash launch/pretrain_local.sh $(NUM_RANKS)
 
 bench: install
-	PATH=$(abspath $(VENV))/bin:$$PATH OMP_NUM_THREADS=1 $(PY) bench/run_all.py
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) runs mlruns.db
