@@ -80,8 +80,13 @@ def test_fp32_cell(matrix, cell):
     assert ds["train_batch_size"] == gm.MICRO_BATCH * cell.gradient_accumulation_steps * gm.WORLD_SIZE
 
 
+def _refused(cell) -> bool:
+    """bf16 + ZeRO-1 + gradient accumulation: EngineConfig refuses it, so the cell builds no engine."""
+    return cell.precision == "bf16" and cell.zero_stage == 1 and cell.gradient_accumulation_steps > 1
+
+
 def _bf16_param(cell):
-    if cell.zero_stage == 1 and cell.gradient_accumulation_steps > 1:
+    if _refused(cell):
         # Measured: DeepSpeed 0.19.8's BF16_Optimizer (bf16 + ZeRO-1 + fp32 gradient accumulation) gave a
         # gradient ~100 % off the reference with gradient accumulation 3 (GA 1 and ZeRO-2/3 agree to < 1 %),
         # with and without activation checkpointing, for every sharing mode, including "none". The engine
@@ -94,7 +99,7 @@ def _bf16_param(cell):
 
 
 def test_bf16_zero1_accumulation_is_refused(matrix):
-    refused = [c for c in BF16_CELLS if c.zero_stage == 1 and c.gradient_accumulation_steps > 1]
+    refused = [c for c in BF16_CELLS if _refused(c)]
     assert refused
     for cell in refused:
         error = matrix[cell.id].get("error", "")
@@ -124,7 +129,7 @@ def test_clipping_is_active(matrix):
     """The reference gradient norm exceeds the clip in every cell, so clipping (a global norm over partitioned,
     shared parameters) is part of what (b) compares."""
     norms = {cid: r["grad_norm_ref"] for cid, r in matrix.items() if "grad_norm_ref" in r}
-    assert len(norms) == len(FP32_CELLS) + len(BF16_CELLS)
+    assert len(norms) == len(FP32_CELLS) + len([c for c in BF16_CELLS if not _refused(c)])
     assert all(r["ds_config"]["gradient_clipping"] == CLIP for r in matrix.values() if "ds_config" in r)
     # > 1.5 x clip: DeepSpeed and the reference scale every gradient by at most 2/3.
     assert min(norms.values()) > 1.5 * CLIP, norms
@@ -139,6 +144,6 @@ def test_control_reentrant_checkpointing_fails_under_zero2(matrix):
 
 def test_control_wrong_reference_is_detected(matrix):
     """Comparing with one copy's gradient instead of the sum over the reuses fails in every shared cell."""
-    shared = [c for c in FP32_CELLS + BF16_CELLS if c.sharing != "none"]
+    shared = [c for c in FP32_CELLS + BF16_CELLS if c.sharing != "none" and not _refused(c)]
     worst_detection = {c.id: matrix[c.id]["first_copy_grad_error"][0] for c in shared}
     assert min(worst_detection.values()) > 100 * BF16_TOL, worst_detection
