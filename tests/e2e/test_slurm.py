@@ -86,14 +86,16 @@ class Jobs:
         """Wait until the job left the queue; returns `scontrol show job`'s fields.
 
         release_requeued: a requeued job is held ~2.5 min (reason BeginTime, measured on Slurm 22.05) before
-        it may start again; set its start time to now instead of waiting.
+        it may start again; set its start time to now instead of waiting — but only once no node is still
+        tearing down the previous attempt: released at once, slurmctld re-allocated the job while slurmd was
+        still killing it and failed it ("Job credential revoked", seen in CI).
         """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             state, reason = self.state(job_id)
             if not state:
                 return self.show(job_id)
-            if release_requeued and state == "PENDING" and reason == "BeginTime":
+            if release_requeued and state == "PENDING" and reason == "BeginTime" and _all_nodes_idle():
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
             time.sleep(0.5)
         pytest.fail(f"job {job_id} still queued after {timeout_s} s:\n{self.output()[-4000:]}")
@@ -109,6 +111,12 @@ class Jobs:
     def cancel_all(self) -> None:
         for job_id in self.ids:
             subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def _all_nodes_idle() -> bool:
+    """True when every node of the cluster is idle (none allocated, completing or draining)."""
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
+    return bool(states) and all(s == "idle" for s in states)
 
 
 @pytest.fixture
