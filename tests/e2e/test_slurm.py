@@ -86,17 +86,24 @@ class Jobs:
         """Wait until the job left the queue; returns `scontrol show job`'s fields.
 
         release_requeued: a requeued job is held ~2.5 min (reason BeginTime, measured on Slurm 22.05) before
-        it may start again; set its start time to now instead of waiting — but only once no node is still
-        tearing down the previous attempt: released at once, slurmctld re-allocated the job while slurmd was
-        still killing it and failed it ("Job credential revoked", seen in CI).
+        it may start again; set its start time to now instead of waiting — but not at once: released within
+        the same second, slurmctld re-allocated the job while slurmd was still killing it and failed it ("Job
+        credential revoked", seen in CI). slurmd revokes the killed attempt's credentials and compares creation
+        times in whole seconds, so a credential made within that second counts as revoked: release only after
+        the job has been held for a few seconds and every node is idle.
         """
         deadline = time.monotonic() + timeout_s
+        held_since = None
         while time.monotonic() < deadline:
             state, reason = self.state(job_id)
             if not state:
                 return self.show(job_id)
-            if release_requeued and state == "PENDING" and reason == "BeginTime" and _all_nodes_idle():
-                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+            if release_requeued and state == "PENDING" and reason == "BeginTime":
+                held_since = held_since or time.monotonic()
+                if time.monotonic() - held_since >= 3.0 and _all_nodes_idle():
+                    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+            else:
+                held_since = None
             time.sleep(0.5)
         pytest.fail(f"job {job_id} still queued after {timeout_s} s:\n{self.output()[-4000:]}")
 
