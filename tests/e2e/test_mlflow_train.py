@@ -95,7 +95,8 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     # run B restarted from the newest complete checkpoint and re-ran steps run A had already logged
     records = [json.loads(line) for line in (resumed_run["run_b"] / "metrics.jsonl").read_text().splitlines()]
     resumed_at = min(r["step"] for r in records) - 1
-    assert resumed_at in (4, 8, 12) and resumed_at < max(resumed_run["logged_before_kill"])
+    # a checkpoint can complete between the poll and the kill, so run B may start exactly at the last logged step
+    assert resumed_at in (4, 8, 12) and resumed_at <= max(resumed_run["logged_before_kill"])
     # params: the resolved config and derived values, checked against the closed-form count
     from albert_dist.config import load_config
     from albert_dist.model.sharing import block_parameter_counts, parameter_count
