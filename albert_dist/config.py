@@ -19,9 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
-from albert_dist.engine.checkpoint import CheckpointConfig
-from albert_dist.engine.deepspeed_config import EngineConfig, global_batch_size
-from albert_dist.engine.optim import OptimConfig
+from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
 from albert_dist.model.config import AlbertConfig
 from albert_dist.tracking.config import TrackingConfig
 
@@ -117,7 +115,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
 def check_derived(cfg: TrainConfig, world_size: int) -> int:
     """Check the values that depend on the world size and return the global batch size (sequences/step).
 
-    The one place the batch triple is checked (`engine.deepspeed_config.global_batch_size`); raises
+    The one place the batch triple is checked (`engine.config.global_batch_size`); raises
     `ValueError` when train_batch_size != micro x accumulation x world size.
     """
     return global_batch_size(cfg.engine, world_size)

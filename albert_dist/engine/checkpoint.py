@@ -55,30 +55,6 @@ _TAG_RE = re.compile(r"^step_(\d+)$")
 UNIVERSAL_CHECKPOINT_INFO = {"universal_checkpoint_version": 0.2}
 
 
-@dataclass
-class CheckpointConfig:
-    """When and where checkpoints are written, how many are kept, and where training resumes from."""
-
-    save_interval_steps: int = 100
-    """Optimiser steps between two checkpoints (0: only the final one); one is always written at the end."""
-    keep_last: int = 3
-    """Number of newest complete checkpoints kept; older ones are deleted after a save completes."""
-    dir: Optional[str] = None
-    """Checkpoint directory; None: <run_dir>/checkpoints."""
-    resume: Optional[str] = None
-    """None: start fresh; "auto": the newest complete checkpoint in `dir` if any; else a checkpoint directory (tag dir) to resume from."""
-
-    def __post_init__(self) -> None:
-        if self.save_interval_steps < 0:
-            raise ValueError(f"checkpoint.save_interval_steps must be >= 0, got {self.save_interval_steps!r}")
-        if self.keep_last < 1:
-            raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last!r}")
-        if self.dir is not None and not self.dir:
-            raise ValueError("checkpoint.dir must be a non-empty path or null, got ''")
-        if self.resume is not None and not self.resume:
-            raise ValueError("checkpoint.resume must be 'auto', a path or null, got ''")
-
-
 def tag_for(step: int) -> str:
     """Checkpoint tag of optimiser step `step`: "step_<step>"."""
     return f"step_{step}"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_yaml
-from albert_dist.engine.deepspeed_config import EngineConfig, build_deepspeed_config
+from albert_dist.engine.config import EngineConfig
+from albert_dist.engine.deepspeed_config import build_deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs" / "pretrain").glob("*.yaml"))
@@ -17,7 +18,7 @@ MAIN_RECIPE = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
 def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe):
     cfg = load_config(recipe)
-    ds = build_deepspeed_config(cfg, world_size=2, accelerator="cuda")
+    ds = build_deepspeed_config(cfg.engine, world_size=2, accelerator="cuda")
     assert ds["train_batch_size"] == (cfg.engine.train_micro_batch_size_per_gpu
                                       * cfg.engine.gradient_accumulation_steps * 2)
 
@@ -85,7 +86,7 @@ def test_batch_arithmetic(micro, ga, world, given, ok):
                              f"engine.train_batch_size={'null' if given is None else given}"])
     if ok:
         assert check_derived(cfg, world) == micro * ga * world
-        ds = build_deepspeed_config(cfg, world, accelerator="cpu")
+        ds = build_deepspeed_config(cfg.engine, world, accelerator="cpu")
         assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) \
             == (micro * ga * world, micro, ga)
     else:
@@ -96,14 +97,14 @@ def test_batch_arithmetic(micro, ga, world, given, ok):
         else:
             assert "not a multiple" in str(err.value)
         with pytest.raises(ValueError, match="train_batch_size"):
-            build_deepspeed_config(cfg, world, accelerator="cpu")
+            build_deepspeed_config(cfg.engine, world, accelerator="cpu")
 
 
 def test_deepspeed_config_content():
     cfg = load_config(None, ["engine.zero_stage=3", "engine.gradient_clipping=0.5", "engine.precision=bf16",
                              "engine.zero_optimization.stage3_param_persistence_threshold=0",
                              "engine.zero_optimization.overlap_comm=false"])
-    ds = build_deepspeed_config(cfg, 2, accelerator="cpu")
+    ds = build_deepspeed_config(cfg.engine, 2, accelerator="cpu")
     assert ds["zero_optimization"] == {"stage": 3, "stage3_param_persistence_threshold": 0, "overlap_comm": False}
     assert ds["gradient_clipping"] == 0.5
     assert ds["bf16"] == {"enabled": True} and ds["data_types"] == {"grad_accum_dtype": "fp32"}
@@ -113,21 +114,21 @@ def test_deepspeed_config_content():
 
 
 def test_fp32_has_no_mixed_precision_sections():
-    ds = build_deepspeed_config(TrainConfig(), 1, accelerator="cpu")
+    ds = build_deepspeed_config(TrainConfig().engine, 1, accelerator="cpu")
     assert "bf16" not in ds and "fp16" not in ds and "data_types" not in ds
     assert ds["zero_optimization"] == {"stage": 2}
 
 
 def test_precision_rules():
     with pytest.raises(ValueError, match="fp16 needs a GPU"):
-        build_deepspeed_config(load_config(None, ["engine.precision=fp16"]), 1, accelerator="cpu")
-    ds = build_deepspeed_config(load_config(None, ["engine.precision=fp16"]), 1, accelerator="cuda")
+        build_deepspeed_config(load_config(None, ["engine.precision=fp16"]).engine, 1, accelerator="cpu")
+    ds = build_deepspeed_config(load_config(None, ["engine.precision=fp16"]).engine, 1, accelerator="cuda")
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
     # DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers.
     with pytest.raises(ValueError, match="zero_stage >= 1"):
         EngineConfig(zero_stage=0, precision="bf16", grad_accum_dtype="fp32")
     ds = build_deepspeed_config(load_config(None, ["engine.zero_stage=0", "engine.precision=bf16",
-                                                   "engine.grad_accum_dtype=bf16"]), 1, accelerator="cpu")
+                                                   "engine.grad_accum_dtype=bf16"]).engine, 1, accelerator="cpu")
     assert ds["data_types"] == {"grad_accum_dtype": "bf16"}
     # bf16 + ZeRO-1 + gradient accumulation: refused (wrong gradients measured in the grad matrix test) ...
     with pytest.raises(ValueError, match="gradient_accumulation_steps=3 is refused"):

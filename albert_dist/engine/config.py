@@ -1,0 +1,201 @@
+"""Configs of the engine layer (the `engine:`, `optimizer:` and `checkpoint:` sections of a recipe), torch-free.
+
+Beside the components they configure in spirit (deepspeed_config.py, optim.py, checkpoint.py), but kept in one
+module that imports neither torch nor deepspeed, so that `albert_dist.config` (and a config check before any
+process group starts) stays cheap and free of import cycles.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_ACCUM_DTYPES = ("fp32", "bf16")
+
+
+@dataclass
+class ZeroOptimizationConfig:
+    """Pass-through of DeepSpeed `zero_optimization` options (same names); None keeps DeepSpeed's default."""
+
+    overlap_comm: Optional[bool] = None
+    """Overlap gradient reduction with the backward pass."""
+    contiguous_gradients: Optional[bool] = None
+    """Copy gradients into a contiguous buffer as they are produced (less fragmentation)."""
+    reduce_scatter: Optional[bool] = None
+    """ZeRO-1/2: reduce gradients with reduce-scatter instead of all-reduce."""
+    reduce_bucket_size: Optional[int] = None
+    """Elements reduced at a time."""
+    allgather_bucket_size: Optional[int] = None
+    """ZeRO-1/2: elements all-gathered at a time after the optimiser step."""
+    stage3_param_persistence_threshold: Optional[int] = None
+    """ZeRO-3: parameters with fewer elements stay unpartitioned (DeepSpeed default 1e5; 0 partitions all)."""
+    stage3_prefetch_bucket_size: Optional[int] = None
+    """ZeRO-3: elements prefetched ahead of use."""
+    stage3_max_live_parameters: Optional[int] = None
+    """ZeRO-3: maximum gathered elements kept alive."""
+    stage3_max_reuse_distance: Optional[int] = None
+    """ZeRO-3: keep a gathered parameter if it is reused within this many elements (shared ALBERT groups)."""
+    round_robin_gradients: Optional[bool] = None
+    """ZeRO-1/2: round-robin gradient partition assignment (helps CPU offload)."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"engine.zero_optimization.{name} must be >= 0, got {value!r}")
+        for name in ("reduce_bucket_size", "allgather_bucket_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"engine.zero_optimization.{name} must be >= 1, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options that were set, as DeepSpeed `zero_optimization` keys."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class EngineConfig:
+    """DeepSpeed engine settings (the `engine:` section of a recipe); names follow DeepSpeed's JSON keys."""
+
+    zero_stage: int = 2
+    """ZeRO stage: 0 (data parallel), 1 (optimiser states), 2 (+ gradients), 3 (+ parameters) partitioned."""
+    train_micro_batch_size_per_gpu: int = 8
+    """Sequences per rank per forward/backward pass (micro-step)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimiser step; the training loop runs exactly this many."""
+    train_batch_size: Optional[int] = None
+    """Global sequences per optimiser step; must equal micro x accumulation x world size (None: derived)."""
+    gradient_clipping: float = 1.0
+    """Clip the global gradient 2-norm to this value before each step (0: no clipping)."""
+    precision: str = "fp32"
+    """"fp32", "bf16" (bf16 weights/activations, fp32 master weights) or "fp16" (dynamic loss scaling, GPU only)."""
+    grad_accum_dtype: str = "fp32"
+    """bf16 only: dtype gradients are accumulated and reduced in, "fp32" (needs ZeRO >= 1) or "bf16"."""
+    zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
+    """Extra DeepSpeed `zero_optimization` options, passed through when set."""
+    peak_tflops_per_device: Optional[float] = None
+    """Peak dense TFLOP/s of one device for MFU; None: $ALBERT_DIST_PEAK_TFLOPS, else a matmul measured at start."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"engine.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        for name in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.train_batch_size is not None and self.train_batch_size < 1:
+            raise ValueError(f"engine.train_batch_size must be >= 1 or null, got {self.train_batch_size!r}")
+        if self.gradient_clipping < 0.0:
+            raise ValueError(f"engine.gradient_clipping must be >= 0, got {self.gradient_clipping!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"engine.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.grad_accum_dtype not in GRAD_ACCUM_DTYPES:
+            raise ValueError(f"engine.grad_accum_dtype must be one of {GRAD_ACCUM_DTYPES}, "
+                             f"got {self.grad_accum_dtype!r}")
+        if self.precision == "bf16" and self.grad_accum_dtype == "fp32" and self.zero_stage == 0:
+            # DeepSpeed 0.19 (engine._do_optimizer_sanity_check) raises NotImplementedError for bf16 weights
+            # with fp32 gradient accumulation without ZeRO: fp32 accumulation lives in the ZeRO optimisers.
+            raise ValueError("engine.precision=bf16 with engine.grad_accum_dtype=fp32 needs engine.zero_stage >= 1 "
+                             "(DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers); "
+                             "got zero_stage=0. Use zero_stage>=1, or grad_accum_dtype=bf16")
+        if self.precision == "bf16" and self.zero_stage == 1 and self.gradient_accumulation_steps > 1:
+            # Measured by tests/distributed/test_grad_matrix.py on DeepSpeed 0.19.8: bf16 at ZeRO-1 (DeepSpeed's
+            # BF16_Optimizer) with gradient accumulation > 1 gives shared-parameter gradients ~100 % off the
+            # unrolled reference, in every sharing mode; GA 1 and ZeRO-2/3 agree. Refuse rather than train wrong.
+            raise ValueError("engine.precision=bf16 with engine.zero_stage=1 and engine.gradient_accumulation_steps="
+                             f"{self.gradient_accumulation_steps} is refused: DeepSpeed 0.19's bf16 ZeRO-1 optimiser "
+                             "accumulates wrong gradients when gradient_accumulation_steps > 1. Use zero_stage=2 "
+                             "(same memory for parameters, less for gradients) or gradient_accumulation_steps=1")
+        if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
+            raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
+
+
+def global_batch_size(engine: EngineConfig, world_size: int) -> int:
+    """train_batch_size = micro x accumulation x world size: the one place this rule is checked.
+
+    Raises `ValueError` naming all four numbers when `engine.train_batch_size` is set and differs, or when
+    `world_size` < 1.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    derived = engine.train_micro_batch_size_per_gpu * engine.gradient_accumulation_steps * world_size
+    if engine.train_batch_size is not None and engine.train_batch_size != derived:
+        raise ValueError(
+            f"engine.train_batch_size ({engine.train_batch_size}) must equal train_micro_batch_size_per_gpu "
+            f"({engine.train_micro_batch_size_per_gpu}) x gradient_accumulation_steps "
+            f"({engine.gradient_accumulation_steps}) x world size ({world_size}) = {derived}"
+            + _batch_hint(engine.train_batch_size, engine.train_micro_batch_size_per_gpu, world_size))
+    return derived
+
+
+def _batch_hint(target: int, micro: int, world_size: int) -> str:
+    """The accumulation that reaches `target` on `world_size` ranks, when one exists (the usual fix)."""
+    if target % (micro * world_size) == 0:
+        return f"; on {world_size} rank(s) set engine.gradient_accumulation_steps={target // (micro * world_size)}"
+    return f"; {target} is not a multiple of micro batch x world size ({micro * world_size})"
+
+
+OPTIMIZERS = ("adamw", "lamb")
+DECAYS = ("linear", "polynomial")
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser, weight decay and learning-rate schedule (the `optimizer:` section of a recipe)."""
+
+    type: str = "adamw"
+    """Optimiser: "adamw" (torch.optim.AdamW) or "lamb" (albert_dist.engine.lamb, exact under ZeRO)."""
+    lr: float = 1e-3
+    """Peak learning rate, reached at the end of warmup."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on weight matrices and embeddings (never on LayerNorm weights or biases)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam (beta1, beta2): decay rates of the first and second moment estimates."""
+    eps: float = 1e-6
+    """Adam epsilon added to the square root of the second moment (ALBERT/BERT: 1e-6)."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup from 0 to lr (ALBERT: 3125)."""
+    decay: str = "linear"
+    """Decay after warmup, to 0 at the last step: "linear" or "polynomial" (with `power`)."""
+    power: float = 1.0
+    """Exponent of the polynomial decay (1.0 = linear, ALBERT's setting); used when decay is "polynomial"."""
+
+    def __post_init__(self) -> None:
+        if self.type not in OPTIMIZERS:
+            raise ValueError(f"optimizer.type must be one of {OPTIMIZERS}, got {self.type!r}")
+        if not self.lr > 0.0:
+            raise ValueError(f"optimizer.lr must be > 0, got {self.lr!r}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {list(self.betas)!r}")
+        if not self.eps > 0.0:
+            raise ValueError(f"optimizer.eps must be > 0, got {self.eps!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"optimizer.decay must be one of {DECAYS}, got {self.decay!r}")
+        if not self.power > 0.0:
+            raise ValueError(f"optimizer.power must be > 0, got {self.power!r}")
+
+
+@dataclass
+class CheckpointConfig:
+    """When and where checkpoints are written, how many are kept, and where training resumes from."""
+
+    save_interval_steps: int = 100
+    """Optimiser steps between two checkpoints (0: only the final one); one is always written at the end."""
+    keep_last: int = 3
+    """Number of newest complete checkpoints kept; older ones are deleted after a save completes."""
+    dir: Optional[str] = None
+    """Checkpoint directory; None: <run_dir>/checkpoints."""
+    resume: Optional[str] = None
+    """None: start fresh; "auto": the newest complete checkpoint in `dir` if any; else a checkpoint directory (tag dir) to resume from."""
+
+    def __post_init__(self) -> None:
+        if self.save_interval_steps < 0:
+            raise ValueError(f"checkpoint.save_interval_steps must be >= 0, got {self.save_interval_steps!r}")
+        if self.keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last!r}")
+        if self.dir is not None and not self.dir:
+            raise ValueError("checkpoint.dir must be a non-empty path or null, got ''")
+        if self.resume is not None and not self.resume:
+            raise ValueError("checkpoint.resume must be 'auto', a path or null, got ''")
