@@ -69,8 +69,8 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    from albert_dist.engine.lamb import attach_zero_partition_map
-    from albert_dist.engine.optim import OptimConfig, build_optimizer
+    from albert_dist.engine.config import OptimConfig
+    from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s %(message)s")
@@ -86,10 +86,10 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
     for name in ("lamb", "adamw"):
         torch.manual_seed(0)
         model = AlbertForPreTraining(config)
-        optimizer = build_optimizer(model, OptimConfig(type=name, lr=1.76e-3, weight_decay=0.01, eps=1e-6))
+        optimizer, after_initialize = build_optimizer(model, OptimConfig(type=name, lr=1.76e-3, weight_decay=0.01,
+                                                                         eps=1e-6))
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        if name == "lamb":
-            attach_zero_partition_map(engine)
+        after_initialize(engine)  # LAMB: attach_zero_partition_map
         engines[name] = engine
     batch = _batch(config.vocab_size, args["micro_batch"], args["seq"], seed=rank)
     if rank == 0:

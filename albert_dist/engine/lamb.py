@@ -36,7 +36,7 @@ at every stage, unscales and clips the fp32 gradient partitions (`unscale_and_cl
 final, clipped gradient of the global batch.
 
 Parameter groups: the ALBERT groups of `albert_dist.engine.optim.param_groups` carry `no_decay: True` for
-LayerNorm weights and biases; `build_lamb` turns that into `weight_decay 0` and `layer_adaptation False`
+LayerNorm weights and biases; `albert_dist.engine.optim.build_optimizer` turns that into `weight_decay 0` and `layer_adaptation False`
 (trust ratio 1), the exclusions of the BERT/ALBERT LAMB recipes (You et al. 2019, section 4).
 """
 from __future__ import annotations
@@ -44,17 +44,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
 
-if TYPE_CHECKING:
-    from albert_dist.engine.optim import OptimConfig
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["Lamb", "FlatPartitionMap", "attach_zero_partition_map", "build_lamb", "lamb_param_groups"]
+__all__ = ["Lamb", "FlatPartitionMap", "attach_zero_partition_map"]
 
 
 @dataclass(frozen=True)
@@ -438,25 +435,3 @@ def attach_zero_partition_map(engine: Any) -> None:
     else:
         raise NotImplementedError(f"attach_zero_partition_map: DeepSpeed optimizer wrapper {name} is not supported")
     logger.info("LAMB partition map attached to DeepSpeed %s", name)
-
-
-def lamb_param_groups(groups: list[dict]) -> list[dict]:
-    """ALBERT param groups (`albert_dist.engine.optim.param_groups`) with LAMB's keys: a group marked
-    `no_decay: True` (LayerNorm weights, biases) gets `weight_decay 0.0` and `layer_adaptation False`, the
-    exclusions of You et al. 2019 (section 4, BERT training). Returns new dicts; the input is not modified."""
-    out = []
-    for group in groups:
-        group = dict(group)
-        if group.get("no_decay", False):
-            group["weight_decay"] = 0.0
-            group["layer_adaptation"] = False
-        out.append(group)
-    return out
-
-
-def build_lamb(groups: list[dict], cfg: "OptimConfig") -> Lamb:
-    """The `Lamb` for `optimizer.type: lamb`: `cfg.lr`, `cfg.betas`, `cfg.eps`, `cfg.weight_decay` over
-    `lamb_param_groups(groups)`. The engine must still call `attach_zero_partition_map(engine)` after
-    `deepspeed.initialize`."""
-    return Lamb(lamb_param_groups(groups), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                weight_decay=cfg.weight_decay)

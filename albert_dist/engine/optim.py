@@ -5,7 +5,7 @@
   ["LayerNorm", "layer_norm", "bias"])`; Lan et al. 2020 section 4.1 trains with LAMB and the same exclusions).
 * Optimiser: `torch.optim.AdamW` (Loshchilov & Hutter 2019, decoupled weight decay) handed to DeepSpeed as a
   client optimiser, which works on CPU and GPU at every ZeRO stage; or LAMB (You et al. 2019) from
-  `albert_dist.engine.lamb`, which stays exact under ZeRO partitioning.
+  `albert_dist.engine.lamb` (param groups and construction here), which stays exact under ZeRO partitioning.
 * Schedule: linear warmup from 0 to `lr` over `warmup_steps`, then linear or polynomial decay to 0 at
   `total_steps` (ALBERT: 3,125 warmup steps, polynomial decay with power 1 over 125k steps).
 
@@ -15,55 +15,15 @@ once per optimiser step (at the gradient-accumulation boundary) and saves it in 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 
+from albert_dist.engine.config import OPTIMIZERS, OptimConfig
+from albert_dist.engine.lamb import Lamb, attach_zero_partition_map
+
 logger = logging.getLogger(__name__)
-
-OPTIMIZERS = ("adamw", "lamb")
-DECAYS = ("linear", "polynomial")
-
-
-@dataclass
-class OptimConfig:
-    """Optimiser, weight decay and learning-rate schedule (the `optimizer:` section of a recipe)."""
-
-    type: str = "adamw"
-    """Optimiser: "adamw" (torch.optim.AdamW) or "lamb" (albert_dist.engine.lamb, exact under ZeRO)."""
-    lr: float = 1e-3
-    """Peak learning rate, reached at the end of warmup."""
-    weight_decay: float = 0.01
-    """Decoupled weight decay on weight matrices and embeddings (never on LayerNorm weights or biases)."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """Adam (beta1, beta2): decay rates of the first and second moment estimates."""
-    eps: float = 1e-6
-    """Adam epsilon added to the square root of the second moment (ALBERT/BERT: 1e-6)."""
-    warmup_steps: int = 0
-    """Optimiser steps of linear warmup from 0 to lr (ALBERT: 3125)."""
-    decay: str = "linear"
-    """Decay after warmup, to 0 at the last step: "linear" or "polynomial" (with `power`)."""
-    power: float = 1.0
-    """Exponent of the polynomial decay (1.0 = linear, ALBERT's setting); used when decay is "polynomial"."""
-
-    def __post_init__(self) -> None:
-        if self.type not in OPTIMIZERS:
-            raise ValueError(f"optimizer.type must be one of {OPTIMIZERS}, got {self.type!r}")
-        if not self.lr > 0.0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr!r}")
-        if self.weight_decay < 0.0:
-            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay!r}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {list(self.betas)!r}")
-        if not self.eps > 0.0:
-            raise ValueError(f"optimizer.eps must be > 0, got {self.eps!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps!r}")
-        if self.decay not in DECAYS:
-            raise ValueError(f"optimizer.decay must be one of {DECAYS}, got {self.decay!r}")
-        if not self.power > 0.0:
-            raise ValueError(f"optimizer.power must be > 0, got {self.power!r}")
 
 
 def is_no_decay(module: nn.Module, param_name: str) -> bool:
@@ -103,23 +63,57 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+class BuiltOptimizer(NamedTuple):
+    """What `build_optimizer` returns: the client optimiser and the hook to call on the engine built with it."""
+
+    optimizer: torch.optim.Optimizer
+    """The optimiser to pass to `deepspeed.initialize(optimizer=...)`."""
+    after_initialize: Callable[[Any], None]
+    """Call with the `DeepSpeedEngine` after `deepspeed.initialize`, before the first step (LAMB: teaches it
+    DeepSpeed's flat partitions; AdamW: nothing)."""
+
+
+def _nothing(engine: Any) -> None:  # noqa: ARG001 - the after_initialize hook of optimisers that need none
+    return None
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> BuiltOptimizer:
     """The client optimiser handed to `deepspeed.initialize`, over `param_groups(model, cfg.weight_decay)`.
 
     AdamW uses the non-foreach, non-fused implementation so that ZeRO's flat fp32 partitions (one tensor per
-    group) and an unpartitioned run give bit-identical updates on CPU. Raises `ValueError` for an unknown
-    `cfg.type` and `ImportError` when LAMB is requested but `albert_dist.engine.lamb` is not installed.
+    group) and an unpartitioned run give bit-identical updates on CPU. LAMB (`albert_dist.engine.lamb.Lamb`)
+    gets `lamb_param_groups` and an `after_initialize` hook that attaches DeepSpeed's partition map, so the
+    caller has no optimiser-specific branch. Raises `ValueError` for an unknown `cfg.type`.
     """
     groups = param_groups(model, cfg.weight_decay)
     if cfg.type == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                 weight_decay=cfg.weight_decay, foreach=False)
+        return BuiltOptimizer(torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                                                weight_decay=cfg.weight_decay, foreach=False), _nothing)
     if cfg.type == "lamb":
-        # The single call site of the LAMB implementation (owned by the LAMB module).
-        from albert_dist.engine.lamb import build_lamb
-
-        return build_lamb(groups, cfg)
+        return BuiltOptimizer(build_lamb(groups, cfg), attach_zero_partition_map)
     raise ValueError(f"optimizer.type must be one of {OPTIMIZERS}, got {cfg.type!r}")
+
+
+def lamb_param_groups(groups: list[dict]) -> list[dict]:
+    """ALBERT param groups (`albert_dist.engine.optim.param_groups`) with LAMB's keys: a group marked
+    `no_decay: True` (LayerNorm weights, biases) gets `weight_decay 0.0` and `layer_adaptation False`, the
+    exclusions of You et al. 2019 (section 4, BERT training). Returns new dicts; the input is not modified."""
+    out = []
+    for group in groups:
+        group = dict(group)
+        if group.get("no_decay", False):
+            group["weight_decay"] = 0.0
+            group["layer_adaptation"] = False
+        out.append(group)
+    return out
+
+
+def build_lamb(groups: list[dict], cfg: OptimConfig) -> Lamb:
+    """The `Lamb` for `optimizer.type: lamb`: `cfg.lr`, `cfg.betas`, `cfg.eps`, `cfg.weight_decay` over
+    `lamb_param_groups(groups)`. The engine must still call `attach_zero_partition_map(engine)` after
+    `deepspeed.initialize` (`build_optimizer` returns it as the `after_initialize` hook)."""
+    return Lamb(lamb_param_groups(groups), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                weight_decay=cfg.weight_decay)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, decay: str = "linear", power: float = 1.0) -> float:

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from albert_dist.engine.lamb import FlatPartitionMap, Lamb, build_lamb, lamb_param_groups
+from albert_dist.engine.lamb import FlatPartitionMap, Lamb
+from albert_dist.engine.optim import build_lamb, lamb_param_groups
 
 
 def reference_lamb(weights, grads_per_step, lr, betas, eps, wd, adapt):
@@ -136,7 +137,8 @@ def test_map_validation_rejects_overlap():
 
 
 def test_build_lamb_excludes_no_decay_group_from_decay_and_adaptation():
-    from albert_dist.engine.optim import OptimConfig, param_groups
+    from albert_dist.engine.config import OptimConfig
+    from albert_dist.engine.optim import param_groups
 
     model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
     cfg = OptimConfig(type="lamb", lr=0.00176, weight_decay=0.01, eps=1e-6)

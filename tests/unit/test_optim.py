@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from albert_dist.engine.optim import (OptimConfig, build_optimizer, build_scheduler, lr_factor, param_groups)
+from albert_dist.engine.config import OptimConfig
+from albert_dist.engine.optim import build_optimizer, build_scheduler, lr_factor, param_groups
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
 TINY = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=3, num_hidden_groups=2,
@@ -43,7 +44,7 @@ def test_adamw_step_matches_the_equations():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
     cfg = OptimConfig(lr=0.1, weight_decay=0.5, betas=[0.9, 0.99], eps=1e-6)
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, cfg).optimizer
     w0, b0 = model[0].weight.detach().clone(), model[0].bias.detach().clone()
     model(torch.randn(5, 4)).pow(2).sum().backward()
     gw, gb = model[0].weight.grad.clone(), model[0].bias.grad.clone()
@@ -63,7 +64,7 @@ def test_schedule_warmup_then_decay_to_zero(decay, power):
     warmup, total, peak = 4, 12, 0.2
     model = nn.Linear(2, 2)
     cfg = OptimConfig(lr=peak, warmup_steps=warmup, decay=decay, power=power, weight_decay=0.0)
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, cfg).optimizer
     sched = build_scheduler(opt, cfg, total)
     seen = []
     for _ in range(total):
@@ -103,7 +104,7 @@ def test_lamb_is_built_from_the_lamb_module():
     from albert_dist.engine import lamb  # a broken import must fail here, not skip
 
     model = AlbertForPreTraining(TINY)
-    opt = build_optimizer(model, OptimConfig(type="lamb", lr=1.76e-3))
+    opt = build_optimizer(model, OptimConfig(type="lamb", lr=1.76e-3)).optimizer
     assert isinstance(opt, lamb.Lamb)
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
     assert not math.isnan(opt.param_groups[0]["lr"])
