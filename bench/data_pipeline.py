@@ -62,7 +62,7 @@ def _baseline(tokenizer, collator, texts: list[str]) -> tuple[int, float, float]
 
 def _sentencepiece_only(sp, texts: list[str]) -> tuple[int, float]:
     """Reference point: sentencepiece encoding alone of the same sentences (the floor of any such pipeline)."""
-    from albert_dist.data.pretraining import split_sentences
+    from albert_dist.data.text import split_sentences
 
     sentences = [s for t in texts for s in split_sentences(t)]
     c0 = time.process_time()

@@ -28,7 +28,7 @@ FIRST_NORMAL_ID = 5
 
 def _sentences(texts: Iterator[str], max_sentence_bytes: int) -> Iterator[str]:
     """Training lines: the sentences of every document, split exactly as the pretraining pipeline splits them."""
-    from albert_dist.data.pretraining import split_sentences
+    from albert_dist.data.text import split_sentences
 
     for text in texts:
         for sentence in split_sentences(text):

@@ -31,12 +31,7 @@ the pooler H^2 + H, the MLM head HE + E + 2E + V (decoder tied to the word embed
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from albert_dist.model.config import AlbertConfig
-
-if TYPE_CHECKING:
-    from albert_dist.model.albert import AlbertForPreTraining
 
 
 def group_index(layer_idx: int, num_hidden_layers: int, num_hidden_groups: int) -> int:
@@ -93,43 +88,3 @@ def parameter_count(config: AlbertConfig) -> int:
     projection = E * H + H if E != H else 0
     heads = (H * H + H) + (H * E + E + 2 * E + V) + (2 * H + 2)
     return embeddings + projection + n_attn * attn + n_ffn * ffn + heads
-
-
-def unroll(model: "AlbertForPreTraining") -> tuple["AlbertForPreTraining", dict[str, list[str]]]:
-    """An equivalent `sharing="none"` model in which every executed block owns its parameters.
-
-    Returns ``(unrolled, copies)``: `unrolled` computes exactly the same function as `model` (same config
-    except ``sharing="none"``, weights copied, same train/eval mode), and ``copies`` maps every parameter name
-    of `model` (``named_parameters()``) to the names of its copies in `unrolled`; a shared sub-block parameter
-    maps to one copy per executed block that uses it, every other parameter to the same name. The gradient of
-    a shared parameter equals the sum of the gradients of its copies (chain rule over the reuses).
-    """
-    import dataclasses
-
-    import torch
-
-    from albert_dist.model.albert import AlbertForPreTraining
-
-    config = model.config
-    unrolled = AlbertForPreTraining(dataclasses.replace(config, sharing="none"))
-    unrolled.train(model.training)
-    copies: dict[str, list[str]] = {}
-    target = dict(unrolled.named_parameters())
-    plan = executed_blocks(config)
-    for name, _ in model.named_parameters():
-        if name.startswith("albert.encoder.albert_layer_groups."):
-            # albert.encoder.albert_layer_groups.{g}.albert_layers.{j}.<rest>
-            parts = name.split(".")
-            g, j, rest = int(parts[3]), int(parts[5]), ".".join(parts[6:])
-            copies[name] = [f"albert.encoder.blocks.{k}.{rest}" for k, gk, jk in plan if (gk, jk) == (g, j)]
-        else:
-            copies[name] = [name]
-    source = dict(model.named_parameters())
-    missing = set(target) - {c for names in copies.values() for c in names}
-    if missing:  # a layout bug, never user input
-        raise RuntimeError(f"unroll left parameters of the unrolled model without a source: {sorted(missing)}")
-    with torch.no_grad():
-        for name, names in copies.items():
-            for copy in names:
-                target[copy].copy_(source[name])
-    return unrolled, copies

@@ -176,7 +176,7 @@ def model_param_counts(model: Any) -> dict[str, int]:
         ``unique_parameters``: stored, trainable elements (the tied decoder and every shared block counted
         once); ``total_parameters``: elements as executed, i.e. a shared block counted once per executed
         block that uses it (what an unshared BERT of the same depth would hold; same rule as
-        `albert_dist.model.sharing.unroll`); ``group_<g>_parameters``: elements of each shared group.
+        `albert_dist.model.unroll.unroll`); ``group_<g>_parameters``: elements of each shared group.
     """
     from albert_dist.model.sharing import executed_blocks
 

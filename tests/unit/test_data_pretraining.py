@@ -6,7 +6,8 @@ import pytest
 
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream
-from albert_dist.data.pretraining import ExampleBuilder, collate, split_sentences
+from albert_dist.data.pretraining import ExampleBuilder, collate
+from albert_dist.data.text import split_sentences
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer, train_tokenizer
 
 ENGLISH = (

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from albert_dist.model import AlbertConfig, AlbertForPreTraining, PreTrainingOutput
-from albert_dist.model.sharing import executed_blocks, unroll
+from albert_dist.model.sharing import executed_blocks
+from albert_dist.model.unroll import unroll
 
 V, B, S = 97, 3, 11
 
