@@ -16,7 +16,7 @@ import sys
 
 #: sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("albert_dist.engine.trainer", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
+    "train": ("albert_dist.train", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
     "export": ("albert_dist.model.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
     "compare": ("albert_dist.tracking.compare", "compare MLflow runs: differing params, final/best metrics, curves"),

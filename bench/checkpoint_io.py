@@ -69,9 +69,9 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     model = AlbertForPreTraining(cfg.model)
     plain = copy.deepcopy(model)
     model.universal_checkpoint_info = ckpt.UNIVERSAL_CHECKPOINT_INFO  # as the trainer builds it
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                                      config=build_deepspeed_config(cfg, world_size=1))
-    plain_opt = build_optimizer(plain, cfg.optimizer)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
+                                      config=build_deepspeed_config(cfg.engine, world_size=1))
+    plain_opt = build_optimizer(plain, cfg.optimizer).optimizer
     batch = _batch(cfg.model.vocab_size)
     # One real step each, so both hold Adam moments (and DeepSpeed its fp32 partitions) as in training.
     engine.backward(engine(**batch).loss)

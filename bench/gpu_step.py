@@ -110,8 +110,8 @@ def engine_steps(model_name: str, seq: int, steps: int, warmup: int, device: tor
     batches, loader_tps = _prefetch(seq, micro, steps + warmup, device)
     torch.manual_seed(0)
     model = AlbertForPreTraining(cfg.model)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                                      config=build_deepspeed_config(cfg, world_size=1))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
+                                      config=build_deepspeed_config(cfg.engine, world_size=1))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     losses = []

@@ -179,8 +179,8 @@ def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> di
         torch.manual_seed(0)
         model = AlbertForPreTraining(cfg.model)
         unique_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                                          config=build_deepspeed_config(cfg, world))
+        engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
+                                          config=build_deepspeed_config(cfg.engine, world))
         return engine, unique_bytes, cfg
 
     batch = _batch(VOCAB, args["micro_batch"], args["seq"], seed=rank)

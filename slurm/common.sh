@@ -5,7 +5,7 @@
 # `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
 # checkpoint-and-stop request for the ranks, and requeues the job when the ranks exit with EXIT_PREEMPTED.
 
-EXIT_PREEMPTED=75 # albert_dist.engine.trainer.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 RUN_DIR=${ALBERT_RUN_DIR:-runs/slurm-${SLURM_JOB_ID}}
 PYTHON=${PYTHON:-python3}

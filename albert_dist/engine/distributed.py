@@ -434,3 +434,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def setup_logging(rank: int) -> None:
+    """stdlib logging with the rank in every line's prefix: INFO on rank 0, WARNING elsewhere (DESIGN.md);
+    DeepSpeed's and torch.distributed's loggers at WARNING (their INFO lines repeat per rank)."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

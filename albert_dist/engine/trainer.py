@@ -1,11 +1,4 @@
-"""`albert-dist train`: the pretraining loop on a DeepSpeed engine.
-
-    albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
-
-Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
-...`), torchrun, srun, and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
-(`albert_dist.engine.distributed`). The config and the batch arithmetic for the launcher's world size are
-checked before any process group starts (bad config: exit code 2, nothing started).
+"""The pretraining loop on a DeepSpeed engine: `Trainer` (the app around it is `albert_dist.train`).
 
 One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
 `engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
@@ -14,134 +7,39 @@ MFU and peak memory per rank go to the tracker (rank 0). Every `eval_interval_st
 validation loss and accuracies on the held-out data. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
-SIGTERM or SIGUSR1 (Slurm's `--signal=B:USR1@T`, the deepspeed launcher forwarding a SIGTERM): the current
-step finishes, all ranks agree on stopping at the same step (a MAX all-reduce of the flag after every step),
-a checkpoint is written and the process exits with `EXIT_PREEMPTED` (75, sysexits' EX_TEMPFAIL: "try
-again"), which a requeue script tells apart from success (0), a config error (2) and a crash (1).
+SIGTERM or SIGUSR1 (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at the
+same step (a MAX all-reduce of the flag after every step), a checkpoint is written and `train()` returns
+`EXIT_PREEMPTED` (`albert_dist.exit_codes`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
-import signal
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from albert_dist.config import TrainConfig, check_derived, config_hash, load_config, to_container, to_yaml
+from albert_dist.exit_codes import EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED
+from albert_dist.config import TrainConfig, check_derived, config_hash, to_container, to_yaml
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
+from albert_dist.engine.distributed import setup_logging
 from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
+from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
 from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
                                         resolve_peak_tflops)
 
 logger = logging.getLogger(__name__)
 
-#: Exit codes of `albert-dist train`.
-EXIT_OK = 0
-EXIT_CRASHED = 1
-EXIT_CONFIG_ERROR = 2
-#: Stopped by SIGTERM/SIGUSR1 after writing a checkpoint; rerun with `--resume auto` to continue.
-EXIT_PREEMPTED = 75
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
 #: Per-rank peak memory is logged as one metric per rank up to this many ranks (min/max always).
 _MAX_PER_RANK_METRICS = 16
-
-
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="albert-dist train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
-    parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
-                             "PATH: a checkpoint directory or step_<N> directory")
-    # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
-                        help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
-                             "keep logging into the same run (albert_dist.tracking)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
-    return parser.parse_intermixed_args(list(argv))
-
-
-def _setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
-                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist train`; returns the exit code (see the module docstring). Never exits."""
-    args = _parse_args(argv)
-    overrides = list(args.overrides)
-    if args.resume is not None:
-        overrides.append(f"checkpoint.resume={args.resume}")
-    from albert_dist.engine.distributed import discover
-
-    try:
-        env = discover()
-        _setup_logging(env.rank)
-        cfg = load_config(args.config, overrides)
-        check_derived(cfg, env.world_size)
-        build_deepspeed_config(cfg, env.world_size)  # precision / accelerator checks
-        check_inputs(cfg)
-        if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
-            raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
-        if args.resume_from is not None:  # MLflow resume: checked here, before any process group
-            from albert_dist.tracking.tracker import parse_run_ref
-
-            try:
-                parse_run_ref(args.resume_from)
-            except ValueError as err:
-                raise ValueError(f"--resume-from: {err}") from err
-            if not cfg.tracking.enabled:
-                raise ValueError("--resume-from needs tracking.enabled=true")
-    except (ValueError, FileNotFoundError) as err:
-        print(f"albert-dist train: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from)
-    return trainer.run()
-
-
-def check_inputs(cfg: TrainConfig) -> None:
-    """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
-
-    Checks every local data source (paths exist, globs match; `albert_dist.data.sources.discover_files`), the
-    tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
-    index past the embedding table), `data.max_seq_length <= model.max_position_embeddings` (same reason) and
-    an explicit `checkpoint.resume` path (`ckpt.plan_resume`).
-
-    Raises:
-        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
-            data.max_seq_length).
-        FileNotFoundError: `checkpoint.resume` names no complete checkpoint.
-    """
-    from albert_dist.data.sources import discover_files
-    from albert_dist.data.tokenizer import load_tokenizer
-
-    for split in ("train", "validation"):
-        for i, src in enumerate(getattr(cfg.data, split)):
-            if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
-                discover_files(src, f"data.{split}[{i}]")
-    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
-        raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
-                         f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
-    pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
-    if pieces > cfg.model.vocab_size:
-        raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
-                         f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
-    if cfg.checkpoint.resume not in (None, "auto"):
-        ckpt.plan_resume(cfg.checkpoint.resume, cfg.checkpoint.resume)
 
 
 def seed_for(seed: int, rank: int, step: int) -> int:
@@ -153,44 +51,6 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class _StopFlag:
-    """Records the first SIGTERM/SIGUSR1; the loop polls it after every optimiser step."""
-
-    def __init__(self) -> None:
-        self.signum = 0
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if not self.signum:
-            self.signum = signum
-            logger.warning("received %s: finishing this step, then checkpoint and exit %d",
-                           signal.Signals(signum).name, EXIT_PREEMPTED)
-
-    def install(self) -> None:
-        if self._previous:
-            return
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-class _IgnoreStopSignals:
-    """DataLoader `worker_init_fn`: stop signals are the training process's business, workers ignore them."""
-
-    def __init__(self, then: Optional[Any] = None):
-        self.then = then
-
-    def __call__(self, worker_id: int) -> None:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        if self.then is not None:
-            self.then(worker_id)
 
 
 class Trainer:
@@ -207,7 +67,7 @@ class Trainer:
         self.step = 0
         self.engine = None
         self.tracker: Any = NullTracker()
-        self._stop = _StopFlag()
+        self._stop = StopFlag()
         self._eval_loader = None
 
     # ----------------------------------------------------------------------------------------------- setup
@@ -224,7 +84,7 @@ class Trainer:
         cfg = self.cfg
         self.dist_env = init_distributed()
         rank, world = self.dist_env.rank, self.dist_env.world_size
-        _setup_logging(rank)
+        setup_logging(rank)
         self.run_dir = Path(self._agree_run_dir())
         self.ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.run_dir / "checkpoints"
         self.config_hash = config_hash(cfg)
@@ -238,7 +98,7 @@ class Trainer:
         point = ckpt.plan_resume(resume, self.ckpt_dir)
         if resume == "auto" and point is None and rank == 0:  # say so: a mistyped run_dir would restart silently
             logger.warning("--resume auto: no complete checkpoint in %s; starting from step 0", self.ckpt_dir)
-        ds_config = build_deepspeed_config(cfg, world)
+        ds_config = build_deepspeed_config(cfg.engine, world)
         if point is not None and point.needs_universal(world):
             ds_config["checkpoint"] = {"load_universal": True}
         if rank == 0:
@@ -251,14 +111,11 @@ class Trainer:
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
         model.universal_checkpoint_info = dict(ckpt.UNIVERSAL_CHECKPOINT_INFO)
         self.n_params = sum(p.numel() for p in model.parameters())
-        optimizer = build_optimizer(model, cfg.optimizer)
+        optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
         scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.max_steps)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                     config=ds_config)
-        if cfg.optimizer.type == "lamb":
-            from albert_dist.engine.lamb import attach_zero_partition_map
-
-            attach_zero_partition_map(self.engine)
+        after_initialize(self.engine)  # LAMB: DeepSpeed's partition map
         self.ga_steps = self.engine.gradient_accumulation_steps()
         if self.ga_steps != cfg.engine.gradient_accumulation_steps:  # the loop and DeepSpeed must agree
             raise RuntimeError(f"DeepSpeed runs {self.ga_steps} accumulation steps, the config says "
@@ -268,7 +125,7 @@ class Trainer:
             loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
             # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
             # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
-            loader.worker_init_fn = _IgnoreStopSignals(loader.worker_init_fn)
+            loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
             return loader
 
         if point is None:
@@ -473,7 +330,7 @@ class Trainer:
         """Restore signal handlers, stop the loader workers, close the tracker with `status`, destroy the
         process group. Idempotent; `run()` calls it, callers of `setup()`/`train()` must."""
         self._stop.restore()
-        # Explicitly: the workers ignore SIGTERM (see _IgnoreStopSignals), so multiprocessing's exit-time
+        # Explicitly: the workers ignore SIGTERM (see IgnoreStopSignals), so multiprocessing's exit-time
         # terminate() could not stop them if the iterator were left for the interpreter to clean up.
         for it in self._loader_iterators():
             shutdown = getattr(it, "_shutdown_workers", None)  # torch DataLoader iterators (also their __del__)
@@ -493,4 +350,4 @@ class Trainer:
         return [it] if it is not None else []
 
 
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "Trainer", "check_inputs", "cli", "seed_for"]
+__all__ = ["Trainer", "seed_for"]

@@ -17,7 +17,7 @@ every micro-step; the update happens at the boundary), reads
 and compares them with two single-process references computed from the same initial weights on the same global
 batch (GA x world micro-batches):
 
-(a) gradients: `albert_dist.model.sharing.unroll` turns the model into an unshared one computing the same
+(a) gradients: `albert_dist.model.unroll.unroll` turns the model into an unshared one computing the same
     function; the reference gradient of a shared parameter is the sum of its copies' gradients of
     mean_m loss_m (m over the micro-batches);
 (b) parameters: a plain PyTorch loop on the shared model (autograd, `clip_grad_norm_`, the same optimiser).
@@ -173,7 +173,7 @@ def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
     """
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.model.sharing import unroll
+    from albert_dist.model.unroll import unroll
 
     model_cfg = dataclasses.replace(cfg.model, gradient_checkpointing=False)
     init = initial_state(cfg.model)
@@ -202,7 +202,7 @@ def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
     # (b) the shared model trained one step by plain PyTorch on the same global batch.
     model = AlbertForPreTraining(model_cfg)
     model.load_state_dict(init)
-    optimizer = build_optimizer(model, cfg.optimizer)
+    optimizer = build_optimizer(model, cfg.optimizer).optimizer
     if precision == "bf16":
         for name, p in model.named_parameters():
             p.grad = grads[name].clone()
@@ -285,12 +285,13 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
         ref_s = time.perf_counter() - ref_s
     ref = ref_cache[key]
 
-    ds_config = build_deepspeed_config(cfg, world_size)
+    ds_config = build_deepspeed_config(cfg.engine, world_size)
     model = AlbertForPreTraining(cfg.model)
     model.load_state_dict(ref["state"])
-    optimizer = build_optimizer(model, cfg.optimizer)
+    optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
     t0 = time.perf_counter()
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    after_initialize(engine)
     named = dict(engine.module.named_parameters())
     result: dict[str, Any] = {"ds_config": ds_config, "grad_norm_ref": ref["grad_norm"]}
     if cell.zero_stage == 3:

@@ -204,7 +204,7 @@ def test_universal_resume_on_another_world_size(config, reference, tmp_path, wor
 def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config, tmp_path):
     """SIGUSR1 reaching only rank 1 (signals arrive at ranks at different times): both ranks stop after the same
     step, checkpoint it and exit with EXIT_PREEMPTED."""
-    from albert_dist.engine.trainer import EXIT_PREEMPTED
+    from albert_dist.exit_codes import EXIT_PREEMPTED
 
     run_dir = tmp_path / "run"
     job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])

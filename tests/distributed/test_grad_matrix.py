@@ -8,7 +8,7 @@ gradient norm exceeds the clip). For each cell, against single-process reference
 
 (a) every parameter's full gradient (gathered under ZeRO-2/3, accumulated over the GA micro-batches and
     averaged by DeepSpeed over GA x ranks) equals the sum of its copies' gradients in the unrolled, unshared
-    model (`albert_dist.model.sharing.unroll`) - scaled error <= 1e-5;
+    model (`albert_dist.model.unroll.unroll`) - scaled error <= 1e-5;
 (b) the parameters after one optimiser step equal a plain single-process PyTorch step - scaled error <= 1e-5;
     the updates (after - before, ~1e-2 of a weight, so cancellation costs digits) <= 1e-4.
 

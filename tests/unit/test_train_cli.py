@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.engine import distributed, trainer
+from albert_dist import train as trainer
+from albert_dist.engine import distributed
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")

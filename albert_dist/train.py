@@ -1,0 +1,106 @@
+"""`albert-dist train`: the app around the training loop (arguments, preflight checks, exit codes).
+
+    albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
+
+Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
+...`), torchrun, srun, and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
+(`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size and the
+input files are checked here before any process group starts (bad config: exit code 2, nothing started);
+then `albert_dist.engine.trainer.Trainer` runs the job.
+
+Exit codes (`albert_dist.exit_codes`): 0 done, 1 crash, 2 config/input error, 75 stopped by SIGTERM/SIGUSR1
+after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with `--resume auto`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from albert_dist.config import TrainConfig, check_derived, load_config
+from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.deepspeed_config import build_deepspeed_config
+from albert_dist.engine.distributed import discover, setup_logging
+from albert_dist.engine.trainer import Trainer
+from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="albert-dist train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
+    parser.add_argument("--resume", default=None, metavar="auto|PATH",
+                        help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
+                             "PATH: a checkpoint directory or step_<N> directory")
+    # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
+                        help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
+                             "keep logging into the same run (albert_dist.tracking)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
+    return parser.parse_intermixed_args(list(argv))
+
+
+def cli(argv: Sequence[str]) -> int:
+    """Entry point of `albert-dist train`; returns the exit code (see the module docstring). Never exits."""
+    args = _parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume is not None:
+        overrides.append(f"checkpoint.resume={args.resume}")
+    try:
+        env = discover()
+        setup_logging(env.rank)
+        cfg = load_config(args.config, overrides)
+        check_derived(cfg, env.world_size)
+        build_deepspeed_config(cfg.engine, env.world_size)  # precision / accelerator checks
+        check_inputs(cfg)
+        if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
+            raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
+        if args.resume_from is not None:  # MLflow resume: checked here, before any process group
+            from albert_dist.tracking.tracker import parse_run_ref
+
+            try:
+                parse_run_ref(args.resume_from)
+            except ValueError as err:
+                raise ValueError(f"--resume-from: {err}") from err
+            if not cfg.tracking.enabled:
+                raise ValueError("--resume-from needs tracking.enabled=true")
+    except (ValueError, FileNotFoundError) as err:
+        print(f"albert-dist train: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from)
+    return trainer.run()
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
+
+    Checks every local data source (paths exist, globs match; `albert_dist.data.sources.discover_files`), the
+    tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
+    index past the embedding table), `data.max_seq_length <= model.max_position_embeddings` (same reason) and
+    an explicit `checkpoint.resume` path (`ckpt.plan_resume`).
+
+    Raises:
+        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
+            data.max_seq_length).
+        FileNotFoundError: `checkpoint.resume` names no complete checkpoint.
+    """
+    from albert_dist.data.sources import discover_files
+    from albert_dist.data.tokenizer import load_tokenizer
+
+    for split in ("train", "validation"):
+        for i, src in enumerate(getattr(cfg.data, split)):
+            if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
+                discover_files(src, f"data.{split}[{i}]")
+    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
+        raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
+                         f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
+    pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
+    if pieces > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
+                         f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
+    if cfg.checkpoint.resume not in (None, "auto"):
+        ckpt.plan_resume(cfg.checkpoint.resume, cfg.checkpoint.resume)
+
+
+__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_PREEMPTED", "check_inputs", "cli"]
