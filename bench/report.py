@@ -1,8 +1,8 @@
-"""Render a benchmark suite's ``results.json`` as the README's results table and a PNG plot.
+"""Render a benchmark suite's ``results.json`` as the results table of docs/benchmarks.md and a PNG plot.
 
 Used by ``bench/run_all.py`` after a suite run, and on its own to re-render from an existing file:
 
-    python bench/report.py [--results bench/results.json] [--readme README.md] [--plot bench/results.png]
+    python bench/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
 
 Which figures make the table is declared once, in :data:`HEADLINES`: every row names the benchmark, the
 dotted key of its ratio in that benchmark's result, the target from the issue that asked for it, and (when
@@ -24,12 +24,13 @@ from typing import Any, Optional
 
 TABLE_START = "<!-- bench table start -->"
 TABLE_END = "<!-- bench table end -->"
-SECTION_HEADING = "## Benchmarks"
+SECTION_TITLE = "Benchmarks"
+"""The table lives in the section with this heading (any level: ``# Benchmarks`` in docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
 class Headline:
-    """One row of the README table: a ratio of ours against a peer measured in the same run."""
+    """One row of the results table: a ratio of ours against a peer measured in the same run."""
 
     bench: str
     """Benchmark module name (file name in bench/ without .py)."""
@@ -157,7 +158,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_table(results: dict[str, Any]) -> str:
-    """The README's results table (Markdown) with the machine line above it, from a results dict."""
+    """The results table (Markdown) with the machine line above it, from a results dict."""
     m = results.get("machine", {})
     versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v)
     head = (
@@ -196,33 +197,48 @@ def notes_of(results: dict[str, Any]) -> list[str]:
 
 
 def update_readme(readme_text: str, table: str) -> str:
-    """``readme_text`` with ``table`` placed between the table markers inside the ``## Benchmarks`` section.
+    """``readme_text`` with ``table`` placed between the table markers inside the ``Benchmarks`` section.
 
-    The markers are created at the end of the section when they are missing.
+    The section starts at a heading ``Benchmarks`` of any level (``# Benchmarks`` in docs/benchmarks.md) and
+    ends at the next heading of the same or a higher level. The markers are created at the end of the section
+    when they are missing.
 
     Raises:
-        ValueError: the README has no ``## Benchmarks`` heading, or the markers lie outside that section.
+        ValueError: the text has no ``Benchmarks`` heading, or the markers lie outside that section.
     """
-    start_sec = readme_text.find("\n" + SECTION_HEADING + "\n")
-    if start_sec < 0 and not readme_text.startswith(SECTION_HEADING + "\n"):
-        raise ValueError(f"README has no {SECTION_HEADING!r} section to put the results table in")
-    start_sec = max(start_sec, 0)
-    nxt = re.search(r"\n## ", readme_text[start_sec + 1 + len(SECTION_HEADING):])
-    end_sec = len(readme_text) if nxt is None else start_sec + 1 + len(SECTION_HEADING) + nxt.start()
+    headings = _headings(readme_text)
+    head = next(((pos, level) for pos, level, title in headings if title == SECTION_TITLE), None)
+    if head is None:
+        raise ValueError(f"no {SECTION_TITLE!r} section (a Markdown heading) to put the results table in")
+    start_sec, level = head
+    end_sec = next((pos - 1 for pos, lv, _ in headings if pos > start_sec and lv <= level), len(readme_text))
     section = readme_text[start_sec:end_sec]
     block = f"{TABLE_START}\n{table}\n{TABLE_END}"
     if TABLE_START in section and TABLE_END in section:
         a, b = section.index(TABLE_START), section.index(TABLE_END) + len(TABLE_END)
         if b < a:
-            raise ValueError(f"README: {TABLE_END!r} comes before {TABLE_START!r} in {SECTION_HEADING!r}")
+            raise ValueError(f"{TABLE_END!r} comes before {TABLE_START!r} in the {SECTION_TITLE!r} section")
         section = section[:a] + block + section[b:]
     elif TABLE_START in readme_text or TABLE_END in readme_text:
-        raise ValueError(f"README: the bench table markers exist outside the {SECTION_HEADING!r} section")
+        raise ValueError(f"the bench table markers exist outside the {SECTION_TITLE!r} section")
     else:
         section = section.rstrip("\n") + "\n\n" + block + "\n"
     if end_sec < len(readme_text) and not section.endswith("\n\n"):
         section = section.rstrip("\n") + "\n\n"
     return readme_text[:start_sec] + section + readme_text[end_sec:]
+
+
+def _headings(text: str) -> list[tuple[int, int, str]]:
+    """(character offset, level, title) of every Markdown heading, skipping fenced code (a ``# comment`` there)."""
+    out, offset, fenced = [], 0, False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"(#+) (.*)$", line)
+        if m:
+            out.append((offset, len(m.group(1)), m.group(2).strip()))
+        offset += len(line) + 1
+    return out
 
 
 def plot(results: dict[str, Any], path: str | Path) -> int:
@@ -277,16 +293,17 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Re-render README table and plot from an existing results file; returns 0."""
+    """Re-render the results table in docs/benchmarks.md and the plot from an existing results file; returns 0."""
     root = Path(__file__).resolve().parent.parent
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(root / "bench" / "results.json"))
-    p.add_argument("--readme", default=str(root / "README.md"))
+    p.add_argument("--doc", "--readme", dest="doc", default=str(root / "docs" / "benchmarks.md"),
+                   help="Markdown file whose 'Benchmarks' section holds the table")
     p.add_argument("--plot", default=str(root / "bench" / "results.png"))
     args = p.parse_args(argv)
     results = json.loads(Path(args.results).read_text())
-    readme = Path(args.readme)
-    readme.write_text(update_readme(readme.read_text(), render_table(results)))
+    doc = Path(args.doc)
+    doc.write_text(update_readme(doc.read_text(), render_table(results)))
     plot(results, args.plot)
     print(render_table(results))
     return 0

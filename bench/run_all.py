@@ -1,4 +1,4 @@
-"""Run every benchmark in ``bench/`` and write one ``bench/results.json``, the README table and a plot.
+"""Run every benchmark in ``bench/`` and write one ``bench/results.json``, the table in docs/benchmarks.md and a plot.
 
     python bench/run_all.py                      # what `make bench` runs (< 10 min on 2 CPU cores)
     python bench/run_all.py --only resume zero   # a subset (results.json then holds only that subset)
@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="per-benchmark time limit")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="time limit of the whole suite")
     p.add_argument("--results", default=str(BENCH_DIR / "results.json"), help="results file to write")
-    p.add_argument("--readme", default=str(ROOT / "README.md"), help="README to put the table in ('' = none)")
+    p.add_argument("--doc", "--readme", dest="doc", default=str(ROOT / "docs" / "benchmarks.md"),
+                   help="Markdown file whose 'Benchmarks' section gets the table ('' = none)")
     p.add_argument("--plot", default=str(BENCH_DIR / "results.png"), help="plot to write ('' = none)")
     p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; unset = no MLflow logging)")
@@ -394,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     table = report.render_table(results)
     if args.plot:
         report.plot(results, args.plot)
-    if args.readme:
-        readme = Path(args.readme)
-        readme.write_text(report.update_readme(readme.read_text(), table))
+    if args.doc:
+        doc = Path(args.doc)
+        doc.write_text(report.update_readme(doc.read_text(), table))
     print("\n" + table + "\n")
     print(f"suite wall time {results['wall_s']:.1f} s; wrote {out}")
     if args.mlflow_uri:

@@ -17,7 +17,7 @@
 # sees; needed with --resume auto; default: runs/<recipe>-<UTC time> chosen by rank 0).
 # Rank discovery: the ranks read RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* that DeepSpeed's launcher sets
 # (albert_dist.engine.distributed). On GPUs, set NCCL variables here or in ~/.deepspeed_env, which the
-# ssh mode copies to every host (README, "Launchers and Slurm").
+# ssh mode copies to every host (docs/slurm.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

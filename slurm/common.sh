@@ -19,7 +19,7 @@ if [[ ${ALBERT_SLURM_CPU:-0} == 1 ]]; then
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 else
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
-    # NCCL: adapt to your fabric (README, "Launchers and Slurm").
+    # NCCL: adapt to your fabric (docs/slurm.md).
     # export NCCL_SOCKET_IFNAME=ib0            # interface for NCCL's bootstrap/socket traffic
     # export NCCL_IB_HCA=mlx5                  # InfiniBand adapters to use
     # export NCCL_DEBUG=WARN                   # INFO prints the rings/trees NCCL builds

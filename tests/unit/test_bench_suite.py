@@ -92,6 +92,31 @@ def test_update_readme_inserts_then_replaces_inside_section():
         report.update_readme("# no section\n", "T")
 
 
+DOC = """# Benchmarks
+
+```bash
+# a comment in a fenced block is no heading
+make bench
+```
+
+## GPU check
+stays
+"""
+
+
+def test_update_readme_level_one_section_spans_its_subsections():
+    """docs/benchmarks.md: the section is the whole file under ``# Benchmarks``; the table goes at its end."""
+    once = report.update_readme(DOC, "TABLE-1")
+    assert once.startswith(DOC.rstrip("\n")) and once.endswith(f"{report.TABLE_START}\nTABLE-1\n{report.TABLE_END}\n")
+    assert report.update_readme(once, "TABLE-2") == once.replace("TABLE-1", "TABLE-2")
+
+
+def test_bench_doc_holds_the_table():
+    """The suite writes its table into docs/benchmarks.md (the README links to it)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    assert doc.count(report.TABLE_START) == 1 and doc.index(report.TABLE_START) < doc.index(report.TABLE_END)
+
+
 def test_plot_writes_png(tmp_path):
     path = tmp_path / "r.png"
     assert report.plot(_results([1.2, 1.3, 1.25]), path) == 1

@@ -1,0 +1,118 @@
+"""The commands the README and docs/ show exist: `albert-dist <sub-command>`, `make <target>`, `launch/<script>`.
+
+Every line of a fenced code block in README.md and docs/*.md that starts (after `VAR=value` assignments) with
+`albert-dist`, `make` or `launch/` must name a real sub-command of `albert_dist.cli.COMMANDS`, a target of the
+Makefile, or a file in the repository. On every command line (also `python -m albert_dist.cli ...`, `deepspeed`,
+`sbatch`, ...) the sub-command after `albert_dist.cli`, a `--config` path and any `configs/`, `slurm/`, `bench/`,
+`launch/` path must exist too (placeholders in `<...>` and globs are skipped).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from albert_dist.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_CHECKED_DIRS = ("configs/", "slurm/", "bench/", "launch/")
+
+
+def _fenced_commands(text: str) -> list[str]:
+    """Commands in fenced code blocks: continuation lines joined, comments and prompts removed."""
+    out, fenced, pending = [], False, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced, pending = not fenced, ""
+            continue
+        if not fenced:
+            continue
+        line = pending + " ".join(line.split())
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip() + " "
+            continue
+        pending = ""
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()  # a shell comment (never inside our commands' args)
+        if line:
+            out.append(line.removeprefix("$ "))
+    return out
+
+
+def _words(command: str) -> list[str]:
+    words = shlex.split(command)
+    while words and _ASSIGNMENT.match(words[0]):
+        words.pop(0)
+    return words
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z][\w-]*):", (ROOT / "Makefile").read_text(), flags=re.M))
+
+
+def _problems(command: str) -> list[str]:
+    words = _words(command)
+    if not words:
+        return []
+    head, problems = words[0], []
+    if head == "make":
+        targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        problems += [f"no make target {t!r}" for t in targets if t not in _make_targets()]
+    for i, word in enumerate(words):
+        if word in ("albert-dist", "albert_dist.cli") and (i + 1 == len(words) or words[i + 1] not in COMMANDS):
+            problems.append(f"no albert-dist sub-command {words[i + 1:i + 2]} (have {sorted(COMMANDS)})")
+    paths = [w for w in words if w.startswith(_CHECKED_DIRS)]
+    paths += [b for a, b in zip(words, words[1:]) if a == "--config"]
+    for path in dict.fromkeys(paths):
+        if "<" not in path and "*" not in path and not (ROOT / path).exists():
+            problems.append(f"no file {path!r}")
+    return problems
+
+
+def _all_commands() -> list[tuple[str, str]]:
+    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in _fenced_commands(doc.read_text())]
+
+
+def _head(command: str) -> str:
+    words = _words(command)
+    return words[0].split("/")[0] if words else ""
+
+
+def test_docs_exist_and_readme_links_them():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("model", "data", "training", "gradients", "mlflow", "slurm", "benchmarks"):
+        assert (ROOT / "docs" / f"{name}.md").is_file()
+        assert f"(docs/{name}.md)" in readme
+    assert len(readme.splitlines()) <= 150
+
+
+def test_docs_show_commands():
+    """The check below has something to check: the README shows all three kinds of command."""
+    heads = {_head(cmd) for _, cmd in _all_commands()}
+    assert {"albert-dist", "make", "launch"} <= heads
+
+
+@pytest.mark.parametrize("doc,command", _all_commands())
+def test_documented_command_exists(doc, command):
+    """Only the commands the issue names must start a line; the paths and sub-commands of every line are checked."""
+    assert _problems(command) == [], f"{doc}: {command}"
+
+
+@pytest.mark.parametrize("command,expected", [
+    ("albert-dist trian --config configs/pretrain/albert-tiny-wikitext.yaml", "no albert-dist sub-command ['trian']"),
+    ("torchrun --nproc_per_node 2 -m albert_dist.cli tran", "no albert-dist sub-command ['tran']"),
+    ("make pretrian", "no make target 'pretrian'"),
+    ("RUN_DIR=x launch/pretrain_locl.sh 2", "no file 'launch/pretrain_locl.sh'"),
+    ("albert-dist train --config configs/pretrain/nope.yaml", "no file 'configs/pretrain/nope.yaml'"),
+])
+def test_checker_finds_wrong_commands(command, expected):
+    problems = _problems(command)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_fenced_commands_join_continuations_and_drop_comments():
+    text = "x\n```bash\nmake test   # all\nalbert-dist export a \\\n    --output b\n```\nmake nothing\n"
+    assert _fenced_commands(text) == ["make test", "albert-dist export a --output b"]
