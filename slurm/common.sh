@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by slurm/pretrain.sbatch and slurm/deepspeed.sbatch (sourced from the batch shell; jobs are submitted
 # from the repository root, which is where the batch shell starts).
 #
@@ -6,7 +7,9 @@
 # checkpoint-and-stop request for the ranks, and requeues the job when the ranks exit with EXIT_PREEMPTED.
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+# shellcheck disable=SC2034 # CONFIG and RUN_DIR are read by the sbatch scripts that source this file
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
+# shellcheck disable=SC2034
 RUN_DIR=${ALBERT_RUN_DIR:-runs/slurm-${SLURM_JOB_ID}}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}

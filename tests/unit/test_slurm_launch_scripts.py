@@ -1,4 +1,4 @@
-"""launch/slurm_hostfile.py (checked against DeepSpeed's own hostfile parser) and the shell scripts' syntax."""
+"""launch/slurm_hostfile.py (checked against DeepSpeed's own hostfile parser), the shell scripts' syntax and shellcheck."""
 from __future__ import annotations
 
 import importlib.util
@@ -66,6 +66,16 @@ def test_hostfile_errors(capsys):
 def test_shell_syntax(script):
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck not installed (Debian package `shellcheck`; .ci/run installs it)")
+def test_shellcheck():
+    """Every launch/, slurm/ and .ci/ script passes shellcheck (warnings and style notes included); a line
+    that is right as written carries a `# shellcheck disable=SCxxxx # why` directive."""
+    proc = subprocess.run(["shellcheck", "--format=gcc", *map(str, SHELL_SCRIPTS)], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_sbatch_directives_precede_commands():
