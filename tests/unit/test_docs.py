@@ -43,7 +43,10 @@ def _fenced_commands(text: str) -> list[str]:
 
 
 def _words(command: str) -> list[str]:
-    words = shlex.split(command)
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not shell (a directory tree with an apostrophe): plain words
+        words = command.split()
     while words and _ASSIGNMENT.match(words[0]):
         words.pop(0)
     return words
