@@ -5,6 +5,14 @@ Ids (as in google-research/albert's released ``30k-clean.model``): ``<pad>``=0, 
 the encoder never produces them from text, so a document containing the literal string "[MASK]" is encoded as
 ordinary pieces and the pipeline inserts special tokens by id only. (User-defined symbols would be matched in
 text, which is why they are not used.) The model loads in transformers' ``AlbertTokenizer`` with the same ids.
+
+Byte fallback (``--byte-fallback``, sentencepiece ``byte_fallback``) adds the 256 pieces ``<0x00>``..``<0xFF>``
+(ids 5..260, right after the special ids) and encodes a character outside the vocabulary as its UTF-8 bytes
+instead of ``<unk>``. It is off by default because transformers' ALBERT tokenizer ignores it (checked with
+transformers 5.24 in tests/unit/test_tokenizer.py: ``AlbertTokenizer``, which ``AlbertTokenizerFast`` aliases,
+builds its Unigram model with byte fallback off, so it encodes those characters as ``<unk>`` and decodes byte
+pieces as their literal names): an exported model would see other ids than it was trained on. Train with
+``--character-coverage 1.0`` instead to keep every character of the training text (what the bundled model does).
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
 #: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
 FIRST_NORMAL_ID = 5
+#: ``albert-dist tokenizer train`` default for byte fallback: off while transformers' AlbertTokenizer ignores it.
+BYTE_FALLBACK_DEFAULT = False
 
 
 def _sentences(texts: Iterator[str], max_sentence_bytes: int) -> Iterator[str]:
@@ -48,13 +58,15 @@ def train_tokenizer(
     max_sentence_bytes: int = 4192,
     text_field: str = "text",
     num_threads: int = 1,
+    byte_fallback: bool = BYTE_FALLBACK_DEFAULT,
 ) -> Path:
     """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``) from local files, directories or globs.
 
     Reads every input through :mod:`albert_dist.data.sources` (txt/jsonl/parquet, .gz/.zst) as one stream;
     sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
     memory is bounded whatever the corpus size. Normalisation is NFKC (``nmt_nfkc``), with case folding
-    (``nmt_nfkc_cf``) when ``lowercase``. Raises ValueError for a bad argument, inputs that match no file or
+    (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
+    pieces instead of ``<unk>`` (see the module docstring for why it is off by default). Raises ValueError for a bad argument, inputs that match no file or
     hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
     """
@@ -74,7 +86,7 @@ def train_tokenizer(
     spm.set_random_generator_seed(seed)
     try:
         _train_sentencepiece(texts, out, vocab_size, model_type, lowercase, character_coverage,
-                             input_sentence_size, max_sentence_bytes, num_threads)
+                             input_sentence_size, max_sentence_bytes, num_threads, byte_fallback)
     except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         if "sentences_.empty()" in detail:
@@ -82,13 +94,16 @@ def train_tokenizer(
         raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
+    if byte_fallback:
+        logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "
+                       "<unk> and decodes byte pieces literally, so an exported model's tokenizer differs from this one")
     check_special_ids(load_tokenizer(str(model)))
     return model
 
 
 def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, lowercase: bool,
                          character_coverage: float, input_sentence_size: int, max_sentence_bytes: int,
-                         num_threads: int) -> None:
+                         num_threads: int, byte_fallback: bool) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=_sentences(texts, max_sentence_bytes),
         model_prefix=str(out / "spiece"),
@@ -107,6 +122,7 @@ def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, low
         unk_piece="<unk>",
         control_symbols=["[CLS]", "[SEP]", "[MASK]"],
         num_threads=num_threads,
+        byte_fallback=byte_fallback,
         minloglevel=2,
     )
 
@@ -149,6 +165,9 @@ def cli(argv: Optional[list[str]] = None) -> int:
     train.add_argument("--text-field", default="text", help="JSON/parquet text column")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--num-threads", type=int, default=1)
+    train.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=BYTE_FALLBACK_DEFAULT,
+                       help="encode characters outside the vocabulary as UTF-8 byte pieces, not <unk> (off: "
+                            "transformers' AlbertTokenizer ignores byte fallback; see docs/data.md)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
@@ -156,6 +175,7 @@ def cli(argv: Optional[list[str]] = None) -> int:
         model = train_tokenizer(
             args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,
             args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
+            byte_fallback=args.byte_fallback,
         )
     except ValueError as err:
         print(f"albert-dist tokenizer: error: {err}", file=sys.stderr)

@@ -1,7 +1,9 @@
-"""Tokenizer: ALBERT's special ids, transformers' AlbertTokenizer agreement, "[MASK]" in text, the CLI."""
+"""Tokenizer: ALBERT's special ids, transformers' AlbertTokenizer agreement, "[MASK]" in text, the CLI, byte fallback."""
 from __future__ import annotations
 
 import gzip
+import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +85,7 @@ def test_cli_trains_model_with_albert_ids(tmp_path, capsys, model_type):
     # lower-casing (nmt_nfkc_cf): upper and lower case text encode alike; the .gz shard was read
     assert sp.encode("ALPHA BETA") == sp.encode("alpha beta")
     assert sp.encode("gamma")
+    assert not any(sp.is_byte(i) for i in range(sp.get_piece_size()))  # byte fallback is off by default
 
 
 def test_cli_missing_input_is_a_clear_error(tmp_path, capsys):
@@ -113,3 +116,80 @@ def test_load_tokenizer_rejects_wrong_ids(tmp_path):
         tok.load_tokenizer(str(tmp_path / "plain.model"))
     with pytest.raises(ValueError, match="is not a file"):
         tok.load_tokenizer(str(tmp_path / "missing.model"))
+
+
+# -- byte fallback (issue 11): real text from tests/fixtures/text (public domain; see its README) -------------------
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "text"
+
+
+def _lines(name: str) -> list[str]:
+    from albert_dist.data.pretraining import split_sentences
+
+    return split_sentences((FIXTURES / name).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def byte_fallback_dir(tmp_path_factory):
+    """A byte-fallback model trained on Shakespeare only (every character of it in the vocabulary): Chinese text is
+    outside its vocabulary."""
+    out = tmp_path_factory.mktemp("bf")
+    rc = tok.cli(["train", "--input", str(FIXTURES / "shakespeare.txt"), "--vocab-size", "400", "--byte-fallback",
+                  "--character-coverage", "1.0", "--output", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_byte_fallback_encodes_unseen_characters_as_bytes_and_round_trips(byte_fallback_dir):
+    sp = tok.load_tokenizer(str(byte_fallback_dir / "spiece.model"))
+    assert sp.get_piece_size() == 400
+    assert [sp.id_to_piece(i) for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+    byte_ids = [i for i in range(sp.get_piece_size()) if sp.is_byte(i)]
+    assert len(byte_ids) == 256 and sp.id_to_piece(byte_ids[0]) == "<0x00>"
+    chinese = _lines("chinese.txt")
+    for line in chinese + _lines("shakespeare.txt"):
+        ids = sp.encode(line)
+        assert tok.UNK_ID not in ids, line
+        # NFKC (the model's normalisation) maps full-width punctuation to ASCII; everything else comes back
+        assert sp.decode(ids) == unicodedata.normalize("NFKC", line)
+    # Chinese characters the Shakespeare vocabulary lacks are their UTF-8 bytes, 3 byte pieces each
+    ids = sp.encode("学而")
+    assert [sp.id_to_piece(i) for i in ids[-6:]] == [f"<0x{b:02X}>" for b in "学而".encode("utf-8")]
+    # without byte fallback the same training gives <unk> there
+    plain = tok.load_tokenizer(str(tok.train_tokenizer([str(FIXTURES / "shakespeare.txt")],
+                                                       str(byte_fallback_dir / "plain"), 144)))
+    assert tok.UNK_ID in plain.encode(chinese[0])
+
+
+def test_transformers_albert_tokenizer_agrees_on_bundled_model_for_real_text(sample_sp):
+    transformers = pytest.importorskip("transformers")
+    from albert_dist.data.sources import resolve_path
+
+    hf = transformers.AlbertTokenizer.from_pretrained(str(resolve_path(DataConfig().tokenizer_path).parent),
+                                                      do_lower_case=False, keep_accents=True)
+    for line in _lines("shakespeare.txt") + _lines("chinese.txt"):
+        ids = sample_sp.encode(line)
+        assert hf(line, add_special_tokens=False)["input_ids"] == ids, line
+        if tok.UNK_ID not in ids:
+            assert hf.decode(ids) == sample_sp.decode(ids) == unicodedata.normalize("NFKC", line)
+
+
+def test_transformers_albert_tokenizer_ignores_byte_fallback(byte_fallback_dir):
+    """Why ``--byte-fallback`` is off by default: transformers' ALBERT tokenizer (``AlbertTokenizer``, which
+    ``AlbertTokenizerFast`` is an alias of since transformers 5) builds its Unigram model with byte fallback off.
+    It agrees with sentencepiece wherever the vocabulary covers the text, but encodes uncovered characters as
+    ``<unk>`` and decodes byte pieces as their literal names. When this test fails, transformers has caught up:
+    switch the default on (albert_dist.data.tokenizer.BYTE_FALLBACK_DEFAULT)."""
+    transformers = pytest.importorskip("transformers")
+    assert transformers.AlbertTokenizerFast is transformers.AlbertTokenizer
+    sp = tok.load_tokenizer(str(byte_fallback_dir / "spiece.model"))
+    hf = transformers.AlbertTokenizer.from_pretrained(str(byte_fallback_dir), do_lower_case=False,
+                                                      keep_accents=True)
+    for line in _lines("shakespeare.txt"):  # covered text: identical ids and decoding
+        ids = sp.encode(line)
+        assert hf(line, add_special_tokens=False)["input_ids"] == ids
+        assert hf.decode(ids) == sp.decode(ids)
+    line = _lines("chinese.txt")[0]
+    ids = sp.encode(line)
+    theirs = hf(line, add_special_tokens=False)["input_ids"]
+    assert theirs != ids and tok.UNK_ID in theirs and tok.UNK_ID not in ids
+    assert "<0x" in hf.decode(ids) and sp.decode(ids) == unicodedata.normalize("NFKC", line)
