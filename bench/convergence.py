@@ -68,6 +68,9 @@ RECIPES: dict[str, tuple[str, ...]] = {
 }
 SCORE_SEED = 1234
 SCORE_MLM_PROBABILITY = 0.15
+#: Blocks of the held-out set (evenly spaced over the validation split): ~23k predictions at seq 128, enough
+#: for +-0.005 accuracy (2 standard errors at accuracy 0.15), and ~10 s per scoring on one loaded CPU core.
+SCORE_BLOCKS = 1200
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -101,8 +104,11 @@ def grouped_blocks(paths: Sequence[str], tokenizer_path: str, block: int):
     return torch.from_numpy(flat[: n * block].reshape(n, block).copy())
 
 
-def scoring_set(cfg, seed: int = SCORE_SEED) -> dict[str, Any]:
-    """The fixed held-out set: validation files grouped into blocks, masked once (15%, ``seed``)."""
+def scoring_set(cfg, seed: int = SCORE_SEED, max_blocks: int = SCORE_BLOCKS) -> dict[str, Any]:
+    """The fixed held-out set: validation files grouped into blocks, ``max_blocks`` of them evenly spaced
+    (all when there are fewer), masked once (15%, ``seed``)."""
+    import torch
+
     from transformers import DataCollatorForLanguageModeling
 
     from albert_dist.data.sources import discover_files
@@ -110,6 +116,8 @@ def scoring_set(cfg, seed: int = SCORE_SEED) -> dict[str, Any]:
     files = [str(f) for i, src in enumerate(cfg.data.validation)
              for f in discover_files(src, f"data.validation[{i}]")]
     blocks = grouped_blocks(files, cfg.data.tokenizer_path, cfg.data.max_seq_length)
+    if len(blocks) > max_blocks:
+        blocks = blocks[torch.linspace(0, len(blocks) - 1, max_blocks).round().long()]
     collator = DataCollatorForLanguageModeling(_hf_tokenizer(cfg.data.tokenizer_path),
                                                mlm_probability=SCORE_MLM_PROBABILITY, seed=seed)
     batch = collator([{"input_ids": b} for b in blocks])

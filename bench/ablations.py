@@ -1,0 +1,188 @@
+"""Objective and recipe ablations on the bundled corpus, scored like bench/convergence.py.
+
+Every cell is one run of the real trainer (one rank, global batch 16, seq 128, AdamW, linear warmup/decay,
+``BASE`` overrides on the quickstart recipe) for ``--steps`` (1,000) optimiser steps with a checkpoint every
+``--every`` (100) steps, each checkpoint scored on bench/convergence.py's held-out set through the HF export;
+the 300- and 1,000-step figures come from the same 1,000-step run (the 300-step point sees the 1,000-step
+learning-rate schedule). ``peer`` is transformers' run_mlm recipe (`convergence.train_peer`). Results are one
+JSON file per (cell, seed) in ``--out``; a cell already there is not rerun, so the grid can be extended.
+
+    python bench/ablations.py run peer shipped sop0 --seeds 1 2 --jobs 2 [--out runs/ablations]
+    python bench/ablations.py table [--out runs/ablations]        # the markdown table of docs/convergence.md
+    python bench/ablations.py list                                # the cells and their overrides
+
+Not a suite benchmark (it has no ``run``): a full grid is hours of CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import convergence as conv  # noqa: E402
+
+log = logging.getLogger("bench.ablations")
+
+#: Overrides of every cell: 1,000 steps as the issue's measurement (warmup 10%).
+BASE = ("optimizer.warmup_steps=100",)
+#: cell -> (overrides on BASE, what it tests). "peer" is not a trainer run.
+CELLS: dict[str, tuple[tuple[str, ...], str]] = {
+    "peer": ((), "transformers AlbertForPreTraining, run_mlm grouping + DataCollatorForLanguageModeling, MLM only"),
+    "sop1": ((),
+             "n-gram whole-word masking + SOP weight 1 from step 0 (the recipe before issue 11)"),
+    "sop0": (("objective.sop_weight=0.0",), "n-gram whole-word masking, no SOP loss"),
+    "sop0.1": (("objective.sop_weight=0.1", "objective.sop_start_step=0", "objective.sop_ramp_steps=0"),
+               "SOP weight 0.1 from step 0"),
+    "sop_ramp": (("objective.sop_weight=1.0", "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
+                 "SOP weight 0 until step 300, linear ramp to 1 by step 500"),
+    "shipped": ((), "the recipe as shipped"),
+    "noclip": (("objective.sop_weight=0.0", "engine.gradient_clipping=0.0"), "sop0 without gradient clipping"),
+    "ngram1": (("objective.sop_weight=0.0", "data.max_ngram=1"), "sop0, single whole words (no n-grams)"),
+    "piece": (("objective.sop_weight=0.0", "data.whole_word_masking=false"), "sop0, n-grams of pieces"),
+    "matched": (("objective.sop_weight=0.0", "data.max_ngram=1", "data.whole_word_masking=false"),
+                "sop0, single-piece masking: the peer's objective on ALBERT's examples"),
+    "ssp0": (("objective.sop_weight=0.0", "data.short_seq_prob=0.0"), "sop0, no short sequences"),
+    "lr1e-3": (("objective.sop_weight=0.0", "optimizer.lr=0.001"), "sop0, lr 1e-3"),
+    "lr5e-3_w300": (("objective.sop_weight=0.0", "optimizer.lr=0.005", "optimizer.warmup_steps=300"),
+                    "sop0, lr 5e-3 with 300 warmup steps"),
+    "mask30": (("objective.sop_weight=0.0", "data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40"),
+               "sop0, 30% masking (ModernBERT)"),
+}
+
+
+def _path(out: Path, cell: str, seed: int) -> Path:
+    return out / f"{cell}-seed{seed}.json"
+
+
+def run_cell(cell: str, seed: int, steps: int, every: int, out: Path) -> dict:
+    """Train and score one (cell, seed); writes and returns its JSON record."""
+    from albert_dist.config import load_config
+
+    overrides = [*BASE, *CELLS[cell][0], f"seed={seed}", f"data.seed={12344 + seed}"]
+    cfg = load_config(conv.RECIPE, [*conv.COMMON, f"max_steps={steps}", *overrides])
+    scoring = conv.scoring_set(cfg)
+    t0 = time.perf_counter()
+    if cell == "peer":
+        curve = conv.train_peer(cfg, steps, every, scoring)
+    else:
+        run_dir = out / f"{cell}-seed{seed}"
+        conv.train_ours(overrides, str(run_dir), steps, every, timeout_s=4 * 3600)
+        curve = conv.score_run(cfg, str(run_dir), scoring)
+    rec = {"cell": cell, "seed": seed, "steps": steps, "overrides": overrides, "what": CELLS[cell][1],
+           "predictions": scoring["predictions"], "unigram": conv.unigram_floor(cfg, scoring), "curve": curve,
+           "wall_s": time.perf_counter() - t0}
+    _path(out, cell, seed).write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def schedule(cells: list[str], seeds: list[int], steps: int, every: int, out: Path, jobs: int) -> int:
+    """Run the missing (cell, seed) pairs, at most ``jobs`` child processes at a time; returns failures."""
+    todo = [(c, s) for s in seeds for c in cells if not _path(out, c, s).exists()]
+    running: list[tuple[subprocess.Popen, str, int]] = []
+    failed = 0
+    while todo or running:
+        while todo and len(running) < jobs:
+            c, s = todo.pop(0)
+            logf = open(out / f"{c}-seed{s}.log", "w")
+            cmd = [sys.executable, __file__, "_one", c, str(s), "--steps", str(steps), "--every", str(every),
+                   "--out", str(out)]
+            running.append((subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT), c, s))
+            log.info("started %s seed %d", c, s)
+        time.sleep(5)
+        for item in list(running):
+            proc, c, s = item
+            if proc.poll() is not None:
+                running.remove(item)
+                log.info("%s seed %d: exit %d", c, s, proc.returncode)
+                failed += proc.returncode != 0
+    return failed
+
+
+def load(out: Path) -> dict[str, list[dict]]:
+    recs: dict[str, list[dict]] = {}
+    for p in sorted(out.glob("*-seed*.json")):
+        rec = json.loads(p.read_text())
+        recs.setdefault(rec["cell"], []).append(rec)
+    return recs
+
+
+def _cell_fmt(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {abs(values[0] - values[1]) / 2:.{digits}f}"
+
+
+def table(out: Path, report_steps=(300, 1000)) -> str:
+    """Markdown: per cell, loss / accuracy at the report steps (mean ± half the seed spread), SOP accuracy,
+    steps to the peer's 300-step accuracy."""
+    recs = load(out)
+    peer = recs.get("peer", [])
+    target = statistics.mean(conv.at_step(r["curve"], report_steps[0])["mlm_accuracy"] for r in peer) if peer else None
+    head = ("| cell | what | seeds | " + " | ".join(f"{s} steps: MLM loss | MLM acc" for s in report_steps) +
+            f" | val SOP acc ({report_steps[-1]}) | steps to peer's {report_steps[0]}-step acc |")
+    lines = [head, "|" + "---|" * (3 + 2 * len(report_steps) + 2)]
+    first = next(iter(recs.values()))[0] if recs else None
+    for cell in CELLS:
+        if cell not in recs:
+            continue
+        rs = recs[cell]
+        cells = [cell, CELLS[cell][1], ",".join(str(r["seed"]) for r in rs)]
+        for s in report_steps:
+            pts = [conv.at_step(r["curve"], s) for r in rs]
+            pts = [p for p in pts if p]
+            cells += [_cell_fmt([p["mlm_loss"] for p in pts]), _cell_fmt([p["mlm_accuracy"] for p in pts])]
+        sops = [p["val_sop_accuracy"] for r in rs for p in [conv.at_step(r["curve"], report_steps[-1])]
+                if p and "val_sop_accuracy" in p]
+        cells.append(_cell_fmt(sops) if sops else "")
+        tta = [conv.time_to(r["curve"], target)["steps"] for r in rs] if target else []
+        cells.append(", ".join(str(t) if t else "—" for t in tta))
+        lines.append("| " + " | ".join(cells) + " |")
+    if first:
+        u = first["unigram"]
+        lines.append(f"\nHeld-out set: {first['predictions']} masked tokens; unigram floor {u['mlm_loss']:.3f} / "
+                     f"{u['mlm_accuracy']:.3f}" + (f"; peer's {report_steps[0]}-step accuracy {target:.3f}" if target else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=["run", "table", "list", "_one"])
+    p.add_argument("cells", nargs="*")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--every", type=int, default=100)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--out", default="runs/ablations")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.command == "list":
+        for name, (ov, what) in CELLS.items():
+            print(f"{name:<12} {what}\n{'':<12} {' '.join([*BASE, *ov])}")
+        return 0
+    if args.command == "table":
+        print(table(out))
+        return 0
+    if args.command == "_one":
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        run_cell(args.cells[0], int(args.cells[1]), args.steps, args.every, out)
+        return 0
+    unknown = sorted(set(args.cells) - set(CELLS))
+    if unknown:
+        p.error(f"unknown cells {unknown}")
+    return 1 if schedule(args.cells, args.seeds, args.steps, args.every, out, args.jobs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
