@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
+from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
 from albert_dist.tracking.config import TrackingConfig
 
@@ -34,6 +35,8 @@ class TrainConfig:
     """Corpora, tokenizer, SOP/MLM example construction and loader workers."""
     optimizer: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser, weight decay and learning-rate schedule."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """Weight and schedule of the SOP loss against the MLM loss (albert_dist.engine.objective)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """DeepSpeed settings: ZeRO stage, batch sizes, precision, clipping."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -82,6 +82,8 @@ class DataConfig:
     """Cap on masked tokens per example (ALBERT: 20 at sequence length 512)."""
     max_ngram: int = 3
     """Longest masked n-gram in whole words; p(n) proportional to 1/n (ALBERT paper, section 4.1)."""
+    whole_word_masking: bool = True
+    """Mask units are whole words (ALBERT); false: single pieces, as transformers' DataCollatorForLanguageModeling."""
     random_token_prob: float = 0.1
     """Of the selected tokens: this fraction gets a random token, as many are kept, the rest become [MASK]."""
     num_workers: int = 2

@@ -78,7 +78,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
         that do not change the batches (num_workers: checked per slot; eval_batches) are left out."""
         keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
-                "max_ngram", "random_token_prob", "seed", "shuffle", "shard_piece_bytes", "max_document_bytes")
+                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shard_piece_bytes", "max_document_bytes")
         pieces = [
             None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
             for plan in self.plans

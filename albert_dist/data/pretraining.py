@@ -14,8 +14,8 @@ Follows google-research/albert ``create_pretraining_data.py`` (itself BERT's), w
   front or the back with probability 1/2 (BERT's ``truncate_seq_pair``, in closed form).
 * Masking (ALBERT paper, section 4.1, ``max_ngram`` = 3): whole words are the units (a word starts at a piece
   beginning with "▁"; a piece holding a CJK/kana character is a word of its own, so text without spaces falls
-  back to pieces). The word sequence is tiled into n-grams with n drawn from p(n) ∝ 1/n; tiles are visited in a
-  random order and taken when they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
+  back to pieces; ``whole_word_masking=False`` makes every piece a unit). The word sequence is tiled into
+  n-grams with n drawn from p(n) ∝ 1/n; tiles are visited in a random order and taken when they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
   masked_lm_prob)))`` tokens. Of the chosen tokens 80% become [MASK], 10% a random ordinary token, 10% stay.
   [CLS], [SEP] and padding are never candidates. Tiling makes the chosen n-grams non-overlapping without a
   per-token loop; it differs from ALBERT's "random start, reject overlaps" loop only in where n-grams may start.
@@ -214,7 +214,8 @@ class ExampleBuilder:
         flat = np.concatenate([seg for a, b, _ in pairs for seg in (a, b)])  # (N,)
         off = cand.cumsum() - cand  # (E,) flat offset of each example
         ex_of = np.repeat(np.arange(n_ex), cand)  # (N,)
-        starts = self.word_start[flat]
+        # whole_word_masking false: every piece is a unit of its own (n-grams of pieces)
+        starts = self.word_start[flat] if self.cfg.whole_word_masking else np.ones(len(flat), dtype=bool)
         starts[off] = True
         starts[(off + la)[lb > 0]] = True  # B's first piece starts a word even when the cut fell inside one
         word_starts = starts.nonzero()[0]

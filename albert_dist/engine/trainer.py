@@ -2,8 +2,10 @@
 
 One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
 `engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
-Every `log_interval_steps`: loss, mlm_loss, sop_loss, mlm/sop accuracy, lr, grad_norm, tokens/s, samples/s,
-MFU and peak memory per rank go to the tracker (rank 0). Every `eval_interval_steps` and after the last step:
+The backward pass of step s takes `mlm_loss + sop_weight_at(cfg.objective, s) * sop_loss`
+(`albert_dist.engine.objective`). Every `log_interval_steps`: loss (mlm_loss + sop_loss, unweighted, so runs
+with different SOP schedules compare), mlm_loss, sop_loss, sop_weight, mlm/sop accuracy, lr, grad_norm,
+tokens/s, samples/s, MFU and peak memory per rank go to the tracker (rank 0). Every `eval_interval_steps` and after the last step:
 validation loss and accuracies on the held-out data. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
@@ -33,6 +35,7 @@ from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import setup_logging
 from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
+from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
                                         resolve_peak_tflops)
 
@@ -208,16 +211,17 @@ class Trainer:
             with logging_redirect_tqdm():
                 while self.step < cfg.max_steps:
                     lr = engine.get_lr()[0]  # the lr this step's update uses
+                    sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
                     for _ in range(self.ga_steps):
                         batch = self._to_device(next(self._train_iter))
                         out = engine(**batch)
-                        engine.backward(out.loss)
+                        engine.backward(out.mlm_loss + sop_weight * out.sop_loss)
                         engine.step()
                         acc.add_micro_step(out, batch["attention_mask"])
                     self.step += 1
                     acc.add_step(engine.get_global_grad_norm())
                     if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
-                        record = self._log_train(acc, lr)
+                        record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
                     paused = time.perf_counter()  # eval and save time is not training throughput
@@ -248,10 +252,11 @@ class Trainer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def _log_train(self, acc: MetricAccumulator, lr: float) -> dict[str, float]:
+    def _log_train(self, acc: MetricAccumulator, lr: float, sop_weight: float) -> dict[str, float]:
         record = acc.reduce()
         world = self.dist_env.world_size
         record["lr"] = float(lr)
+        record["sop_weight"] = float(sop_weight)
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and world > 1:
             gathered = [torch.zeros_like(mem) for _ in range(world)]

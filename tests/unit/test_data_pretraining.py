@@ -143,6 +143,35 @@ def test_masks_cover_whole_words(sp):
     assert partial == 0
 
 
+def _partial_words(sp, ex) -> int:
+    """Words of an example only partly masked (a word starts at a "▁" piece or at the segment's start)."""
+    a, b = segments(ex)
+    partial = 0
+    for seg, offset in ((a, 1), (b, len(a) + 2)):
+        starts = np.array([sp.id_to_piece(int(t)).startswith("\u2581") for t in seg])
+        starts[0] = True
+        word = np.cumsum(starts)
+        masked = ex.mlm_labels[offset : offset + len(seg)] != -100
+        partial += sum(not masked[word == w].all() for w in np.unique(word[masked]))
+    return partial
+
+
+def test_piece_masking_picks_single_pieces_and_fills_the_budget(sp):
+    """whole_word_masking=False, max_ngram=1 (transformers' collator's unit): pieces are chosen independently,
+    so words get partly masked, and single-piece tiles always fit, so every example gets its whole budget."""
+    cfg = DataConfig(max_seq_length=64, max_predictions_per_seq=10, max_ngram=1, whole_word_masking=False)
+    _, examples = _examples(sp, cfg, ENGLISH, 100)
+    multi_piece = sum(not sp.id_to_piece(int(t)).startswith("\u2581") for ex in examples for t in ex.input_ids[1:])
+    assert multi_piece > 0  # the text has words of several pieces, else the test could not fail
+    assert sum(_partial_words(sp, ex) for ex in examples) > 0
+    for ex in examples:
+        budget = min(10, max(1, round((len(ex.input_ids) - 3) * 0.15)))
+        assert len(ex.masked_positions) == budget
+    whole = DataConfig(max_seq_length=64, max_predictions_per_seq=10, max_ngram=1)
+    _, examples = _examples(sp, whole, ENGLISH, 100)
+    assert sum(_partial_words(sp, ex) for ex in examples) == 0
+
+
 def test_ngram_lengths_follow_one_over_n(sp):
     """Tiles of single-token words: chosen n-gram lengths ~ 6/11, 3/11, 2/11 (ALBERT paper, section 4.1)."""
     builder = ExampleBuilder(sp, DataConfig(max_ngram=3))

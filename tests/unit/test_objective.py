@@ -42,3 +42,50 @@ def test_bad_values_name_the_field(field, value):
 def test_negative_step_is_refused():
     with pytest.raises(ValueError, match="step"):
         sop_weight_at(ObjectiveConfig(), -1)
+
+
+def test_objective_section_loads_strictly():
+    from albert_dist.config import load_config
+
+    cfg = load_config(None, ["objective.sop_weight=0.25", "objective.sop_start_step=7"])
+    assert (cfg.objective.sop_weight, cfg.objective.sop_start_step, cfg.objective.sop_ramp_steps) == (0.25, 7, 0)
+    with pytest.raises(ValueError, match="objective.sop_ramp_steps"):
+        load_config(None, ["objective.sop_ramp_steps=-1"])
+    with pytest.raises(ValueError, match="sop_wieght"):
+        load_config(None, ["objective.sop_wieght=1"])
+
+
+def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path):
+    """SOP weight 0 for steps 0-1, 1 from step 2 (one trainer in this process: DeepSpeed keeps its groups)."""
+    import json
+
+    import torch
+
+    from albert_dist.config import load_config
+    from albert_dist.engine.trainer import Trainer
+
+    overrides = ["model.num_hidden_layers=1", "model.num_hidden_groups=1", "model.hidden_size=32",
+                 "model.embedding_size=16", "model.intermediate_size=64", "model.num_attention_heads=2",
+                 "model.max_position_embeddings=32", "data.max_seq_length=32", "data.max_predictions_per_seq=5",
+                 "data.num_workers=0", "data.validation=[]", "engine.zero_stage=0",
+                 "engine.train_micro_batch_size_per_gpu=2", "optimizer.weight_decay=0.0", "optimizer.warmup_steps=0",
+                 "max_steps=3", "log_interval_steps=1", "eval_interval_steps=0", "checkpoint.save_interval_steps=0",
+                 "tracking.enabled=false", "progress_bar=false", f"run_dir={tmp_path}", "objective.sop_start_step=2"]
+    trainer = Trainer(load_config(None, overrides))
+    head = lambda: trainer.engine.module.sop_classifier.classifier.weight.detach().clone()  # noqa: E731
+    try:
+        trainer.setup()
+        initial = head()
+        trainer.cfg.max_steps = 2  # stop after the two MLM-only steps (the lr schedule stays the 3-step one)
+        trainer.train()
+        mlm_only = head()
+        trainer.cfg.max_steps = 3
+        trainer.train()
+        final = head()
+    finally:
+        trainer.close("FINISHED")
+    # Weight 0: the SOP head's gradient is 0 and, without weight decay, AdamW leaves it exactly as it was.
+    assert torch.equal(initial, mlm_only)
+    assert not torch.equal(mlm_only, final)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["sop_weight"] for r in records if "sop_weight" in r] == [0.0, 0.0, 1.0]
