@@ -328,7 +328,8 @@ def figures(curves: dict[str, list[dict]], report_steps: Sequence[int]) -> dict[
 
 def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_every: int = 50,
         recipes: Sequence[str] = ("matched", "albert", "albert_mlm_only"), out_dir: Optional[str] = None,
-        overrides: Sequence[str] = (), timeout_s: float = 3600.0, peer_full_logits: bool = False) -> dict[str, Any]:
+        overrides: Sequence[str] = (), timeout_s: float = 3600.0, peer_full_logits: bool = False,
+        score_blocks: int = SCORE_BLOCKS) -> dict[str, Any]:
     """Train the peer and each recipe of ours for ``steps``, score every ``curve_every`` steps, return figures.
 
     Keys: ``unigram`` (floor of the set), ``predictions`` (masked tokens scored), ``curves`` (per run: step,
@@ -350,7 +351,7 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
     if cfg.optimizer.warmup_steps > steps:
         cfg = load_config(RECIPE, [*base, f"optimizer.warmup_steps={max(1, steps // 10)}"])
     overrides = [*overrides, f"optimizer.warmup_steps={cfg.optimizer.warmup_steps}"]
-    scoring = scoring_set(cfg)
+    scoring = scoring_set(cfg, max_blocks=score_blocks)
     result: dict[str, Any] = {"steps": steps, "report_steps": list(report_steps), "curve_every": curve_every,
                               "global_batch": cfg.engine.train_micro_batch_size_per_gpu,
                               "max_seq_length": cfg.data.max_seq_length, "predictions": scoring["predictions"],
