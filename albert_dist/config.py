@@ -52,7 +52,7 @@ class TrainConfig:
     log_interval_steps: int = 10
     """Optimiser steps between two metric records (loss, accuracies, lr, grad norm, throughput, MFU, memory)."""
     eval_interval_steps: int = 100
-    """Optimiser steps between two validations (data.eval_batches batches per rank; 0: only after the last step)."""
+    """Optimiser steps between two validations (the fixed set of data.eval_examples; 0: only after the last step)."""
     progress_bar: bool = True
     """Show a tqdm progress bar with ETA on rank 0."""
 

@@ -5,8 +5,7 @@ strings; fit for DeepSpeed's ``client_state``/``torch.save``) restores the exact
 worker processes, without replaying the stream (see :mod:`albert_dist.data.sources` for splitting and resume).
 Every rank yields a batch on every call, forever, so ranks cannot diverge in step count.
 
-``build_eval_loader`` returns a finite iterable of exactly ``DataConfig.eval_batches`` batches on every rank,
-the same batches each time it is iterated.
+The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
 
 Resume requires the same world size, ``num_workers``, micro batch size, corpus and config (checked:
 ``ValueError`` on a mismatch of the slot layout or the stream's fingerprint).
@@ -76,7 +75,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
     def _fingerprint(self, micro_batch_size: int) -> str:
         """Hash of what defines this stream's batches: the sources' pieces (file names and byte ranges, not
         absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
-        that do not change the batches (num_workers: checked per slot; eval_batches) are left out."""
+        that do not change the batches (num_workers: checked per slot; eval_examples, eval_seed) are left out."""
         keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
                 "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shard_piece_bytes", "max_document_bytes")
         pieces = [
@@ -231,32 +230,3 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
         persistent_workers=False,
         prefetch_factor=2 if cfg.num_workers > 0 else None,
     )
-
-
-class EvalLoader:
-    """Exactly ``num_batches`` batches on every rank, identical on each iteration (rank-disjoint data)."""
-
-    def __init__(self, stream: PretrainingStream, num_batches: int) -> None:
-        self.stream, self.num_batches = stream, num_batches
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self.stream._resume, self.stream._live = None, None
-        it = iter(self.stream)
-        for _ in range(self.num_batches):
-            yield next(it)
-
-
-def build_eval_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int) -> EvalLoader:
-    """Finite evaluation loader: ``cfg.eval_batches`` batches (same dicts as training) on every rank.
-
-    Runs in the calling process (no workers); a rank whose share of the validation data gives fewer batches
-    cycles over it (same documents, other masks), so all ranks always agree on the count.
-    """
-    if not cfg.validation:
-        raise ValueError("data.validation lists no source; cannot build an eval loader")
-    stream = PretrainingStream(cfg, "validation", micro_batch_size, rank, world_size)
-    stream.log_plan(0)
-    return EvalLoader(stream, cfg.eval_batches)

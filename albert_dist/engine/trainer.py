@@ -71,7 +71,7 @@ class Trainer:
         self.engine = None
         self.tracker: Any = NullTracker()
         self._stop = StopFlag()
-        self._eval_loader = None
+        self._evaluator = None  # albert_dist.engine.evaluation.Evaluator, built at the first evaluation
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -276,25 +276,24 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> Optional[dict[str, float]]:
-        """Validation on the held-out data (collective): val_loss, val_mlm_loss, val_sop_loss (means over
-        batches of all ranks), val_mlm_accuracy, val_sop_accuracy. None when data.validation is empty."""
+        """Validation on the fixed validation set (collective; albert_dist.engine.evaluation): val_loss,
+        val_mlm_loss, val_sop_loss, val_mlm_accuracy, val_sop_accuracy over the whole set whatever the world size,
+        and val_mlm_accuracy_over_unigram on rank 0. The first call builds the set and logs its size and unigram
+        baseline once. None when data.validation is empty."""
         if not self.cfg.data.validation:
             return None
-        if self._eval_loader is None:
-            from albert_dist.data.loader import build_eval_loader
+        if self._evaluator is None:
+            from albert_dist.engine.evaluation import Evaluator
 
-            self._eval_loader = build_eval_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
-                                                  self.dist_env.rank, self.dist_env.world_size)
-        acc = MetricAccumulator(self.device)
+            self._evaluator = Evaluator(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
+                                        self.dist_env.rank, self.dist_env.world_size, self.device)
+            if self.dist_env.rank == 0:
+                self.tracker.log_metrics(self._evaluator.once_metrics(), self.step)
         self.engine.eval()
         try:
-            for batch in self._eval_loader:
-                batch = self._to_device(batch)
-                acc.add_micro_step(self.engine(**batch), batch["attention_mask"])
+            val = self._evaluator.evaluate(self.engine)
         finally:
             self.engine.train()
-        record = acc.reduce()
-        val = {f"val_{k}": record[k] for k in ("loss", "mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy")}
         if self.dist_env.rank == 0:
             self.tracker.log_metrics(val, self.step)
         return val

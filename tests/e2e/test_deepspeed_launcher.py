@@ -25,7 +25,7 @@ SCRIPT = REPO / "launch" / "pretrain_local.sh"
 RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
 OVERRIDES = ["max_steps=20", "optimizer.warmup_steps=2", "log_interval_steps=1", "eval_interval_steps=0",
              "checkpoint.save_interval_steps=5", "data.max_seq_length=64", "model.max_position_embeddings=64",
-             "engine.train_micro_batch_size_per_gpu=4", "data.eval_batches=1", "tracking.enabled=false",
+             "engine.train_micro_batch_size_per_gpu=4", "data.eval_examples=8", "tracking.enabled=false",
              "progress_bar=false"]
 
 

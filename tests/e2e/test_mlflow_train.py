@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
 MAX_STEPS = 16
-OVERRIDES = [f"max_steps={MAX_STEPS}", "log_interval_steps=1", "eval_interval_steps=0", "data.eval_batches=1",
+OVERRIDES = [f"max_steps={MAX_STEPS}", "log_interval_steps=1", "eval_interval_steps=0", "data.eval_examples=8",
              "checkpoint.save_interval_steps=4", "optimizer.warmup_steps=2", "progress_bar=false",
              "tracking.experiment_name=train_e2e", "tracking.flush_interval_s=0.5", "tracking.retry_backoff_s=0.5"]
 

@@ -1,4 +1,4 @@
-"""Loaders: exact resume (0 and 2 workers, twice, no replay), state serialisation, eval counts, config."""
+"""Loaders: exact resume (0 and 2 workers, twice, no replay), state serialisation, config."""
 from __future__ import annotations
 
 import io
@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from albert_dist.data import sources
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.loader import build_eval_loader, build_train_loader
+from albert_dist.data.loader import build_train_loader
 
 
 def _cfg(workers: int, **kw) -> DataConfig:
@@ -107,20 +107,6 @@ def test_default_config_streams_the_bundled_sample():
     assert (batch["attention_mask"].sum(1) > 8).all()
 
 
-def test_eval_loader_gives_every_rank_the_same_count_and_repeats_itself():
-    cfg = _cfg(0, eval_batches=5)
-    counts, firsts = [], []
-    for rank in range(4):
-        ev = build_eval_loader(cfg, 4, rank, 4)
-        batches = list(ev)
-        counts.append(len(batches))
-        assert len(ev) == 5
-        _assert_same(batches, list(ev))  # the same batches at every evaluation
-        firsts.append(batches[0]["input_ids"])
-    assert counts == [5, 5, 5, 5]
-    assert not torch.equal(firsts[0], firsts[1])  # ranks read different validation documents
-
-
 def test_config_is_a_structured_config_and_validates():
     base = OmegaConf.structured(DataConfig)
     merged = OmegaConf.merge(base, OmegaConf.create({"max_seq_length": 128, "train": [{"paths": ["x/*.jsonl"], "weight": 2.0}]}))
@@ -129,7 +115,7 @@ def test_config_is_a_structured_config_and_validates():
     with pytest.raises(Exception):
         OmegaConf.merge(base, OmegaConf.create({"max_seq_lenght": 128}))  # typo: strict
     for field, value in [("max_seq_length", 4), ("masked_lm_prob", 1.5), ("short_seq_prob", -0.1),
-                         ("max_ngram", 0), ("num_workers", -1), ("eval_batches", 0), ("train", [])]:
+                         ("max_ngram", 0), ("num_workers", -1), ("eval_examples", 0), ("train", [])]:
         with pytest.raises(ValueError, match=f"DataConfig.{field}"):
             DataConfig(**{field: value})
     with pytest.raises(ValueError, match="SourceConfig.weight"):
