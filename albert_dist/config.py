@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional, Sequence
 
+import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
@@ -65,54 +66,187 @@ class TrainConfig:
             raise ValueError(f"eval_interval_steps must be >= 0, got {self.eval_interval_steps!r}")
         if self.run_dir is not None and not self.run_dir:
             raise ValueError("run_dir must be a non-empty path or null, got ''")
-        if self.optimizer.warmup_steps > self.max_steps:
+        if self.optimizer.warmup_steps_for(self.max_steps) > self.max_steps:
             raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be <= max_steps "
                              f"({self.max_steps})")
 
 
-def _parse_overrides(overrides: Sequence[str]):
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise ValueError(f"override {item!r} must look like dotted.key=value")
+#: Model presets for `model: {preset: NAME}` / `model.preset=NAME`: configs/model/NAME.yaml (flat AlbertConfig
+#: fields) of the source checkout.
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "model"
+
+
+def preset_names() -> list[str]:
+    """Names of the bundled model presets (configs/model/*.yaml), sorted."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path, what: str) -> dict:
+    """A YAML mapping file as plain dicts; `ValueError` naming the file for a syntax error or a non-mapping."""
     try:
-        return OmegaConf.from_dotlist(list(overrides))
+        loaded = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: not valid YAML: {err}") from err
+    if not OmegaConf.is_dict(loaded):
+        raise ValueError(f"{path}: {what} must be a YAML mapping, got a {type(loaded).__name__}")
+    return OmegaConf.to_container(loaded)
+
+
+def _preset(ref: object, key: str) -> dict:
+    """The AlbertConfig fields of preset `ref` (a name in PRESET_DIR, or a path to a YAML of model fields)."""
+    if not isinstance(ref, str) or not ref:
+        raise ValueError(f"{key}: a preset is a name ({', '.join(preset_names())}) or a YAML path, got {ref!r}")
+    if ref.endswith((".yaml", ".yml")):
+        path = Path(ref)
+        if not path.is_absolute() and not path.is_file():  # like data paths: cwd first, then the checkout
+            path = PRESET_DIR.parent.parent / ref
+    else:
+        path = PRESET_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        raise ValueError(f"{key}: no model preset {ref!r} (presets: {', '.join(preset_names())}; or a path to a "
+                         "YAML of model fields)")
+    fields = _read_yaml(path, "a model preset")
+    if "model" in fields:
+        raise ValueError(f"{key}: {path} is a recipe, not a model preset (a flat mapping of model fields)")
+    return fields
+
+
+def _apply_layer(merged, layer: dict, source: str):
+    """Merge one layer (a recipe or one override) into `merged`, applying its `model.preset` first.
+
+    A preset replaces the model section built so far (defaults, or a recipe's fields when the preset comes
+    from an override); the fields given beside it in the same layer, and later layers, override the preset.
+    `model=NAME` is short for `model.preset=NAME`. Warmup given in one form (`warmup_steps` or
+    `warmup_ratio`) replaces the other form of earlier layers; both in one layer is an error (OptimConfig).
+    """
+    model = layer.get("model")
+    if isinstance(model, str):
+        model = {"preset": model}
+    if isinstance(model, dict) and "preset" in model:
+        model = dict(model)
+        fields = _preset(model.pop("preset"), "model.preset")
+        defaults = OmegaConf.to_container(OmegaConf.structured(AlbertConfig))
+        merged = _merge(merged, {"model": defaults}, source)
+        merged = _merge(merged, {"model": fields}, f"{source} (preset)")
+        layer = {**layer, "model": model}
+    optimizer = layer.get("optimizer")
+    if isinstance(optimizer, dict) and len({"warmup_steps", "warmup_ratio"} & set(optimizer)) == 1:
+        # the form a later layer gives replaces the other form (warmup_steps=2 on a recipe with a ratio)
+        other = {"warmup_ratio": None} if "warmup_steps" in optimizer else {"warmup_steps": 0}
+        merged = _merge(merged, {"optimizer": other}, source)
+    return _merge(merged, layer, source)
+
+
+def _merge(merged, layer: dict, source: str):
+    try:
+        return OmegaConf.merge(merged, layer)
     except OmegaConfBaseException as err:
-        raise ValueError(f"invalid overrides {list(overrides)!r}: {err}") from err
+        raise ValueError(f"{source}: {_describe(err)}") from err
+
+
+def _describe(err: OmegaConfBaseException) -> str:
+    """OmegaConf's error as `dotted.key: what is wrong`, without its class names and object dumps."""
+    key = getattr(err, "full_key", None) or "?"
+    msg = str(getattr(err, "msg", None) or err).split("\n")[0]
+    if isinstance(err, ConfigKeyError):
+        hint = msg.split("Did you mean", 1)
+        return f"{key}: unknown key" + (f" (did you mean{hint[1]}" + ")" if len(hint) == 2 else "")
+    return f"{key}: {msg}"
+
+
+def _locate(node, path: str = "") -> str | None:
+    """Dotted path of the deepest section of `node` whose ``__post_init__`` raises (data.train[0], model, ...)."""
+    children = (node.items() if OmegaConf.is_dict(node) else enumerate(node)) if OmegaConf.is_config(node) else ()
+    for key, child in children:
+        if OmegaConf.is_config(child):
+            sub = f"{path}[{key}]" if OmegaConf.is_list(node) else (f"{path}.{key}" if path else str(key))
+            found = _locate(child, sub)
+            if found is not None:
+                return found
+    if OmegaConf.is_dict(node) and OmegaConf.get_type(node) not in (dict, None):
+        try:
+            OmegaConf.to_object(node)
+        except ValueError:
+            return path
+    return None
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Load a recipe YAML (or only the defaults when `path` is None) plus dotted overrides, strictly.
 
+    The one YAML loader of the package (recipes, a run's config.yaml, model presets via `model.preset`).
     `overrides` are `dotted.key=value` strings whose values are parsed as YAML (`engine.zero_stage=3`,
-    `data.train=[...]`). Raises `ValueError` naming the source and the key for an unknown key, a wrong type,
-    a malformed override or a value rejected by a section's validation; `FileNotFoundError` if `path` does
-    not exist.
+    `data.train=[...]`), applied in order. `model: {preset: NAME, ...}` in the recipe or `model.preset=NAME`
+    (`model=NAME`) as an override takes the model section from configs/model/NAME.yaml (or a YAML path); fields
+    beside it and later overrides change the preset's values.
+
+    Raises:
+        ValueError: naming the file or the override and the dotted YAML path (`data.max_seq_length`, never a
+            class name) for an unknown key, a wrong type or a value rejected by a section's validation; also a
+            malformed override, an unknown preset, or a model preset given as the recipe.
+        FileNotFoundError: `path` does not exist.
     """
-    schema = OmegaConf.structured(TrainConfig)
-    source = "defaults"
+    layers: list[tuple[str, dict]] = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        recipe = _read_yaml(path, "a recipe")
+        if _is_model_preset(recipe):
+            raise ValueError(f"{path} is a model preset, not a recipe: use --config <recipe> "
+                             f"model.preset={path.stem if path.resolve().parent == PRESET_DIR else path}")
+        layers.append((str(path), recipe))
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ValueError(f"override {item!r} must look like dotted.key=value")
+        try:
+            layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
+        except OmegaConfBaseException as err:
+            raise ValueError(f"override {item!r}: {_describe(err)}") from err
+    return _load(layers)
+
+
+def _is_model_preset(mapping: dict) -> bool:
+    """A flat mapping of AlbertConfig fields (configs/model/*.yaml; typos included), as opposed to a recipe."""
+    keys = set(mapping)
+    return not keys & {f.name for f in fields(TrainConfig)} and bool(keys & {f.name for f in fields(AlbertConfig)})
+
+
+def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
+    """Defaults <- each (source, mapping) layer in order (presets applied) -> a validated TrainConfig."""
+    merged = OmegaConf.structured(TrainConfig)
+    for source, layer in layers:
+        merged = _apply_layer(merged, layer, source)
+    sources = " + ".join(source for source, _ in layers) or "defaults"
     try:
-        merged = schema
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise FileNotFoundError(f"config file not found: {path}")
-            source = str(path)
-            loaded = OmegaConf.load(path)
-            if not isinstance(loaded, type(schema)):
-                raise ValueError(f"{path}: a recipe must be a YAML mapping, got a list")
-            merged = OmegaConf.merge(merged, loaded)
-        if overrides:
-            source = f"{source} + overrides {list(overrides)!r}"
-            merged = OmegaConf.merge(merged, _parse_overrides(overrides))
         cfg = OmegaConf.to_object(merged)
+    except ValueError as err:  # a section's __post_init__: prefix where that section sits in the YAML
+        where = _locate(merged)
+        msg = str(err)
+        if where and not msg.startswith(where + "."):
+            msg = f"{where}.{msg}"
+        raise ValueError(f"{sources}: {msg}") from err
     except OmegaConfBaseException as err:
-        # OmegaConf also wraps ValueErrors raised by a dataclass __post_init__ during to_object.
-        cause = err.__cause__ if isinstance(err.__cause__, ValueError) else None
-        raise ValueError(f"{source}: invalid config: {cause or err}") from err
-    except ValueError as err:
-        raise ValueError(f"{source}: invalid config: {err}") from err
+        raise ValueError(f"{sources}: {_describe(err)}") from err
     assert isinstance(cfg, TrainConfig)
     return cfg
+
+
+def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
+    """An `AlbertConfig` from a preset name ("albert-base"), a flat YAML of model fields (configs/model/*.yaml)
+    or a recipe / run config.yaml (its `model:` section), with `load_config`'s strictness and messages.
+
+    Raises:
+        ValueError: unknown preset, unknown key, wrong type or invalid value (naming `model.<field>`).
+        FileNotFoundError: a path that does not exist.
+    """
+    ref = str(path_or_preset)
+    if ref.endswith((".yaml", ".yml")):
+        if not Path(ref).is_file():
+            raise FileNotFoundError(f"config file not found: {ref}")
+        if not _is_model_preset(_read_yaml(Path(ref), "a config")):
+            return load_config(ref).model
+    return _load([(ref, {"model": {"preset": ref}})]).model
 
 
 def check_derived(cfg: TrainConfig, world_size: int) -> int:

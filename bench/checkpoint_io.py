@@ -61,10 +61,11 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     from albert_dist.engine import checkpoint as ckpt
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.optim import build_optimizer
-    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.config import load_model_config
+    from albert_dist.model import AlbertForPreTraining
 
     torch.manual_seed(0)
-    cfg = TrainConfig(model=AlbertConfig.from_yaml(MODEL_DIR / f"{preset}.yaml"))
+    cfg = TrainConfig(model=load_model_config(MODEL_DIR / f"{preset}.yaml"))
     cfg.engine.train_micro_batch_size_per_gpu, cfg.engine.zero_stage = BATCH, 2
     model = AlbertForPreTraining(cfg.model)
     plain = copy.deepcopy(model)

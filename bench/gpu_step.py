@@ -100,11 +100,12 @@ def engine_steps(model_name: str, seq: int, steps: int, warmup: int, device: tor
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.metrics import peak_memory_bytes
     from albert_dist.engine.optim import build_optimizer
-    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.config import load_model_config
+    from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.flops import training_flops_per_token
 
     micro = micro or MICRO_BATCH.get(seq, max(1, 16384 // seq))
-    cfg = TrainConfig(model=AlbertConfig.from_yaml(MODEL_DIR / f"{model_name}.yaml"))
+    cfg = TrainConfig(model=load_model_config(MODEL_DIR / f"{model_name}.yaml"))
     cfg.engine.zero_stage, cfg.engine.precision, cfg.engine.grad_accum_dtype = 2, "bf16", "fp32"
     cfg.engine.train_micro_batch_size_per_gpu = micro
     batches, loader_tps = _prefetch(seq, micro, steps + warmup, device)
@@ -147,13 +148,14 @@ def engine_steps(model_name: str, seq: int, steps: int, warmup: int, device: tor
 def model_step_vs_hf(model_name: str, seq: int, steps: int, warmup: int, device: torch.device,
                      micro: Optional[int] = None) -> dict[str, Any]:
     """Plain bf16-autocast training steps of ours vs transformers' ALBERT-base (same weights, same batches)."""
-    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.config import load_model_config
+    from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.hf import to_transformers
 
     micro = micro or MICRO_BATCH.get(seq, max(1, 16384 // seq))
     batches, _ = _prefetch(seq, micro, steps + warmup, device)
     torch.manual_seed(0)
-    ours = AlbertForPreTraining(AlbertConfig.from_yaml(MODEL_DIR / f"{model_name}.yaml"))
+    ours = AlbertForPreTraining(load_model_config(MODEL_DIR / f"{model_name}.yaml"))
     hf = to_transformers(ours)  # attn_implementation="sdpa"
     ours, hf = ours.to(device).train(), hf.to(device).train()
     fused = device.type == "cuda"

@@ -71,11 +71,12 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
 
     from albert_dist.engine.config import OptimConfig
     from albert_dist.engine.optim import build_optimizer
-    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.config import load_model_config
+    from albert_dist.model import AlbertForPreTraining
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank}] %(name)s %(message)s")
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=300))
-    config = AlbertConfig.from_yaml(ROOT / "configs" / "model" / f"{args['model']}.yaml")
+    config = load_model_config(ROOT / "configs" / "model" / f"{args['model']}.yaml")
     ds_config = {
         "train_micro_batch_size_per_gpu": args["micro_batch"], "gradient_accumulation_steps": 1,
         "train_batch_size": args["micro_batch"] * WORLD, "gradient_clipping": 1.0,

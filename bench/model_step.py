@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from albert_dist.config import load_model_config
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 from albert_dist.model.flops import mlm_head_training_flops_per_prediction, training_flops_per_token
 from albert_dist.model.hf import to_transformers
@@ -70,7 +71,7 @@ def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
     """
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    config = AlbertConfig.from_yaml(CONFIG)
+    config = load_model_config(CONFIG)
     ours = AlbertForPreTraining(config).train()
     hf = to_transformers(ours).train()
     batch = make_batch(config)

@@ -38,20 +38,22 @@ class SourceConfig:
     """format "hub": ``data_files`` for a builder dataset (e.g. paths "json" + these files); empty = none."""
 
     def __post_init__(self) -> None:
+        # Messages name the bare field: a source does not know where it sits in the recipe, and
+        # albert_dist.config.load_config prefixes the path of the one that failed (data.train[0].paths ...).
         if not self.paths:
-            raise ValueError(f"SourceConfig.paths must list at least one path, got {self.paths!r}")
+            raise ValueError(f"paths must list at least one path, got {self.paths!r}")
         if any(not isinstance(p, str) or not p for p in self.paths):
-            raise ValueError(f"SourceConfig.paths must be non-empty strings, got {self.paths!r}")
+            raise ValueError(f"paths must be non-empty strings, got {self.paths!r}")
         if self.format not in FORMATS:
-            raise ValueError(f"SourceConfig.format must be one of {FORMATS}, got {self.format!r}")
+            raise ValueError(f"format must be one of {FORMATS}, got {self.format!r}")
         if self.format == "hub" and len(self.paths) != 1:
-            raise ValueError(f"SourceConfig.paths must hold exactly one dataset name for format 'hub', got {self.paths!r}")
+            raise ValueError(f"paths must hold exactly one dataset name for format 'hub', got {self.paths!r}")
         if self.txt_documents not in TXT_DOCUMENTS:
-            raise ValueError(f"SourceConfig.txt_documents must be one of {TXT_DOCUMENTS}, got {self.txt_documents!r}")
+            raise ValueError(f"txt_documents must be one of {TXT_DOCUMENTS}, got {self.txt_documents!r}")
         if not self.text_field:
-            raise ValueError(f"SourceConfig.text_field must be non-empty, got {self.text_field!r}")
+            raise ValueError(f"text_field must be non-empty, got {self.text_field!r}")
         if not self.weight > 0:
-            raise ValueError(f"SourceConfig.weight must be > 0, got {self.weight!r}")
+            raise ValueError(f"weight must be > 0, got {self.weight!r}")
 
 
 def _default_train() -> list[SourceConfig]:
@@ -107,26 +109,26 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if not self.train:
-            raise ValueError(f"DataConfig.train must list at least one source, got {self.train!r}")
+            raise ValueError(f"data.train must list at least one source, got {self.train!r}")
         if not self.tokenizer_path:
-            raise ValueError(f"DataConfig.tokenizer_path must be non-empty, got {self.tokenizer_path!r}")
+            raise ValueError(f"data.tokenizer_path must be non-empty, got {self.tokenizer_path!r}")
         if self.max_seq_length < 8:
-            raise ValueError(f"DataConfig.max_seq_length must be >= 8, got {self.max_seq_length}")
+            raise ValueError(f"data.max_seq_length must be >= 8, got {self.max_seq_length}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ValueError(f"DataConfig.short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+            raise ValueError(f"data.short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"DataConfig.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+            raise ValueError(f"data.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_predictions_per_seq < 1:
-            raise ValueError(f"DataConfig.max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+            raise ValueError(f"data.max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         if self.max_ngram < 1:
-            raise ValueError(f"DataConfig.max_ngram must be >= 1, got {self.max_ngram}")
+            raise ValueError(f"data.max_ngram must be >= 1, got {self.max_ngram}")
         if not 0.0 <= self.random_token_prob <= 0.5:
-            raise ValueError(f"DataConfig.random_token_prob must be in [0, 0.5], got {self.random_token_prob}")
+            raise ValueError(f"data.random_token_prob must be in [0, 0.5], got {self.random_token_prob}")
         if self.num_workers < 0:
-            raise ValueError(f"DataConfig.num_workers must be >= 0, got {self.num_workers}")
+            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.eval_examples < 1:
-            raise ValueError(f"DataConfig.eval_examples must be >= 1, got {self.eval_examples}")
+            raise ValueError(f"data.eval_examples must be >= 1, got {self.eval_examples}")
         if self.shard_piece_bytes < 1024:
-            raise ValueError(f"DataConfig.shard_piece_bytes must be >= 1024, got {self.shard_piece_bytes}")
+            raise ValueError(f"data.shard_piece_bytes must be >= 1024, got {self.shard_piece_bytes}")
         if self.max_document_bytes < 16:
-            raise ValueError(f"DataConfig.max_document_bytes must be >= 16, got {self.max_document_bytes}")
+            raise ValueError(f"data.max_document_bytes must be >= 16, got {self.max_document_bytes}")

@@ -152,7 +152,10 @@ class OptimConfig:
     eps: float = 1e-6
     """Adam epsilon added to the square root of the second moment (ALBERT/BERT: 1e-6)."""
     warmup_steps: int = 0
-    """Optimiser steps of linear warmup from 0 to lr (ALBERT: 3125)."""
+    """Optimiser steps of linear warmup from 0 to lr (ALBERT: 3125); 0 with `warmup_ratio` set."""
+    warmup_ratio: Optional[float] = None
+    """Warmup as a fraction of max_steps, in [0, 1] (ALBERT: 3125 / 125000 = 0.025); rounded to whole steps.
+    An alternative to warmup_steps, so that a short run (max_steps=5) of a recipe needs no second override."""
     decay: str = "linear"
     """Decay after warmup, to 0 at the last step: "linear" or "polynomial" (with `power`)."""
     power: float = 1.0
@@ -171,10 +174,22 @@ class OptimConfig:
             raise ValueError(f"optimizer.eps must be > 0, got {self.eps!r}")
         if self.warmup_steps < 0:
             raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"optimizer.warmup_ratio must be in [0, 1] or null, got {self.warmup_ratio!r}")
+        if self.warmup_ratio is not None and self.warmup_steps:
+            raise ValueError(f"optimizer.warmup_steps ({self.warmup_steps}) and optimizer.warmup_ratio "
+                             f"({self.warmup_ratio}) are both set: give one (the other 0 / null)")
         if self.decay not in DECAYS:
             raise ValueError(f"optimizer.decay must be one of {DECAYS}, got {self.decay!r}")
         if not self.power > 0.0:
             raise ValueError(f"optimizer.power must be > 0, got {self.power!r}")
+
+    def warmup_steps_for(self, max_steps: int) -> int:
+        """Warmup in optimiser steps for a run of `max_steps`: `warmup_steps`, or `warmup_ratio` x max_steps
+        rounded to the nearest step (halves up; 0.025 x 125000 = 3125)."""
+        if self.warmup_ratio is None:
+            return self.warmup_steps
+        return int(self.warmup_ratio * max_steps + 0.5)
 
 
 @dataclass

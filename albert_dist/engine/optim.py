@@ -6,7 +6,7 @@
 * Optimiser: `torch.optim.AdamW` (Loshchilov & Hutter 2019, decoupled weight decay) handed to DeepSpeed as a
   client optimiser, which works on CPU and GPU at every ZeRO stage; or LAMB (You et al. 2019) from
   `albert_dist.engine.lamb` (param groups and construction here), which stays exact under ZeRO partitioning.
-* Schedule: linear warmup from 0 to `lr` over `warmup_steps`, then linear or polynomial decay to 0 at
+* Schedule: linear warmup from 0 to `lr` over `warmup_steps` (or `warmup_ratio` x max_steps), then linear or polynomial decay to 0 at
   `total_steps` (ALBERT: 3,125 warmup steps, polynomial decay with power 1 over 125k steps).
 
 The schedule is a `torch.optim.lr_scheduler.LambdaLR` given to `deepspeed.initialize`, so DeepSpeed steps it
@@ -137,9 +137,10 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, decay: str = "line
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
                     total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR applying `lr_factor` to every group's peak lr; DeepSpeed steps it once per optimiser step."""
-    lr_factor(0, cfg.warmup_steps, total_steps)  # validate warmup <= total before building
+    warmup = cfg.warmup_steps_for(total_steps)
+    lr_factor(0, warmup, total_steps)  # validate warmup <= total before building
 
     def factor(step: int) -> float:
-        return lr_factor(step, cfg.warmup_steps, total_steps, cfg.decay, cfg.power)
+        return lr_factor(step, warmup, total_steps, cfg.decay, cfg.power)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

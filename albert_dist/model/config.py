@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 #: Activations accepted in `hidden_act` (transformers' names). "gelu_new" and "gelu_pytorch_tanh" are both the
 #: tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. for the approximation) used by BERT/ALBERT.
@@ -90,32 +89,3 @@ class AlbertConfig:
     def num_executed_blocks(self) -> int:
         """Executed depth L x inner_group_num (the blocks a forward pass runs)."""
         return self.num_hidden_layers * self.inner_group_num
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "AlbertConfig":
-        """Load a flat YAML of `AlbertConfig` fields, strictly.
-
-        Raises `ValueError` (naming the file and the key) for an unknown key, a value of the wrong type or a
-        value that fails validation; missing keys take the defaults above.
-        """
-        from omegaconf import OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
-
-        path = Path(path)
-        try:
-            loaded = OmegaConf.load(path)
-        except OmegaConfBaseException as err:
-            raise ValueError(f"{path}: invalid model config: {err}") from err
-        return cls.from_mapping(loaded, source=str(path))
-
-    @classmethod
-    def from_mapping(cls, data, source: str = "model config") -> "AlbertConfig":
-        """Build from a dict / OmegaConf mapping of fields, strictly (same errors as `from_yaml`)."""
-        from omegaconf import OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
-
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(cls), data)
-            return OmegaConf.to_object(merged)
-        except OmegaConfBaseException as err:
-            raise ValueError(f"{source}: invalid model config: {err}") from err

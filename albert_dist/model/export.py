@@ -28,13 +28,11 @@ TIED_KEYS = {"predictions.decoder.weight"}
 
 
 def load_config(path: str | Path) -> AlbertConfig:
-    """The model config from a flat preset or from the ``model:`` section of a training YAML."""
-    from omegaconf import OmegaConf
+    """The model config from a flat preset or from the ``model:`` section of a training YAML (a run's
+    config.yaml), through the package's one YAML loader (`albert_dist.config.load_model_config`)."""
+    from albert_dist.config import load_model_config
 
-    data = OmegaConf.load(path)
-    if "model" in data and OmegaConf.is_dict(data["model"]):
-        data = data["model"]
-    return AlbertConfig.from_mapping(data, source=str(path))
+    return load_model_config(path)
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -158,3 +158,66 @@ def test_config_hash_tracks_the_trajectory_not_the_outputs():
     assert config_hash(base) == config_hash(load_config(MAIN_RECIPE, ["run_dir=/elsewhere",
                                                                       "checkpoint.keep_last=9"]))
     assert config_hash(base) != config_hash(load_config(MAIN_RECIPE, ["optimizer.lr=1e-4"]))
+
+
+def _preset_file(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "configs" / "model" / f"{name}.yaml").read_text())
+
+
+def test_preset_in_a_recipe_with_fields_beside_it(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  preset: albert-large\n  num_hidden_groups: 2\n")
+    model = load_config(recipe).model
+    expected = {**_preset_file("albert-large"), "num_hidden_groups": 2}
+    assert {k: getattr(model, k) for k in expected} == expected
+
+
+def test_preset_override_replaces_the_recipes_model_section():
+    # the tiny recipe sets 128 positions; albert-base's preset has 512 and replaces the whole section
+    cfg = load_config(MAIN_RECIPE, ["model.preset=albert-base", "model.sharing=ffn"])
+    expected = {**_preset_file("albert-base"), "sharing": "ffn"}
+    assert {k: getattr(cfg.model, k) for k in expected} == expected
+    assert load_config(MAIN_RECIPE, ["model=albert-base"]).model == load_config(MAIN_RECIPE, ["model.preset=albert-base"]).model
+    by_path = load_config(MAIN_RECIPE, ["model.preset=configs/model/albert-base.yaml"]).model
+    assert by_path == load_config(MAIN_RECIPE, ["model.preset=albert-base"]).model
+    assert load_config(MAIN_RECIPE).model.max_position_embeddings == 128  # recipe: preset + its override
+
+
+@pytest.mark.parametrize("args, fragments", [
+    ((MAIN_RECIPE, ["model.preset=albert-huge"]), ["model.preset", "albert-huge", "albert-base"]),
+    ((REPO / "configs/model/albert-base.yaml", []), ["model preset, not a recipe", "model.preset=albert-base"]),
+    ((MAIN_RECIPE, ["model.hiden_size=3"]), ["override 'model.hiden_size=3'", "model.hiden_size: unknown key",
+                                             "hidden_size"]),
+    ((MAIN_RECIPE, ["data.max_seq_length=4"]), ["data.max_seq_length must be >= 8"]),
+    ((MAIN_RECIPE, ["data.train=[{paths: [a.txt], weight: 0}]"]), ["data.train[0].weight must be > 0"]),
+    ((MAIN_RECIPE, ["data.validation=[{paths: [a.txt]}, {paths: []}]"]), ["data.validation[1].paths must list"]),
+    ((MAIN_RECIPE, ["engine.zero_optimization.overlap_comm=maybe"]), ["engine.zero_optimization.overlap_comm:"]),
+])
+def test_config_errors_name_the_dotted_yaml_path(args, fragments):
+    with pytest.raises(ValueError) as err:
+        load_config(*args)
+    message = str(err.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "Config" not in message and "object_type" not in message  # no class names, no OmegaConf dumps
+
+
+def test_warmup_ratio():
+    cfg = load_config(MAIN_RECIPE)
+    assert cfg.optimizer.warmup_ratio == 0.1 and cfg.optimizer.warmup_steps_for(cfg.max_steps) == 30
+    assert load_config(MAIN_RECIPE, ["max_steps=5"]).optimizer.warmup_steps_for(5) == 1  # 0.5 rounds up
+    lamb = load_config(REPO / "configs" / "pretrain" / "albert-base-lamb.yaml")
+    assert lamb.optimizer.warmup_steps_for(lamb.max_steps) == 3125  # the paper's, from 0.025 x 125000
+    # the form an override gives replaces the recipe's other form
+    absolute = load_config(MAIN_RECIPE, ["optimizer.warmup_steps=7"])
+    assert absolute.optimizer.warmup_ratio is None and absolute.optimizer.warmup_steps_for(300) == 7
+    back = load_config(MAIN_RECIPE, ["optimizer.warmup_steps=7", "optimizer.warmup_ratio=0.2"]).optimizer
+    assert back.warmup_steps == 0 and back.warmup_steps_for(300) == 60
+    with pytest.raises(ValueError, match=r"optimizer\.warmup_steps \(7\) and optimizer\.warmup_ratio \(0\.1\)"):
+        load_config(MAIN_RECIPE, ["optimizer={warmup_steps: 7, warmup_ratio: 0.1}"])
+    with pytest.raises(ValueError, match=r"optimizer\.warmup_ratio must be in \[0, 1\]"):
+        load_config(MAIN_RECIPE, ["optimizer.warmup_ratio=1.5"])
+    with pytest.raises(ValueError, match=r"optimizer\.warmup_steps \(400\) must be <= max_steps \(300\)"):
+        load_config(MAIN_RECIPE, ["optimizer.warmup_steps=400"])

@@ -116,11 +116,11 @@ def test_config_is_a_structured_config_and_validates():
         OmegaConf.merge(base, OmegaConf.create({"max_seq_lenght": 128}))  # typo: strict
     for field, value in [("max_seq_length", 4), ("masked_lm_prob", 1.5), ("short_seq_prob", -0.1),
                          ("max_ngram", 0), ("num_workers", -1), ("eval_examples", 0), ("train", [])]:
-        with pytest.raises(ValueError, match=f"DataConfig.{field}"):
+        with pytest.raises(ValueError, match=f"data.{field}"):
             DataConfig(**{field: value})
-    with pytest.raises(ValueError, match="SourceConfig.weight"):
+    with pytest.raises(ValueError, match="weight must be > 0"):
         SourceConfig(paths=["a.txt"], weight=0.0)
-    with pytest.raises(ValueError, match="SourceConfig.paths"):
+    with pytest.raises(ValueError, match="paths must list"):
         SourceConfig(paths=[])
 
 

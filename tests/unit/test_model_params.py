@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from albert_dist.config import load_model_config
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
 transformers = pytest.importorskip("transformers")
@@ -31,7 +32,7 @@ def hf(config: AlbertConfig) -> int:
 
 @pytest.mark.parametrize("name", ["albert-base", "albert-large", "albert-xlarge", "albert-xxlarge"])
 def test_presets_equal_transformers(name):
-    config = AlbertConfig.from_yaml(CONFIG_DIR / f"{name}.yaml")
+    config = load_model_config(CONFIG_DIR / f"{name}.yaml")
     assert ours(config) == hf(config)
 
 
