@@ -348,9 +348,10 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
                          f"curve_every={curve_every}")
     base = [*COMMON, f"max_steps={steps}", *overrides]
     cfg = load_config(RECIPE, base)
-    if cfg.optimizer.warmup_steps > steps:
+    if cfg.optimizer.warmup_steps_for(steps) > steps:
         cfg = load_config(RECIPE, [*base, f"optimizer.warmup_steps={max(1, steps // 10)}"])
-    overrides = [*overrides, f"optimizer.warmup_steps={cfg.optimizer.warmup_steps}"]
+    # the recipe may give warmup as a ratio: hand ours and the peer the same absolute number of steps
+    overrides = [*overrides, f"optimizer.warmup_steps={cfg.optimizer.warmup_steps_for(steps)}"]
     scoring = scoring_set(cfg, max_blocks=score_blocks)
     result: dict[str, Any] = {"steps": steps, "report_steps": list(report_steps), "curve_every": curve_every,
                               "global_batch": cfg.engine.train_micro_batch_size_per_gpu,
