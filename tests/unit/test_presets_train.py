@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
 #: The shortest job the trainer runs: 1 step of 1 sequence of 16 tokens, ZeRO-0, no loader workers.
 SHORT = ["max_steps=1", "engine.zero_stage=0", "engine.train_micro_batch_size_per_gpu=1", "data.max_seq_length=16",
-         "data.max_predictions_per_seq=2", "data.num_workers=0", "data.eval_batches=1", "tracking.enabled=false",
+         "data.max_predictions_per_seq=2", "data.num_workers=0", "data.eval_examples=2", "tracking.enabled=false",
          "progress_bar=false", "log_interval_steps=1"]
 
 
