@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, get_args, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
@@ -141,7 +141,30 @@ def _merge(merged, layer: dict, source: str):
     try:
         return OmegaConf.merge(merged, layer)
     except OmegaConfBaseException as err:
-        raise ValueError(f"{source}: {_describe(err)}") from err
+        raise ValueError(f"{source}: {_in_list(merged, layer) or _describe(err)}") from err
+
+
+def _in_list(merged, layer: dict, path: str = "") -> str | None:
+    """The error of the first bad entry of a list of sections in `layer` (data.train[1].format: ...), which
+    OmegaConf reports by its key inside the entry only; None when no list entry is at fault."""
+    for key, value in layer.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict):
+            found = _in_list(merged, value, sub)
+            if found:
+                return found
+        elif isinstance(value, list) and path:
+            parent = OmegaConf.select(merged, path)
+            hint = get_type_hints(OmegaConf.get_type(parent)).get(key) if OmegaConf.is_config(parent) else None
+            entry_type = (get_args(hint) or (None,))[0]
+            if not is_dataclass(entry_type):
+                continue
+            for i, entry in enumerate(value):
+                try:
+                    OmegaConf.merge(OmegaConf.structured(entry_type), entry)
+                except OmegaConfBaseException as err:
+                    return f"{sub}[{i}].{_describe(err)}"
+    return None
 
 
 def _describe(err: OmegaConfBaseException) -> str:

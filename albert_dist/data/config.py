@@ -1,6 +1,6 @@
 """Configuration of the pretraining data pipeline: corpora, tokenizer, ALBERT example creation, loading.
 
-Both dataclasses are OmegaConf structured configs (only int/float/str/bool/Optional/list fields) and validate in
+Both dataclasses are OmegaConf structured configs (int/float/str/bool/Literal/Optional/list fields) and validate in
 ``__post_init__`` without mutating themselves. Relative paths are resolved at load time, first against the
 current directory and then against the repository root, so the defaults (the bundled WikiText-2 sample in
 ``data/sample/``) work from any working directory of a source checkout.
@@ -8,12 +8,14 @@ current directory and then against the repository root, so the defaults (the bun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 #: source formats understood by :mod:`albert_dist.data.sources`; "auto" picks one from the file suffix.
-FORMATS = ("auto", "txt", "jsonl", "parquet", "hub")
+SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
+FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.
-TXT_DOCUMENTS = ("blank_line", "file")
+TxtDocuments = Literal["blank_line", "file"]
+TXT_DOCUMENTS: tuple[str, ...] = get_args(TxtDocuments)
 
 
 @dataclass
@@ -22,11 +24,11 @@ class SourceConfig:
 
     paths: list[str] = field(default_factory=list)
     """Files, directories (all files inside, recursively) or globs; for format "hub": one dataset name."""
-    format: str = "auto"
+    format: SourceFormat = "auto"
     """"auto" (from the suffix: .txt, .jsonl/.json, .parquet, each optionally .gz/.zst), txt, jsonl, parquet, hub."""
     text_field: str = "text"
     """Column / JSON key holding the document text (jsonl, parquet, hub)."""
-    txt_documents: str = "blank_line"
+    txt_documents: TxtDocuments = "blank_line"
     """.txt files: "blank_line" = documents separated by empty lines, "file" = one document per file."""
     weight: float = 1.0
     """Relative sampling weight when several sources are mixed (normalised over the list)."""

@@ -7,10 +7,12 @@ process group starts) stays cheap and free of import cycles.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-GRAD_ACCUM_DTYPES = ("fp32", "bf16")
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+GradAccumDtype = Literal["fp32", "bf16"]
+GRAD_ACCUM_DTYPES: tuple[str, ...] = get_args(GradAccumDtype)
 
 
 @dataclass
@@ -66,9 +68,9 @@ class EngineConfig:
     """Global sequences per optimiser step; must equal micro x accumulation x world size (None: derived)."""
     gradient_clipping: float = 1.0
     """Clip the global gradient 2-norm to this value before each step (0: no clipping)."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """"fp32", "bf16" (bf16 weights/activations, fp32 master weights) or "fp16" (dynamic loss scaling, GPU only)."""
-    grad_accum_dtype: str = "fp32"
+    grad_accum_dtype: GradAccumDtype = "fp32"
     """bf16 only: dtype gradients are accumulated and reduced in, "fp32" (needs ZeRO >= 1) or "bf16"."""
     zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
     """Extra DeepSpeed `zero_optimization` options, passed through when set."""
@@ -133,15 +135,17 @@ def _batch_hint(target: int, micro: int, world_size: int) -> str:
     return f"; {target} is not a multiple of micro batch x world size ({micro * world_size})"
 
 
-OPTIMIZERS = ("adamw", "lamb")
-DECAYS = ("linear", "polynomial")
+OptimizerType = Literal["adamw", "lamb"]
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerType)
+Decay = Literal["linear", "polynomial"]
+DECAYS: tuple[str, ...] = get_args(Decay)
 
 
 @dataclass
 class OptimConfig:
     """Optimiser, weight decay and learning-rate schedule (the `optimizer:` section of a recipe)."""
 
-    type: str = "adamw"
+    type: OptimizerType = "adamw"
     """Optimiser: "adamw" (torch.optim.AdamW) or "lamb" (albert_dist.engine.lamb, exact under ZeRO)."""
     lr: float = 1e-3
     """Peak learning rate, reached at the end of warmup."""
@@ -156,7 +160,7 @@ class OptimConfig:
     warmup_ratio: Optional[float] = None
     """Warmup as a fraction of max_steps, in [0, 1] (ALBERT: 3125 / 125000 = 0.025); rounded to whole steps.
     An alternative to warmup_steps, so that a short run (max_steps=5) of a recipe needs no second override."""
-    decay: str = "linear"
+    decay: Decay = "linear"
     """Decay after warmup, to 0 at the last step: "linear" or "polynomial" (with `power`)."""
     power: float = 1.0
     """Exponent of the polynomial decay (1.0 = linear, ALBERT's setting); used when decay is "polynomial"."""

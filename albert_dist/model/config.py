@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 #: Activations accepted in `hidden_act` (transformers' names). "gelu_new" and "gelu_pytorch_tanh" are both the
 #: tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. for the approximation) used by BERT/ALBERT.
-ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu", "silu")
+Activation = Literal["gelu_new", "gelu_pytorch_tanh", "gelu", "relu", "silu"]
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 
 #: Sharing modes, ALBERT paper (Lan et al. 2020) section 4.5 / Table 4; see `albert_dist.model.sharing`.
-SHARING_MODES = ("all", "attention", "ffn", "none")
+Sharing = Literal["all", "attention", "ffn", "none"]
+SHARING_MODES: tuple[str, ...] = get_args(Sharing)
 
 
 @dataclass
@@ -35,7 +38,7 @@ class AlbertConfig:
     """Attention heads; must divide hidden_size."""
     intermediate_size: int = 3072
     """Feed-forward inner size I."""
-    hidden_act: str = "gelu_new"
+    hidden_act: Activation = "gelu_new"
     """Feed-forward and MLM-head activation, one of ACTIVATIONS."""
     hidden_dropout_prob: float = 0.0
     """Dropout on embeddings and on the attention / feed-forward outputs, in [0, 1)."""
@@ -49,7 +52,7 @@ class AlbertConfig:
     """Standard deviation of the normal weight initialisation (BERT/ALBERT)."""
     layer_norm_eps: float = 1e-12
     """LayerNorm epsilon."""
-    sharing: str = "all"
+    sharing: Sharing = "all"
     """Cross-layer sharing: "all" | "attention" | "ffn" | "none" (see albert_dist.model.sharing)."""
     gradient_checkpointing: bool = False
     """Recompute every executed block in backward (non-reentrant torch.utils.checkpoint)."""

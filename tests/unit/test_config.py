@@ -194,6 +194,14 @@ def test_preset_override_replaces_the_recipes_model_section():
     ((MAIN_RECIPE, ["data.train=[{paths: [a.txt], weight: 0}]"]), ["data.train[0].weight must be > 0"]),
     ((MAIN_RECIPE, ["data.validation=[{paths: [a.txt]}, {paths: []}]"]), ["data.validation[1].paths must list"]),
     ((MAIN_RECIPE, ["engine.zero_optimization.overlap_comm=maybe"]), ["engine.zero_optimization.overlap_comm:"]),
+    # Literal-typed choices: OmegaConf rejects the value, naming the key and the choices
+    ((MAIN_RECIPE, ["model.sharing=some"]), ["model.sharing: Invalid value 'some'", "'attention'"]),
+    ((MAIN_RECIPE, ["model.hidden_act=tanh"]), ["model.hidden_act: Invalid value 'tanh'", "'gelu_new'"]),
+    ((MAIN_RECIPE, ["engine.grad_accum_dtype=fp16"]), ["engine.grad_accum_dtype: Invalid value 'fp16'"]),
+    ((MAIN_RECIPE, ["data.train=[{paths: [a]}, {paths: [a], format: csv}]"]), ["data.train[1].format: Invalid value"]),
+    ((MAIN_RECIPE, ["data.validation=[{paths: [a], txt_documents: para}]"]),
+     ["data.validation[0].txt_documents: Invalid value 'para'"]),
+    ((MAIN_RECIPE, ["data.train=[{paths: [a], wieght: 2}]"]), ["data.train[0].wieght: unknown key", "'weight'"]),
 ])
 def test_config_errors_name_the_dotted_yaml_path(args, fragments):
     with pytest.raises(ValueError) as err:
