@@ -33,7 +33,6 @@ import argparse
 import datetime
 import logging
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from albert_dist.engine.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -134,12 +135,6 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stats(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
 
@@ -160,7 +155,7 @@ def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq:
     args = dict(repeats=repeats, model=model, micro_batch=micro_batch, seq=seq, steps=steps)
     with tempfile.TemporaryDirectory(prefix="bench-lamb-") as tmp:
         out = os.path.join(tmp, "rows.pt")
-        mp.spawn(_worker, args=(_free_port(), args, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(free_port(), args, out), nprocs=WORLD, join=True)
         rows = torch.load(out)
     result: dict[str, Any] = dict(rows)
     result["ratio_lamb_over_adamw"] = [a / b for a, b in zip(rows["lamb_step_s"], rows["adamw_step_s"])]

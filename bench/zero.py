@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import queue as queue_mod
-import socket
 import statistics
 import time
 import traceback
@@ -42,6 +41,8 @@ from typing import Any, Callable
 from unittest import mock
 
 import torch
+
+from albert_dist.engine.distributed import free_port
 
 WORLD = 2
 VOCAB = 2000
@@ -260,17 +261,11 @@ def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> di
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world: int, args: dict, timeout_s: float) -> dict[str, Any]:
     """Run `_worker` on `world` ranks; returns rank 0's measurements. Raises RuntimeError on a failure/timeout."""
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, args, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

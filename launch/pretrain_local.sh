@@ -30,7 +30,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
-PORT="${MASTER_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
+PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"
 set +e
 deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --module albert_dist.cli \
     train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@"

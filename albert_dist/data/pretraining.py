@@ -33,8 +33,7 @@ import torch
 from albert_dist.data.config import DataConfig
 from albert_dist.data.text import split_sentences, word_start_table
 from albert_dist.data.tokenizer import CLS_ID, FIRST_NORMAL_ID, MASK_ID, PAD_ID, SEP_ID
-
-IGNORE_INDEX = -100
+from albert_dist.model.config import IGNORE_INDEX
 
 
 @dataclass

@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from albert_dist.data.config import DataConfig
-from albert_dist.data.pretraining import IGNORE_INDEX, Example, ExampleBuilder, collate
+from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
 from albert_dist.data.sources import SourceStream, iter_texts, plan_pieces
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer
+from albert_dist.model.config import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 

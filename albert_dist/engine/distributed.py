@@ -225,7 +225,10 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it: bind to port 0), for a rendezvous
+    store of a single process, the tests' process groups and MLflow servers, and the launch scripts. Another
+    process may take it before the caller binds it; callers that must not race retry on EADDRINUSE."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -274,7 +277,7 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
     addr = env.get("MASTER_ADDR")
     if addr is None or port is None:
         if world == 1:
-            addr, port = addr or "127.0.0.1", port or _free_port()
+            addr, port = addr or "127.0.0.1", port or free_port()
         elif "SLURM_JOB_ID" in env and ("SLURM_STEP_NODELIST" in env or "SLURM_JOB_NODELIST" in env):
             slurm_addr, slurm_port = _slurm_master(env)
             addr, port = addr or slurm_addr, port or slurm_port
@@ -357,8 +360,16 @@ def discover(environ: Mapping[str, str] | None = None) -> DistEnv:
         return _from_slurm(env)
     if "SLURM_PROCID" in env:
         log.info("Slurm batch step without srun: running as a single process")
-    port = _master_port(env) or _free_port()
+    port = _master_port(env) or free_port()
     return DistEnv(0, 1, 0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, 1, "single")
+
+
+def is_multi_rank() -> bool:
+    """True when a torch.distributed process group is up with more than one rank, i.e. when a collective is
+    needed (a single process, or one before init / after destroy, reduces nothing)."""
+    import torch.distributed as tdist
+
+    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
 def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None:
@@ -412,6 +423,15 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     return dist_env
 
 
+def setup_logging(rank: int) -> None:
+    """stdlib logging with the rank in every line's prefix: INFO on rank 0, WARNING elsewhere (DESIGN.md);
+    DeepSpeed's and torch.distributed's loggers at WARNING (their INFO lines repeat per rank)."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def main() -> int:
     """``python -m albert_dist.engine.distributed``: print this task's discovery as one JSON line.
 
@@ -434,12 +454,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def setup_logging(rank: int) -> None:
-    """stdlib logging with the rank in every line's prefix: INFO on rank 0, WARNING elsewhere (DESIGN.md);
-    DeepSpeed's and torch.distributed's loggers at WARNING (their INFO lines repeat per rank)."""
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
-                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)

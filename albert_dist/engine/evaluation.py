@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from albert_dist.data.config import DataConfig
 from albert_dist.data.validation import ValidationSet, build_validation_set, token_counts, unigram_baseline
+from albert_dist.engine.distributed import is_multi_rank
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class Evaluator:
             mlm_n, sop_n = out.mlm_count.double(), out.sop_count.double()
             sums += torch.stack([out.mlm_loss.detach().double() * mlm_n, out.mlm_correct.double(), mlm_n,
                                  out.sop_loss.detach().double() * sop_n, out.sop_correct.double(), sop_n])
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+        if is_multi_rank():
             dist.all_reduce(sums)
         return sums
 

@@ -17,11 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from albert_dist.model.config import AlbertConfig
+from albert_dist.model.config import IGNORE_INDEX, AlbertConfig
 from albert_dist.model.sharing import executed_blocks, shares_attention, shares_ffn
-
-IGNORE_INDEX = -100
-"""Label value of positions / examples that take no part in a loss (transformers' convention)."""
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:

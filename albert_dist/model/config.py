@@ -14,6 +14,11 @@ Sharing = Literal["all", "attention", "ffn", "none"]
 SHARING_MODES: tuple[str, ...] = get_args(Sharing)
 
 
+#: Label value of positions / examples that take no part in a loss: the data pipeline writes it, the model's
+#: losses skip it (transformers' convention, torch's cross_entropy default ignore_index).
+IGNORE_INDEX = -100
+
+
 @dataclass
 class AlbertConfig:
     """ALBERT hyper-parameters (transformers' `AlbertConfig` field names) plus the cross-layer sharing mode.

@@ -68,6 +68,19 @@ def executed_blocks(config: AlbertConfig) -> list[tuple[int, int, int]]:
             for i in range(config.num_hidden_layers) for j in range(K)]
 
 
+#: Name prefix of the shared sub-blocks' parameters (transformers' AlbertModel layout).
+SHARED_PREFIX = "albert.encoder.albert_layer_groups."
+
+
+def shared_block_of(name: str) -> tuple[int, int, str] | None:
+    """(group g, inner block j, rest) of a shared sub-block parameter
+    ``albert.encoder.albert_layer_groups.{g}.albert_layers.{j}.<rest>``; None for any other parameter name."""
+    if not name.startswith(SHARED_PREFIX):
+        return None
+    parts = name.split(".")
+    return int(parts[3]), int(parts[5]), ".".join(parts[6:])
+
+
 def block_parameter_counts(config: AlbertConfig) -> tuple[int, int]:
     """Parameters of one attention sub-block and of one feed-forward sub-block, ``(attn, ffn)``."""
     H, I = config.hidden_size, config.intermediate_size

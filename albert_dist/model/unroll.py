@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from albert_dist.model.albert import AlbertForPreTraining
-from albert_dist.model.sharing import executed_blocks
+from albert_dist.model.sharing import executed_blocks, shared_block_of
 
 
 def unroll(model: AlbertForPreTraining) -> tuple[AlbertForPreTraining, dict[str, list[str]]]:
@@ -30,10 +30,9 @@ def unroll(model: AlbertForPreTraining) -> tuple[AlbertForPreTraining, dict[str,
     target = dict(unrolled.named_parameters())
     plan = executed_blocks(config)
     for name, _ in model.named_parameters():
-        if name.startswith("albert.encoder.albert_layer_groups."):
-            # albert.encoder.albert_layer_groups.{g}.albert_layers.{j}.<rest>
-            parts = name.split(".")
-            g, j, rest = int(parts[3]), int(parts[5]), ".".join(parts[6:])
+        shared = shared_block_of(name)
+        if shared is not None:
+            g, j, rest = shared
             copies[name] = [f"albert.encoder.blocks.{k}.{rest}" for k, gk, jk in plan if (gk, jk) == (g, j)]
         else:
             copies[name] = [name]

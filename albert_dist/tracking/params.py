@@ -178,21 +178,20 @@ def model_param_counts(model: Any) -> dict[str, int]:
         block that uses it (what an unshared BERT of the same depth would hold; same rule as
         `albert_dist.model.unroll.unroll`); ``group_<g>_parameters``: elements of each shared group.
     """
-    from albert_dist.model.sharing import executed_blocks
+    from albert_dist.model.sharing import executed_blocks, shared_block_of
 
     uses: dict[tuple[int, int], int] = {}
     for _, g, j in executed_blocks(model.config):
         uses[(g, j)] = uses.get((g, j), 0) + 1
-    prefix = "albert.encoder.albert_layer_groups."
     counts = {"unique_parameters": 0, "total_parameters": 0}
     for name, p in model.named_parameters():  # named_parameters() yields a tied/shared tensor once
         if not p.requires_grad:
             continue
         n = getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 leaves a partitioned param empty
         counts["unique_parameters"] += n
-        if name.startswith(prefix):
-            parts = name.split(".")
-            g, j = int(parts[3]), int(parts[5])
+        shared = shared_block_of(name)
+        if shared is not None:
+            g, j, _ = shared
             counts[f"group_{g}_parameters"] = counts.get(f"group_{g}_parameters", 0) + n
             counts["total_parameters"] += n * uses.get((g, j), 0)
         else:

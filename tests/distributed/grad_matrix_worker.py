@@ -33,7 +33,6 @@ import gc
 import logging
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from contextlib import ExitStack
@@ -41,6 +40,8 @@ from typing import Any
 from unittest import mock
 
 import torch
+
+from albert_dist.engine.distributed import free_port
 
 WORLD_SIZE = 2
 MICRO_BATCH = 2
@@ -376,12 +377,6 @@ def worker(rank: int, world_size: int, port: int, cells: list[Cell], results: "q
     results.put(("done", rank, None, None))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_matrix(cells: list[Cell], world_size: int = WORLD_SIZE, timeout_s: float = 600.0) -> dict[str, dict]:
     """Spawn `world_size` ranks once, run `cells` in order and return ``{cell.id: merged result}``.
 
@@ -391,7 +386,7 @@ def run_matrix(cells: list[Cell], world_size: int = WORLD_SIZE, timeout_s: float
     """
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=worker, args=(r, world_size, port, cells, results), daemon=True)
              for r in range(world_size)]
     for p in procs:

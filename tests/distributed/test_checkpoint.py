@@ -14,7 +14,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
+from albert_dist.engine.distributed import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -57,17 +57,11 @@ progress_bar: false
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Job:
     """`world` worker processes of one job (env:// variables as torchrun sets them); logs in log_dir."""
 
     def __init__(self, world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str] = ()):
-        port = _free_port()
+        port = free_port()
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.procs, self.logs = [], []

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from albert_dist.engine.distributed import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -28,14 +29,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_from_slurm_variables(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items()

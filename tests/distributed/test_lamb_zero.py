@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import traceback
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+
+from albert_dist.engine.distributed import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -234,16 +235,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("lamb_zero")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
     return torch.load(out / "results.pt")
 
 

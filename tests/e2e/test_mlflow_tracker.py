@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from fixtures.mlflow_server import free_port
+from albert_dist.engine.distributed import free_port
 
 from albert_dist.tracking.checkpoints import (CHECKPOINTS_ARTIFACT_DIR, MARKER_NAME, checkpoint_artifact_path,
                                               complete_checkpoints)

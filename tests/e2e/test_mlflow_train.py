@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from fixtures.mlflow_server import free_port
+from albert_dist.engine.distributed import free_port
 
 from albert_dist.tracking.checkpoints import complete_checkpoints
 

@@ -198,3 +198,13 @@ def test_inconsistent_variables_raise(no_scontrol, environ, names):
 def test_init_distributed_rejects_bad_timeout():
     with pytest.raises(ValueError, match="timeout_s"):
         D.init_distributed(timeout_s=0)
+
+
+def test_free_port_is_bindable_and_is_multi_rank_without_a_group():
+    import socket
+
+    port = D.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: binding it again succeeds
+    assert 1024 <= port < 65536
+    assert D.is_multi_rank() is False  # no process group in a unit test
