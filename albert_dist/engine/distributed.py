@@ -83,72 +83,26 @@ class DistEnv:
 # Slurm host lists
 
 
-def _split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside brackets: ``"n[1-2],login5"`` -> ``["n[1-2]", "login5"]``."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"node list {text!r}: nested '[' at position {i}")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"node list {text!r}: unmatched ']' at position {i}")
-        elif ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"node list {text!r}: unclosed '['")
-    parts.append(text[start:])
-    return parts
-
-
-def _expand_range_set(body: str, whole: str) -> list[str]:
-    """``"01-03,07"`` -> ``["01", "02", "03", "07"]``; zero padding follows the lower bound's width."""
-    out: list[str] = []
-    for item in body.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
-        if m is None:
-            raise ValueError(f"node list {whole!r}: bad range {item!r} (expected N or N-M)")
-        lo_s, hi_s = m.group(1), m.group(2)
-        lo, hi = int(lo_s), int(hi_s if hi_s is not None else lo_s)
-        if hi < lo:
-            raise ValueError(f"node list {whole!r}: range {item!r} runs backwards")
-        width = len(lo_s)
-        out.extend(str(i).zfill(width) for i in range(lo, hi + 1))
-    return out
-
-
 def expand_nodelist_py(nodelist: str) -> list[str]:
-    """Expand a Slurm host list in pure Python, as ``scontrol show hostnames`` does.
+    """Expand a Slurm host list without Slurm, as ``scontrol show hostnames`` does, with python-hostlist.
 
     ``"gpu[01-03,07]"`` -> ``["gpu01", "gpu02", "gpu03", "gpu07"]``; ``"n[1-2],login5"`` ->
-    ``["n1", "n2", "login5"]``; several bracket groups in one name form their product, in Slurm's order
-    (``"r[1-2]n[1-2]"`` -> ``r1n1 r1n2 r2n1 r2n2``). Zero padding is kept (width of the range's lower bound).
-    Duplicates are kept and empty entries skipped, like scontrol. Grammar: Slurm's hostlist.c
-    (``hostlist_create``). One extension: a literal after the last bracket (``"node[1-2]-ib"``) is
-    expanded, where Slurm 22.05's scontrol answers "Invalid hostlist".
+    ``["n1", "n2", "login5"]``; several bracket groups form their product in Slurm's order
+    (``"r[1-2]n[1-2]"`` -> ``r1n1 r1n2 r2n1 r2n2``); zero padding is kept. Duplicates are kept and empty
+    entries skipped, like scontrol (``hostlist.expand_hostlist(..., allow_duplicates=True)``). Unlike Slurm
+    22.05's scontrol, a literal after the last bracket (``"node[1-2]-ib"``) is expanded.
 
     Raises:
-        ValueError: empty list, unbalanced brackets, a range that is not ``N`` or ``N-M``, or ``N > M``.
+        ValueError: empty list, unbalanced or nested brackets, a bad range or ``N > M`` (python-hostlist's
+            ``BadHostlist``, with the list named).
     """
-    text = nodelist.strip()
-    if not text:
-        raise ValueError("node list is empty")
-    hosts: list[str] = []
-    for part in _split_top_level(text):
-        part = part.strip()
-        if not part:  # "n1,,n2": scontrol skips empty entries too
-            continue
-        # pieces alternate: literal, bracket body, literal, ...
-        pieces = re.split(r"\[([^\]]*)\]", part)
-        if any(c in piece for piece in pieces[0::2] for c in "[]"):
-            raise ValueError(f"node list {nodelist!r}: unbalanced brackets in {part!r}")
-        names = [pieces[0]]
-        for body, literal in zip(pieces[1::2], pieces[2::2]):
-            names = [n + r + literal for n in names for r in _expand_range_set(body, nodelist)]
-        hosts.extend(names)
+    import hostlist
+
+    try:
+        hosts = hostlist.expand_hostlist(nodelist.strip(), allow_duplicates=True)
+    except hostlist.BadHostlist as err:
+        why = "a range runs backwards (start > stop)" if str(err) == "start > stop" else str(err)
+        raise ValueError(f"node list {nodelist!r}: {why}") from None
     if not hosts:
         raise ValueError(f"node list {nodelist!r} names no host")
     return hosts
@@ -157,7 +111,7 @@ def expand_nodelist_py(nodelist: str) -> list[str]:
 def expand_nodelist(nodelist: str, use_scontrol: bool = True) -> list[str]:
     """Host names in a Slurm node list: ``scontrol show hostnames`` when installed, else the Python expander.
 
-    The Python expander always runs first as a syntax check: scontrol 22.05 exits 0 on a malformed list,
+    python-hostlist always runs first as a syntax check: scontrol 22.05 exits 0 on a malformed list,
     printing nothing ("Invalid hostlist" on stderr) or garbage (``n[1-2`` -> ``n]``).
 
     Raises:
@@ -178,18 +132,18 @@ def expand_nodelist(nodelist: str, use_scontrol: bool = True) -> list[str]:
 
 
 def expand_tasks_per_node(spec: str) -> list[int]:
-    """``SLURM_TASKS_PER_NODE`` -> tasks on each node: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
+    """``SLURM_TASKS_PER_NODE`` -> tasks on each node: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``
+    (``hostlist.parse_slurm_tasks_per_node``).
 
     Raises:
         ValueError: an entry that is not ``N`` or ``N(xM)``.
     """
-    counts: list[int] = []
-    for item in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-        if m is None:
-            raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r}: bad entry {item!r} (expected N or N(xM))")
-        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return counts
+    import hostlist
+
+    try:
+        return hostlist.parse_slurm_tasks_per_node(spec.strip())
+    except hostlist.BadHostlist:
+        raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r}: bad entry (expected N or N(xM), comma-separated)") from None
 
 
 def node_address(name: str, use_scontrol: bool = True) -> str:
@@ -437,7 +391,7 @@ def main() -> int:
 
     A pre-flight check for job scripts (``srun python -m albert_dist.engine.distributed``): every task prints
     ``DIST {"rank": ..., "node_rank": ..., ...}``, so a node list or a batch-shell expansion gone wrong
-    (every node believing it is node 0) shows before any training starts. Imports nothing but the stdlib.
+    (every node believing it is node 0) shows before any training starts. Imports no torch (stdlib and python-hostlist).
     Exit status 2 with the message when discovery fails.
     """
     import json

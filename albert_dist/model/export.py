@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
@@ -50,7 +51,9 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and isinstance(state.get("module"), dict):
         state = state["module"]
-    return {k.removeprefix("module."): v.float() if v.is_floating_point() else v for k, v in state.items()}
+    state = dict(state)  # consume_prefix_in_state_dict_if_present renames in place
+    consume_prefix_in_state_dict_if_present(state, "module.")
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def load_model(checkpoint: str | Path, config: AlbertConfig) -> AlbertForPreTraining:
