@@ -37,13 +37,32 @@ deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --mo
 status=$?
 set -e
 OUT="$(realpath -m "${RUN_DIR}")"
+# The command that continues this run: same ranks, recipe and overrides, the same RUN_DIR, --resume auto
+# (added once). Words other than plain ones are single-quoted (as Python's shlex.quote does), so the line
+# pastes back into a shell unchanged.
+quote() {
+    if [[ $1 =~ ^[A-Za-z0-9_./=:,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+CONTINUE=(launch/pretrain_local.sh "${NUM_RANKS}" "${RECIPE}" "$@")
+[[ " $* " == *" --resume auto "* || " $* " == *" --resume=auto "* ]] || CONTINUE+=(--resume auto)
+CONTINUE_CMD="RUN_DIR=$(quote "${RUN_DIR}")"
+for word in "${CONTINUE[@]}"; do CONTINUE_CMD+=" $(quote "${word}")"; done
 echo
-if [ "${status}" -eq 0 ]; then
-    echo "pretraining finished; outputs in ${OUT}"
-else
-    echo "pretraining exited with status ${status} (75 = stopped by a signal after a checkpoint; continue with:"
-    echo "  RUN_DIR=${RUN_DIR} $0 ${NUM_RANKS} ${RECIPE} --resume auto); outputs in ${OUT}"
-fi
+case "${status}" in
+0) echo "pretraining finished; outputs in ${OUT}" ;;
+75)
+    echo "pretraining stopped by a signal after writing a checkpoint (exit 75); continue with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
+2) echo "pretraining did not start: the configuration or an input is wrong (exit 2, message above)" ;;
+*)
+    echo "pretraining failed (exit ${status}); outputs in ${OUT}"
+    echo "  after fixing the cause, continue from its last complete checkpoint with:"
+    echo "  ${CONTINUE_CMD}"
+    ;;
+esac
+if [ "${status}" -eq 2 ]; then exit 2; fi
 echo "  config.yaml, ds_config.json: the resolved config and the DeepSpeed config"
 echo "  metrics.jsonl: one JSON record per logged step (train and val_* metrics)"
 echo "  checkpoints/: DeepSpeed checkpoints, 'latest' names the newest complete one"
