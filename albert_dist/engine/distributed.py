@@ -378,12 +378,11 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
 
 
 def setup_logging(rank: int) -> None:
-    """stdlib logging with the rank in every line's prefix: INFO on rank 0, WARNING elsewhere (DESIGN.md);
-    DeepSpeed's and torch.distributed's loggers at WARNING (their INFO lines repeat per rank)."""
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True,
-                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """stdlib logging for a rank (`albert_dist.engine.console`): INFO on rank 0, WARNING elsewhere (DESIGN.md),
+    the rank in every line's prefix, known third-party noise filtered by exact message."""
+    from albert_dist.engine.console import configure_logging
+
+    configure_logging(rank)
 
 
 def main() -> int:
