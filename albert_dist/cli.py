@@ -3,7 +3,8 @@
     albert-dist train      --config configs/pretrain/<recipe>.yaml [dotted.key=value ...]
     albert-dist tokenizer  train --input <paths/globs> --vocab-size N --output DIR
     albert-dist export     <checkpoint dir or run> --output DIR     (HF-format export)
-    albert-dist compare    <run ids> | --experiment NAME
+    albert-dist compare    <run ids or run dirs> | --experiment NAME
+    albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
 
 Each sub-command's module exposes ``cli(argv: list[str]) -> int``; this file only dispatches, imports lazily
 (so `albert-dist tokenizer` never imports DeepSpeed) and owns the process exit code.
@@ -20,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
     "export": ("albert_dist.model.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
     "compare": ("albert_dist.tracking.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
+    "tracking": ("albert_dist.tracking.sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
 }
 
 

@@ -1,16 +1,18 @@
-"""Checkpoints as run artifacts: background upload with a completeness marker, and download for resume.
+"""Run artifacts: background uploads (checkpoints with a completeness marker, plain files), retention of
+checkpoint artifacts, and download for resume.
 
 Layout in the run's artifacts::
 
     checkpoints/step_<N>/<files of the DeepSpeed tag directory, e.g. mp_rank_00_model_states.pt, ...>
     checkpoints/step_<N>/COMPLETE.json     {"step": N, "tag": "<tag dir name>", "files": {relpath: bytes}}
 
-``COMPLETE.json`` is uploaded last, only after every file was uploaded, so a checkpoint without it (the
-job died mid-upload, or the upload gave up) is never taken for complete; a reader additionally checks
-every listed file's size. The local checkpoint is only ever read: the uploader works on a snapshot of
-hard links (taken on the training thread in milliseconds, after the collective save returned), so the
-engine's "keep the last N" rotation may delete the original meanwhile and a failed upload leaves the local
-checkpoint exactly as DeepSpeed wrote it.
+``COMPLETE.json`` is uploaded last, after every file and after every metric logged before the checkpoint
+arrived, so a checkpoint without it (the job died mid-upload) is never taken for complete; a reader also
+checks every listed file's size. The uploader works on a snapshot of hard links (taken on the training
+thread in milliseconds, after the collective save returned), so local retention may delete the original
+meanwhile and a failed upload leaves the local checkpoint as DeepSpeed wrote it. A snapshot not uploaded by
+the end of the job stays on disk and is listed in ``mlflow_run.json`` ("pending"): the next attempt of the
+job, or `albert-dist tracking sync`, uploads it.
 
 Assumes the checkpoint directory is on a file system shared by the ranks (the usual cluster setup): rank
 0 uploads what it sees, i.e. every rank's ZeRO shard files.
@@ -26,8 +28,9 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from albert_dist.tracking.sender import is_transient, retrying
 
 log = logging.getLogger(__name__)
 
@@ -41,29 +44,6 @@ def checkpoint_artifact_path(step: int) -> str:
     return f"{CHECKPOINTS_ARTIFACT_DIR}/step_{int(step)}"
 
 
-def _retry(what: str, fn: Callable[[], Any], *, attempts: Optional[int], backoff_s: float, max_backoff_s: float,
-           should_stop: Callable[[], bool] = lambda: False) -> Any:
-    """Call ``fn`` until it succeeds, with doubling waits; re-raises the last error after ``attempts`` tries
-    (None: no limit), on a permanent error (`albert_dist.tracking.sender.is_transient`) or once
-    ``should_stop()`` is true."""
-    from albert_dist.tracking.sender import is_transient
-
-    wait, attempt = backoff_s, 0
-    while True:
-        attempt += 1
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - any transient failure of an upload/download is retried
-            if (attempts is not None and attempt >= attempts) or not is_transient(exc) or should_stop():
-                raise
-            log.warning("%s failed (attempt %d: %s: %s); retrying in %.1f s", what, attempt,
-                        type(exc).__name__, str(exc)[:200], wait)
-            end = time.monotonic() + wait
-            while time.monotonic() < end and not should_stop():
-                time.sleep(min(0.2, wait))
-            wait = min(wait * 2, max_backoff_s)
-
-
 def list_files(root: str) -> dict[str, int]:
     """Relative path (``/``-separated) -> size in bytes of every regular file below ``root``."""
     out: dict[str, int] = {}
@@ -75,68 +55,62 @@ def list_files(root: str) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def snapshot(src_dir: str, dst_dir: str) -> None:
-    """Mirror ``src_dir`` into ``dst_dir`` with hard links (a copy where links are impossible).
+def snapshot(src: str, dst_dir: str) -> None:
+    """Mirror a file or directory ``src`` into ``dst_dir`` with hard links (a copy where links are impossible).
 
     DeepSpeed writes each checkpoint file once and never rewrites it in place, so a link is an immutable
     view of the finished file.
     """
-    for rel in list_files(src_dir):
-        src, dst = os.path.join(src_dir, rel), os.path.join(dst_dir, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
+    files = list_files(src) if os.path.isdir(src) else {os.path.basename(src): 0}
+    for rel in files:
+        s = os.path.join(src, rel) if os.path.isdir(src) else src
+        d = os.path.join(dst_dir, rel)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
         try:
-            os.link(src, dst)
-        except OSError:  # other file system, or links not permitted
-            shutil.copy2(src, dst)
+            os.link(s, d)
+        except OSError:  # another file system, or links not permitted
+            shutil.copy2(s, d)
 
 
-@dataclass
-class _Job:
-    dest: str  # artifact directory
-    staging: str  # local snapshot, removed after the upload
-    step: Optional[int] = None  # a checkpoint (marked complete at the end); None = plain files
-    tag: str = ""
-    before_marker: Optional[Callable[[], bool]] = None
-
-
-class CheckpointUploader:
-    """One background thread uploading checkpoints of one run, oldest first, newest never skipped.
+class Uploader:
+    """One background thread uploading a run's artifacts in order; of several queued checkpoints only the
+    newest is uploaded (only the latest matters for resuming, and uploads must not fall ever further behind).
 
     Args:
         client: ``mlflow.MlflowClient``.
-        run_id: the run the artifacts go to.
-        retry_backoff_s, max_backoff_s: waits between attempts (doubling; MLflow's own HTTP retries happen
-            inside each attempt).
+        sender: the run's `RunSender` (uploads start once its run is open; markers wait for its metrics).
+        keep_last: checkpoint artifacts kept after a newer one is complete (None: all).
+        keep_steps: steps never deleted (the checkpoint the job resumed from).
+        on_pending: called with the list of not-yet-uploaded jobs (dicts) whenever it changes.
+        retry_backoff_s, max_backoff_s: waits between attempts of a transient failure.
 
-    A failed file upload is retried for as long as the error is transient (the server is down, a 5xx),
-    until a newer checkpoint is submitted (the older one is then given up: only the latest matters for
-    resuming, and uploads must not fall ever further behind training) or `close`'s deadline passes.
-    Checkpoints waiting behind a running upload are likewise skipped for the newest one (logged).
+    A transient failure is retried until a newer checkpoint supersedes the job or `close`'s deadline; a
+    final one (`is_transient` false: e.g. 413 too large) fails that file at once (logged with its name and
+    size) and the other files and jobs go on; a checkpoint with a failed file is not marked complete.
     """
 
-    def __init__(self, client: Any, run_id: str, *, retry_backoff_s: float = 1.0, max_backoff_s: float = 30.0):
-        self._client = client
-        self._run_id = run_id
+    def __init__(self, client: Any, sender: Any, *, keep_last: Optional[int] = None, keep_steps: tuple = (),
+                 on_pending: Callable[[list[dict]], None] = lambda jobs: None, retry_backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0):
+        self._client, self._sender = client, sender
+        self._keep_last, self._keep_steps = keep_last, set(keep_steps)
+        self._on_pending = on_pending
+        self._backoff, self._max_backoff = retry_backoff_s, max_backoff_s
+        self._queue: queue.Queue[Optional[dict]] = queue.Queue()
+        self._jobs: list[dict] = []  # queued or running, in order
+        self._lock = threading.Lock()
         self._newest_step = -1
-        self._backoff = retry_backoff_s
-        self._max_backoff = max_backoff_s
-        self._queue: queue.Queue[Optional[_Job]] = queue.Queue()
-        self._stop = threading.Event()
+        self._deadline = float("inf")
         self.completed: list[int] = []
         """Steps whose checkpoint was uploaded and marked complete."""
-        self.failed: list[int] = []
-        """Steps whose upload gave up or was skipped (never marked complete)."""
-        self._thread = threading.Thread(target=self._run, name="mlflow-checkpoint-upload", daemon=True)
+        self.failed: list[str] = []
+        """Artifacts that will not arrive (final errors, superseded checkpoints)."""
+        self._thread = threading.Thread(target=self._main, name="mlflow-upload", daemon=True)
         self._thread.start()
 
-    def submit(self, local_dir: str, step: int, before_marker: Optional[Callable[[], bool]] = None) -> None:
-        """Snapshot ``local_dir`` (hard links, on the caller's thread) and queue its upload; returns at once.
-
-        Args:
-            local_dir: a finished checkpoint directory (DeepSpeed's ``<save_dir>/<tag>``).
-            step: optimizer step of the checkpoint.
-            before_marker: called on the upload thread after the files and before the marker; the marker
-                is written only if it returns True (used to make sure metrics up to ``step`` arrived first).
+    def submit_checkpoint(self, local_dir: str, step: int, metrics_offset: int) -> None:
+        """Snapshot a finished checkpoint directory and queue it; returns at once. Its marker waits until
+        metrics.jsonl up to byte ``metrics_offset`` is delivered.
 
         Raises:
             ValueError: ``local_dir`` is not a directory or holds no file.
@@ -147,110 +121,139 @@ class CheckpointUploader:
         staging = os.path.join(os.path.dirname(local_dir), f".mlflow_upload_{os.path.basename(local_dir)}")
         shutil.rmtree(staging, ignore_errors=True)
         snapshot(local_dir, staging)
-        self._newest_step = max(self._newest_step, int(step))
-        self._queue.put(_Job(checkpoint_artifact_path(step), staging, int(step), os.path.basename(local_dir),
-                             before_marker))
+        self.submit({"staging": staging, "dest": checkpoint_artifact_path(step), "step": int(step),
+                     "tag": os.path.basename(local_dir), "metrics_offset": int(metrics_offset)})
 
-    def submit_files(self, local_path: str, artifact_path: Optional[str], take: bool = False) -> None:
-        """Queue the upload of a file (to ``artifact_path/<name>``) or of a directory's contents (to
-        ``artifact_path/``); no marker. Snapshotted like `submit`, unless ``take``: then ``local_path`` is a
-        private directory the uploader uploads the contents of and deletes afterwards.
-
-        Raises:
-            ValueError: ``local_path`` does not exist.
-        """
+    def submit_files(self, local_path: str, artifact_path: Optional[str], staging_root: str) -> None:
+        """Snapshot a file or directory (into a fresh folder under ``staging_root``) and queue its upload to
+        ``artifact_path/``. Raises ValueError when ``local_path`` does not exist."""
         if not os.path.exists(local_path):
             raise ValueError(f"artifact {local_path!r} does not exist")
-        if take:
-            staging = local_path
-        else:
-            staging = tempfile.mkdtemp(prefix=".mlflow_upload_",
-                                       dir=os.path.dirname(os.path.abspath(local_path)))
-            if os.path.isdir(local_path):
-                snapshot(local_path, staging)
-            else:
-                try:
-                    os.link(local_path, os.path.join(staging, os.path.basename(local_path)))
-                except OSError:
-                    shutil.copy2(local_path, staging)
-        self._queue.put(_Job((artifact_path or "").strip("/"), staging))
+        staging = tempfile.mkdtemp(prefix=".mlflow_upload_", dir=staging_root)
+        snapshot(local_path, staging)
+        self.submit({"staging": staging, "dest": (artifact_path or "").strip("/")})
 
-    def close(self, timeout_s: float) -> bool:
-        """Finish queued uploads within ``timeout_s``; True when all of them completed."""
+    def submit(self, job: dict) -> None:
+        """Queue a job (``{"staging", "dest"[, "step", "tag", "metrics_offset"]}``; the staging folder is the
+        uploader's from now on)."""
+        if job.get("step") is not None:
+            self._newest_step = max(self._newest_step, job["step"])
+        with self._lock:
+            self._jobs.append(job)
+        self._pending_changed()
+        self._queue.put(job)
+
+    def close(self, timeout_s: float) -> list[dict]:
+        """Finish queued uploads within ``timeout_s``; returns the jobs left (their staging folders kept)."""
+        self._deadline = time.monotonic() + timeout_s
         self._queue.put(None)
-        self._thread.join(timeout=timeout_s)
-        if self._thread.is_alive():
-            self._stop.set()  # ends retries; the running request finishes on its own (daemon thread)
-            log.error("checkpoint upload still running after %.0f s; not marked complete", timeout_s)
-            return False
-        return not self.failed
+        self._thread.join(timeout=timeout_s + 2.0)
+        with self._lock:
+            return list(self._jobs)
 
-    def _run(self) -> None:
+    def _pending_changed(self) -> None:
+        with self._lock:
+            jobs = [{k: v for k, v in j.items()} for j in self._jobs]
+        self._on_pending(jobs)
+
+    def _finish(self, job: dict, keep_staging: bool = False) -> None:
+        with self._lock:
+            self._jobs.remove(job)
+        if not keep_staging:
+            shutil.rmtree(job["staging"], ignore_errors=True)
+        self._pending_changed()
+
+    def _main(self) -> None:
+        while not self._sender.opened.wait(timeout=0.5):
+            if time.monotonic() >= self._deadline:
+                return
+        if self._sender.run is None:  # the run could not be opened: everything stays pending
+            return
         while True:
             job = self._queue.get()
             if job is None:
                 return
-            newer = []
-            while not self._queue.empty():  # skip older waiting checkpoints in favour of the newest
-                nxt = self._queue.get()
-                newer.append(nxt)
-            jobs = [job] + [j for j in newer if j is not None]
-            checkpoints = [j for j in jobs if j.step is not None]
-            for old in checkpoints[:-1]:
-                log.warning("checkpoint step %d not uploaded: a newer checkpoint (step %d) is waiting",
-                            old.step, checkpoints[-1].step)
-                self.failed.append(old.step)
-                shutil.rmtree(old.staging, ignore_errors=True)
-            newest = checkpoints[-1] if checkpoints else None
-            for j in jobs:
-                if j.step is None or j is newest:
-                    self._upload(j)
-            if any(j is None for j in newer):
+            if job.get("step") is not None and job["step"] < self._newest_step:
+                log.warning("checkpoint step %d not uploaded: a newer checkpoint (step %d) is queued",
+                            job["step"], self._newest_step)
+                self.failed.append(job["dest"])
+                self._finish(job)
+                continue
+            if time.monotonic() >= self._deadline:
                 return
+            self._upload(job)
 
-    def _superseded(self, job: _Job) -> bool:
-        return self._stop.is_set() or (job.step is not None and self._newest_step > job.step)
+    def _stop(self, job: dict) -> bool:
+        return time.monotonic() >= self._deadline or (job.get("step") is not None and
+                                                      self._newest_step > job["step"])
 
-    def _write_marker(self, job: _Job, files: dict[str, int]) -> None:
-        if job.before_marker is not None and not job.before_marker():
-            raise RuntimeError("metrics up to this step were not delivered")
-        marker = {"step": job.step, "tag": job.tag, "files": files}
+    def _upload(self, job: dict) -> None:
+        run_id = self._sender.run.info.run_id
+        files, failed, t0 = list_files(job["staging"]), [], time.monotonic()
+        what = f"checkpoint step {job['step']}" if job.get("step") is not None else f"artifacts {job['dest'] or '/'}"
+        try:
+            for rel, size in files.items():
+                dest = "/".join(p for p in (job["dest"], os.path.dirname(rel)) if p) or None
+                try:
+                    retrying(f"upload of {job['dest']}/{rel}", backoff_s=self._backoff, max_backoff_s=self._max_backoff,
+                             stop=lambda: self._stop(job))(
+                        self._client.log_artifact, run_id, os.path.join(job["staging"], rel), dest)
+                except Exception as exc:  # noqa: BLE001
+                    if is_transient(exc):
+                        raise  # superseded or out of time: the job stays pending
+                    failed.append(rel)
+                    log.error("MLflow refused %s/%s (%d bytes): %s; not retried", job["dest"], rel, size,
+                              str(exc)[:300])
+            if job.get("step") is not None and not failed:
+                self._write_marker(job, files)
+        except Exception as exc:  # noqa: BLE001 - an upload failure never stops training
+            superseded = job.get("step") is not None and self._newest_step > job["step"]
+            log.error("%s not uploaded (%s: %s)%s", what, type(exc).__name__, str(exc)[:200],
+                      "" if superseded else "; kept for the next attempt / albert-dist tracking sync")
+            if superseded:
+                self.failed.append(job["dest"])
+                self._finish(job)
+            return
+        self.failed += [f"{job['dest']}/{rel}" for rel in failed]
+        if job.get("step") is not None and not failed:
+            self.completed.append(job["step"])
+            self._prune(run_id, job["step"])
+        log.info("%s uploaded to %s (%d files, %.1f MB, %.1f s)%s", what, job["dest"] or "/", len(files) - len(failed),
+                 sum(files.values()) / 1e6, time.monotonic() - t0, f"; refused: {failed}" if failed else "")
+        self._finish(job)
+
+    def _write_marker(self, job: dict, files: dict[str, int]) -> None:
+        if not self._sender.wait_sent(job.get("metrics_offset", 0),
+                                      timeout_s=max(0.0, self._deadline - time.monotonic())):
+            raise TimeoutError("metrics up to this step were not delivered")
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, MARKER_NAME)
             with open(path, "w") as f:
-                json.dump(marker, f, indent=1)
-            _retry(f"marker of checkpoint step {job.step}",
-                   lambda: self._client.log_artifact(self._run_id, path, job.dest),
-                   attempts=None, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
-                   should_stop=lambda: self._superseded(job))
+                json.dump({"step": job["step"], "tag": job["tag"], "files": files}, f, indent=1)
+            retrying(f"marker of checkpoint step {job['step']}", backoff_s=self._backoff,
+                     max_backoff_s=self._max_backoff, stop=lambda: self._stop(job))(
+                self._client.log_artifact, self._sender.run.info.run_id, path, job["dest"])
 
-    def _upload(self, job: _Job) -> None:
-        dest = job.dest
-        what = f"checkpoint step {job.step}" if job.step is not None else f"artifacts {dest}"
-        t0 = time.monotonic()
+    def _prune(self, run_id: str, newest: int) -> None:
+        """Delete checkpoint artifacts older than ``newest`` beyond the newest ``keep_last`` complete ones,
+        except `keep_steps`. A failure is logged (retention is never worth failing the job for)."""
+        if self._keep_last is None:
+            return
         try:
-            files = list_files(job.staging)
-            for rel, _ in files.items():
-                sub = os.path.dirname(rel)
-                artifact_path = "/".join(p for p in (dest, sub) if p) or None
-                _retry(f"upload of {what} file {rel}",
-                       lambda: self._client.log_artifact(self._run_id, os.path.join(job.staging, rel),
-                                                         artifact_path),
-                       attempts=None, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
-                       should_stop=lambda: self._superseded(job))
-            if job.step is not None:
-                self._write_marker(job, files)
-        except Exception as exc:  # noqa: BLE001 - an upload failure never stops training
-            self.failed.append(job.step if job.step is not None else dest)
-            log.error("%s not uploaded (%s: %s); nothing marked complete, the local copy is untouched",
-                      what, type(exc).__name__, exc)
-        else:
-            if job.step is not None:
-                self.completed.append(job.step)
-            log.info("%s uploaded to %s (%d files, %.1f MB, %.1f s)", what, dest, len(files),
-                     sum(files.values()) / 1e6, time.monotonic() - t0)
-        finally:
-            shutil.rmtree(job.staging, ignore_errors=True)
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            complete = [s for s, _ in complete_checkpoints(self._client, run_id)]
+            keep = set(complete[:self._keep_last]) | self._keep_steps | {newest}
+            repo = get_artifact_repository(self._sender.run.info.artifact_uri,
+                                           tracking_uri=self._client.tracking_uri)
+            for info in self._client.list_artifacts(run_id, CHECKPOINTS_ARTIFACT_DIR):
+                m = _STEP_DIR.match(os.path.basename(info.path))
+                if info.is_dir and m and int(m.group(1)) < newest and int(m.group(1)) not in keep:
+                    repo.delete_artifacts(info.path)
+                    log.info("deleted checkpoint artifact %s (tracking.keep_last_checkpoints=%d)", info.path,
+                             self._keep_last)
+        except Exception as exc:  # noqa: BLE001
+            log.error("checkpoint retention in MLflow failed: %s: %s", type(exc).__name__, exc)
 
 
 # ---- reading side ----
@@ -265,20 +268,18 @@ def complete_checkpoints(client: Any, run_id: str) -> list[tuple[int, dict]]:
         m = _STEP_DIR.match(os.path.basename(info.path))
         if not info.is_dir or not m:
             continue
-        step = int(m.group(1))
         stored = _stored_sizes(client, run_id, info.path)
         if MARKER_NAME not in stored:
             log.warning("checkpoint %s has no %s: incomplete upload, ignored", info.path, MARKER_NAME)
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            marker_path = client.download_artifacts(run_id, f"{info.path}/{MARKER_NAME}", tmp)
-            with open(marker_path) as f:
+            with open(client.download_artifacts(run_id, f"{info.path}/{MARKER_NAME}", tmp)) as f:
                 marker = json.load(f)
         bad = {rel: size for rel, size in marker["files"].items() if stored.get(rel) != size}
         if bad:
             log.warning("checkpoint %s: files missing or of the wrong size %s, ignored", info.path, bad)
             continue
-        out.append((step, marker))
+        out.append((int(m.group(1)), marker))
     return sorted(out, key=lambda x: -x[0])
 
 
@@ -302,6 +303,7 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
         run_id: run to download from.
         save_dir: DeepSpeed checkpoint directory; receives ``<tag>/`` and a ``latest`` file naming it.
         step: which checkpoint; None = the newest complete one.
+        attempts, retry_backoff_s: tries of a transient failure or a size mismatch, first wait between them.
 
     Returns:
         ``(step, tag_dir)``.
@@ -310,15 +312,11 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
         FileNotFoundError: the run has no complete checkpoint (at ``step``).
         RuntimeError: the downloaded files do not match the marker (sizes) after all attempts.
     """
-    candidates = complete_checkpoints(client, run_id)
-    if step is not None:
-        candidates = [c for c in candidates if c[0] == step]
+    candidates = [c for c in complete_checkpoints(client, run_id) if step is None or c[0] == step]
     if not candidates:
-        which = "any" if step is None else f"step {step}"
-        raise FileNotFoundError(f"MLflow run {run_id} has no complete checkpoint ({which}) under "
-                                f"{CHECKPOINTS_ARTIFACT_DIR}/")
+        raise FileNotFoundError(f"MLflow run {run_id} has no complete checkpoint "
+                                f"({'any' if step is None else f'step {step}'}) under {CHECKPOINTS_ARTIFACT_DIR}/")
     step, marker = candidates[0]
-    tag = marker["tag"]
     os.makedirs(save_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".mlflow_download_", dir=save_dir)
 
@@ -328,23 +326,24 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
         local = client.download_artifacts(run_id, checkpoint_artifact_path(step), tmp)
         got = list_files(local)
         got.pop(MARKER_NAME, None)
-        if got != marker["files"]:
-            raise RuntimeError(f"downloaded checkpoint step {step} differs from its marker: "
-                               f"{sorted(set(got.items()) ^ set(marker['files'].items()))[:5]}")
+        if got != marker["files"]:  # a ConnectionError, so that it is retried like one
+            raise ConnectionError(f"downloaded checkpoint step {step} differs from its marker: "
+                                  f"{sorted(set(got.items()) ^ set(marker['files'].items()))[:5]}")
         return local
 
     try:
-        local = _retry(f"download of checkpoint step {step}", fetch, attempts=attempts,
-                       backoff_s=retry_backoff_s, max_backoff_s=60.0)
+        local = retrying(f"download of checkpoint step {step}", backoff_s=retry_backoff_s, max_backoff_s=60.0,
+                         stop=lambda: False, attempts=attempts)(fetch)
         os.remove(os.path.join(local, MARKER_NAME))
-        tag_dir = os.path.join(save_dir, tag)
-        if os.path.exists(tag_dir):
-            shutil.rmtree(tag_dir)
+        tag_dir = os.path.join(save_dir, marker["tag"])
+        shutil.rmtree(tag_dir, ignore_errors=True)
         os.replace(local, tag_dir)
         # DeepSpeed's `latest` pointer, written atomically like a finished save would.
         with open(os.path.join(save_dir, "latest.tmp"), "w") as f:
-            f.write(tag)
+            f.write(marker["tag"])
         os.replace(os.path.join(save_dir, "latest.tmp"), os.path.join(save_dir, "latest"))
+    except ConnectionError as exc:
+        raise RuntimeError(str(exc)) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("downloaded checkpoint step %d of run %s to %s", step, run_id, tag_dir)

@@ -11,52 +11,6 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 
-class FanoutTracker:
-    """Forwards the tracker contract (``log_params``, ``log_metrics``, ``log_checkpoint``, ``close``) to
-    several trackers, e.g. the console/metrics.jsonl tracker and `MLflowTracker`.
-
-    `close` closes every tracker even when one raises (the first error is re-raised afterwards).
-    """
-
-    def __init__(self, *trackers: Any):
-        self.trackers = trackers
-
-    def log_params(self, params: dict) -> None:
-        for t in self.trackers:
-            t.log_params(params)
-
-    def log_metrics(self, metrics: dict, step: int) -> None:
-        for t in self.trackers:
-            t.log_metrics(metrics, step)
-
-    def log_checkpoint(self, local_dir: str, step: int) -> None:
-        for t in self.trackers:
-            t.log_checkpoint(local_dir, step)
-
-    def truncate_after(self, step: int) -> None:
-        """Forwarded to the trackers that keep a local log (the console tracker's metrics.jsonl)."""
-        for t in self.trackers:
-            if hasattr(t, "truncate_after"):
-                t.truncate_after(step)
-
-    def close(self, status: str) -> None:
-        error: Optional[BaseException] = None
-        for t in self.trackers:
-            try:
-                t.close(status)
-            except Exception as exc:  # noqa: BLE001 - close the others first
-                error = error or exc
-        if error is not None:
-            raise error
-
-    @property
-    def mlflow(self) -> Optional[Any]:
-        """The `MLflowTracker` among the trackers, if any."""
-        from albert_dist.tracking.tracker import MLflowTracker
-
-        return next((t for t in self.trackers if isinstance(t, MLflowTracker)), None)
-
-
 def _broadcast(obj: Any) -> Any:
     import torch.distributed as dist
 
@@ -100,7 +54,7 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     from albert_dist.tracking.tracker import parse_run_ref, resolve_tracking_uri
 
     run_id = parse_run_ref(ref)
-    client = MlflowClient(resolve_tracking_uri(cfg))
+    client = MlflowClient(resolve_tracking_uri(cfg.tracking_uri))
     result: tuple[Optional[str], Optional[str]] = (None, None)
     if rank == 0:
         try:
@@ -117,40 +71,46 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     return run_id
 
 
-def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, console: Any, *,
-                  resume_from: Optional[str], resuming: bool, model: Any) -> Any:
-    """The job's tracker: `MLflowTracker` (collective: call on every rank) plus ``console`` on rank 0.
+def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, local: Any, *, local_rank: int = 0,
+                  resume_from: Optional[str] = None, resuming: bool = False, resumed_step: Optional[int] = None,
+                  model: Any = None) -> Any:
+    """The job's tracker: `MLflowTracker` over ``local`` (collective: call on every rank), or ``local`` alone
+    when ``cfg.tracking.enabled`` is false.
 
     Args:
         cfg: the ``TrainConfig``.
         run_dir: the job's run directory (already holding config.yaml and ds_config.json on rank 0).
-        console: the console/metrics.jsonl tracker (a no-op tracker on other ranks).
+        local: the console/metrics.jsonl tracker (a no-op tracker on other ranks).
         resume_from: the ``--resume-from`` run reference, continued when given.
         resuming: the job resumes from a local checkpoint (``--resume``): continue the MLflow run a previous
             attempt recorded in ``run_dir`` (a requeued Slurm job), if any.
+        resumed_step: the step of the checkpoint the job resumed from (its artifact is never deleted).
         model: the module being trained, for the derived parameter counts.
-
-    Returns:
-        ``console`` alone when ``cfg.tracking.enabled`` is false, else a `FanoutTracker`.
     """
     if not cfg.tracking.enabled:
-        return console
+        return local
     from albert_dist.tracking.params import model_param_counts
     from albert_dist.tracking.tracker import MLflowTracker, parse_run_ref, read_run_id
 
     run_id = parse_run_ref(resume_from) if resume_from else (read_run_id(str(run_dir)) if resuming else None)
+    keep = cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last
     tracker = MLflowTracker(cfg.tracking, run_dir=str(run_dir), rank=rank, world_size=world_size,
-                            resume_run_id=run_id,
+                            local_rank=local_rank, resume_run_id=run_id, local=local, keep_last_checkpoints=keep,
+                            keep_steps=() if not resumed_step else (resumed_step,),
                             tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve())})
     if rank == 0:
-        tracker.log_params({"derived": model_param_counts(model)})
+        if model is not None:
+            tracker.log_params({"derived": model_param_counts(model)})
         for name in ("config.yaml", "ds_config.json"):
             if (Path(run_dir) / name).is_file():
                 tracker.log_artifact(str(Path(run_dir) / name), "config")
         tokenizer = getattr(cfg.data, "tokenizer_path", None)
-        if tokenizer and os.path.isfile(tokenizer):
-            tracker.log_artifact(tokenizer, "tokenizer")
-    return FanoutTracker(console, tracker)
+        if tokenizer:
+            from albert_dist.data.sources import resolve_path
+
+            if resolve_path(tokenizer).is_file():
+                tracker.log_artifact(str(resolve_path(tokenizer)), "tokenizer")
+    return tracker
 
 
 def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
@@ -160,8 +120,7 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
     Returns the written directories, or None when MLflow tracking or ``tracking.log_final_model`` is off.
     An export error is logged (the checkpoint itself stays the job's result) and tagged ``final_model_error``.
     """
-    mlflow_tracker = getattr(tracker, "mlflow", None)
-    if mlflow_tracker is None or not cfg.tracking.log_final_model:
+    if not (cfg.tracking.enabled and cfg.tracking.log_final_model):
         return None
     from albert_dist.tracking.final_model import export_final_model
 
@@ -170,8 +129,8 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
         written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), getattr(cfg.data, "tokenizer_path", None))
     except Exception as exc:  # noqa: BLE001
         log.exception("final model export failed")
-        mlflow_tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
+        tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
         return None
     for kind, path in written.items():
-        mlflow_tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
+        tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
     return written

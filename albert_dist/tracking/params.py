@@ -2,20 +2,19 @@
 
 Params are immutable in MLflow (a second value for a key is an error), so names must be stable across
 versions of the config: they are the dataclass field paths (``model.num_hidden_groups``,
-``engine.zero_stage``, ``data.train.0.path``), values are ``str()`` of the field (JSON for ``None``/bools
-so ``null``/``true`` read the same as in YAML).
+``engine.zero_stage``, ``data.train.0.path``), values are ``str()`` of the field (JSON for bools
+so ``true`` reads the same as in YAML). Options left at ``null`` (pass-through defaults such as
+``engine.peak_tflops_per_device``) are not logged: a column of "null" tells the reader nothing.
 """
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import importlib.metadata
 import json
 import logging
 import os
 import platform
 import socket
-import subprocess
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -26,10 +25,6 @@ log = logging.getLogger(__name__)
 #: MLflow limits (mlflow/utils/validation.py): longer param values are rejected by the server.
 MAX_PARAM_VALUE_LEN = 6000
 MAX_KEY_LEN = 250
-#: Tag keys, chosen to match what MLflow's own fluent API sets where one exists (the UI shows them).
-TAG_GIT_COMMIT = "mlflow.source.git.commit"
-TAG_SOURCE_NAME = "mlflow.source.name"
-TAG_USER = "mlflow.user"
 
 
 def to_plain(obj: Any) -> Any:
@@ -51,7 +46,7 @@ def to_plain(obj: Any) -> Any:
 
 
 def _param_value(value: Any) -> str:
-    if value is None or isinstance(value, bool):
+    if isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, float):
         return repr(value)
@@ -67,7 +62,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
 
     Returns:
         dotted name -> string value. Lists are flattened by index (``data.train.0.weight``); an empty
-        list or dict becomes ``"[]"`` / ``"{}"`` so that its presence is recorded.
+        list or dict becomes ``"[]"`` / ``"{}"`` so that its presence is recorded; None values are left out.
 
     Raises:
         ValueError: a flattened key longer than MLflow's 250 characters.
@@ -85,7 +80,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
                 out[key] = "[]"
             for i, v in enumerate(node):
                 walk(v, f"{key}.{i}" if key else str(i))
-        else:
+        elif node is not None:
             if len(key) > MAX_KEY_LEN:
                 raise ValueError(f"param name {key!r} is longer than MLflow's {MAX_KEY_LEN} characters")
             value = _param_value(node)
@@ -98,57 +93,37 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def run_tags(hosts: list[str], environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Tags describing where and with what a run ran, scrubbed of secrets.
 
-
-def git_commit(path: Optional[str] = None) -> Optional[str]:
-    """HEAD of the git checkout containing ``path`` (default: this package), ``+dirty`` if modified; None
-    outside a checkout or without git."""
-    path = path or os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("+dirty" if dirty else "") if sha else None
-
-
-def environment_tags(hosts: list[str], environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """Tags describing where and with what a run ran.
+    MLflow's context registry (``mlflow.tracking.context.registry.resolve_tags``: user, source name and type,
+    git commit/branch/remote of the entry script), the git commit of this package when the entry script is
+    not in a checkout (the ``albert-dist`` console script), plus ``hosts``, ``num_hosts``, the Slurm job
+    (``slurm.job_id``, ``slurm.array_job_id``, ``slurm.restart_count``, ``slurm.job_name``,
+    ``slurm.cluster``), ``version.<package>`` and ``cuda``.
 
     Args:
         hosts: host names of all ranks (gathered by the caller), duplicates allowed.
         environ: environment to read Slurm variables from (default ``os.environ``).
-
-    Returns:
-        ``mlflow.source.git.commit``, ``hosts``, ``num_hosts``, ``slurm.job_id`` / ``slurm.array_job_id`` /
-        ``slurm.restart_count`` when present, ``version.{python,torch,deepspeed,datasets,transformers,
-        mlflow}``, ``cuda`` when available. Values are scrubbed of secrets.
     """
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.git_utils import get_git_commit
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT
+
     environ = os.environ if environ is None else environ
+    tags = {k: str(v) for k, v in resolve_tags().items()}
+    if MLFLOW_GIT_COMMIT not in tags:
+        commit = get_git_commit(os.path.dirname(os.path.abspath(__file__)))
+        if commit:
+            tags[MLFLOW_GIT_COMMIT] = commit
     unique_hosts = sorted(set(hosts))
-    tags: dict[str, str] = {
-        "hosts": ",".join(unique_hosts),
-        "num_hosts": str(len(unique_hosts)),
-        "version.python": platform.python_version(),
-    }
-    try:
-        tags[TAG_USER] = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        pass
-    commit = git_commit()
-    if commit:
-        tags[TAG_GIT_COMMIT] = commit
+    tags.update({"hosts": ",".join(unique_hosts), "num_hosts": str(len(unique_hosts)),
+                 "version.python": platform.python_version()})
     for dist in ("torch", "deepspeed", "datasets", "transformers", "mlflow", "albert_dist"):
-        version = _version(dist)
-        if version:
-            tags[f"version.{dist}"] = version
+        try:
+            tags[f"version.{dist}"] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     for var, tag in (("SLURM_JOB_ID", "slurm.job_id"), ("SLURM_ARRAY_JOB_ID", "slurm.array_job_id"),
                      ("SLURM_RESTART_COUNT", "slurm.restart_count"), ("SLURM_JOB_NAME", "slurm.job_name"),
                      ("SLURM_CLUSTER_NAME", "slurm.cluster")):
@@ -161,7 +136,7 @@ def environment_tags(hosts: list[str], environ: Optional[Mapping[str, str]] = No
             tags["cuda"] = f"{torch.version.cuda} ({torch.cuda.get_device_name(0)})"
     except Exception:  # noqa: BLE001 - a tag is never worth failing the run for
         pass
-    return {k: v for k, v in redact(tags).items()}
+    return redact(tags)
 
 
 def hostname() -> str:

@@ -8,8 +8,11 @@ Two rules, applied together:
   ``tracking.api_key`` are secret; ``tokenizer_path``, ``train_tokens``, ``pad_token_id``, ``mask_token``
   are not (whole words only);
 * a *value* is secret when it equals the value of an environment variable with a secret name (e.g. the
-  password in ``MLFLOW_TRACKING_PASSWORD``): every occurrence of it in a logged string is masked, wherever
-  it came from (a config field, a URI, a command line).
+  password in ``MLFLOW_TRACKING_PASSWORD``) and has at least `MIN_SECRET_LEN` characters: every occurrence
+  of it in a logged string is masked, wherever it came from (a config field, a URI, a command line). A
+  value that is a file path (``GOOGLE_APPLICATION_CREDENTIALS=/etc/creds.json``) names where a secret is,
+  not the secret, and is left alone, as are ``PWD``/``OLDPWD`` (the working directory: "pwd" is the shell
+  command, not a password).
 
 User info in URIs (``https://user:pw@host``) is removed as well.
 """
@@ -23,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
 #: Words that make a name secret wherever they appear (lower case, whole words of the name).
-SECRET_WORDS = frozenset({"password", "passwd", "pwd", "secret", "apikey", "credential", "credentials",
+SECRET_WORDS = frozenset({"password", "passwd", "secret", "apikey", "credential", "credentials",
                           "passphrase"})
 #: Words that make a name secret when they end it (``hf_token``, ``api_key``), not in ``pad_token_id``.
 SECRET_LAST_WORDS = frozenset({"token", "key", "auth", "cookie"})
@@ -31,8 +34,9 @@ SECRET_LAST_WORDS = frozenset({"token", "key", "auth", "cookie"})
 KNOWN_SECRET_NAMES = frozenset({"MLFLOW_TRACKING_USERNAME", "DATABRICKS_USERNAME"})
 #: First words of tokenizer special-token names (``pad_token``, ``cls_token``...), never secrets.
 SPECIAL_TOKEN_WORDS = frozenset({"pad", "cls", "sep", "mask", "unk", "bos", "eos"})
-#: Environment values shorter than this are not scrubbed from text (masking "1" everywhere helps nobody).
-MIN_SECRET_LEN = 4
+#: Environment values shorter than this are not scrubbed from text: a short value ("1", "true", "prod")
+#: occurs everywhere by chance, and masking it would garble every tag and config that contains it.
+MIN_SECRET_LEN = 8
 
 _WORD_SPLIT = re.compile(r"[^0-9A-Za-z]+|(?<=[a-z])(?=[A-Z])")
 
@@ -52,7 +56,8 @@ def is_secret_name(name: str) -> bool:
 def secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
     """Values of the environment variables with secret names, longest first (so masking is greedy)."""
     environ = os.environ if environ is None else environ
-    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LEN}
+    values = {v for k, v in environ.items()
+              if is_secret_name(k) and len(v) >= MIN_SECRET_LEN and not v.startswith(("/", "~", "./"))}
     return sorted(values, key=len, reverse=True)
 
 

@@ -1,22 +1,19 @@
-"""One MLflow run per job: created (or resumed) by global rank 0, its id broadcast to every rank.
-
-The trainer talks to a tracker with four methods (the contract shared with the engine's console tracker):
-``log_params(dict)``, ``log_metrics(dict, step)``, ``log_checkpoint(local_dir, step)``, ``close(status)``.
-`MLflowTracker` implements them on global rank 0 and as no-ops elsewhere, so every rank may call them.
+"""One MLflow run per job, opened by global rank 0 in the background, never at the cost of training time.
 
 Guarantees (the failure modes this design answers):
 
-* one run per job: only rank 0 ever calls ``create_run``; the constructor is collective (all ranks call it;
-  the run id, or rank 0's error, is broadcast with ``torch.distributed.broadcast_object_list``) and records
-  the id in ``<run_dir>/mlflow_run.json`` so a requeued job continues the same run;
-* metrics never stall training and survive an outage: `albert_dist.tracking.sender.BatchSender` buffers and
-  retries in the background; each metric is also appended to ``<run_dir>/mlflow_metrics.jsonl`` so that a
-  job killed with unsent metrics re-sends them when it resumes;
-* no step logged twice after a resume: the constructor reads the last logged step of every metric key and
-  `log_metrics` drops a (key, step) at or below it (the resumed job recomputes steps that were logged after
-  the checkpoint it restarts from; resume is exact, so the first values stand);
-* checkpoints become complete artifacts only after their metrics arrived (no gap between the newest complete
-  checkpoint and the logged metrics) — see `albert_dist.tracking.checkpoints`;
+* one run per job: only rank 0 creates the run; its id is recorded in ``<run_dir>/mlflow_run.json`` with the
+  absolute tracking URI, so a requeued attempt (or `albert-dist tracking sync`) continues the same run from
+  any working directory;
+* a server that is down costs no training time: the constructor waits at most
+  ``tracking.connect_timeout_s`` for the run, then training starts anyway. Metrics are in the local log
+  (``metrics.jsonl``) and the background `albert_dist.tracking.sender.RunSender` creates or reopens the run
+  when the server answers and sends the log in order with the original steps and timestamps;
+* no step logged twice after a resume, none lost (the sender resumes the log where the run's data ends);
+* checkpoints become complete artifacts only after their metrics arrived; older checkpoint artifacts are
+  deleted beyond ``tracking.keep_last_checkpoints`` (`albert_dist.tracking.checkpoints`);
+* bounded exits: `close` waits ``close_timeout_s`` at the end of a job, `PREEMPT_TIMEOUT_S` after a stop
+  signal, and names what is left unsent (it stays on disk for the next attempt or ``tracking sync``);
 * credentials never logged: params, tags and text artifacts go through `albert_dist.tracking.secrets`.
 """
 from __future__ import annotations
@@ -29,24 +26,51 @@ import shutil
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Optional
 
+from albert_dist.tracking.base import METRICS_FILE, RUN_STATUSES, JsonlTracker, Tracker
 from albert_dist.tracking.config import TrackingConfig
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRACKING_URI = "sqlite:///mlruns.db"
-RUN_FILE = "mlflow_run.json"
-SPOOL_FILE = "mlflow_metrics.jsonl"
-RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+STATE_FILE = "mlflow_run.json"
+DEFAULT_STORE_NAME = "mlruns.db"
+#: The experiment tag MLflow 3's UI reads to open an experiment on its runs ("Model training") instead of the
+#: GenAI traces view (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+#: How long a preempted job's close may take (Slurm's grace period is short; what is left goes next attempt).
+PREEMPT_TIMEOUT_S = 5.0
 #: Text artifacts scrubbed of secrets before upload (binary files are uploaded as they are).
 TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".toml", ".sh", ".log")
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-def resolve_tracking_uri(cfg: TrackingConfig) -> str:
-    """``cfg.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else a local SQLite store (no server needed)."""
-    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+def default_store_dir() -> Path:
+    """Where the default SQLite store lives: the source checkout albert_dist runs from (the directory with its
+    pyproject.toml), else the working directory. One place, so every command of a checkout finds its runs."""
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout if (checkout / "pyproject.toml").is_file() else Path.cwd()
+
+
+def absolute_uri(uri: str) -> str:
+    """``uri`` with a relative local store made absolute against the working directory (``sqlite:///x.db``,
+    ``file:x``, a plain path); server and other URIs unchanged."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path = uri[len("sqlite:///"):]
+        return uri if path in ("", ":memory:") else f"sqlite:///{os.path.abspath(path)}"
+    if uri.startswith("file:"):
+        path = uri[len("file://"):] if uri.startswith("file://") else uri[len("file:"):]
+        return f"file://{os.path.abspath(path)}"
+    if "://" not in uri and ":" not in uri:  # a plain directory: MLflow's file store
+        return f"file://{os.path.abspath(uri)}"
+    return uri
+
+
+def resolve_tracking_uri(uri: Optional[str] = None) -> str:
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<default_store_dir()>/mlruns.db``; absolute."""
+    return absolute_uri(uri or os.environ.get("MLFLOW_TRACKING_URI")
+                        or f"sqlite:///{default_store_dir() / DEFAULT_STORE_NAME}")
 
 
 def parse_run_ref(ref: str) -> str:
@@ -61,225 +85,241 @@ def parse_run_ref(ref: str) -> str:
     return candidate
 
 
-def read_run_id(run_dir: str) -> Optional[str]:
-    """The MLflow run id a previous attempt of this job recorded in ``run_dir`` (None if there is none)."""
+def read_state(run_dir: str | Path) -> dict:
+    """``<run_dir>/mlflow_run.json`` (run id or null, tracking URI, experiment, run name, tags, pending
+    uploads, final status), or {} when there is none."""
     try:
-        with open(os.path.join(run_dir, RUN_FILE)) as f:
-            return json.load(f)["run_id"]
-    except (OSError, ValueError, KeyError):
-        return None
+        return json.loads((Path(run_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-def _dist_ready(world_size: int) -> bool:
-    if world_size <= 1:
-        return False
+def read_run_id(run_dir: str | Path) -> Optional[str]:
+    """The MLflow run id a previous attempt of this job recorded in ``run_dir`` (None if there is none)."""
+    return read_state(run_dir).get("run_id")
+
+
+def _dist() -> Any:
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized()
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
 
 
-class MLflowTracker:
-    """The MLflow run of one training job (see the module docstring for the guarantees).
+class MLflowTracker(Tracker):
+    """The MLflow run of one training job (module docstring), over a local tracker that writes metrics.jsonl.
 
-    Collective: every rank must construct it (after the process group is initialised when world_size > 1).
+    Collective: every rank constructs it (after the process group is up when world_size > 1); ranks > 0 only
+    run MLflow's system-metrics monitor on their node's local rank 0 when the job spans several hosts.
 
     Args:
         cfg: tracking section of the config.
-        run_dir: the job's local run directory (run id file, metric spool).
-        rank, world_size: global rank and world size.
-        resume_run_id: continue this run (``--resume-from``, or the id a previous attempt recorded);
-            None = create a new run.
-        tags: extra tags (e.g. ``{"mlflow.source.name": "albert-dist train"}``), scrubbed of secrets.
+        run_dir: the job's run directory (state file, metric log).
+        rank, world_size, local_rank: global rank, world size, node-local rank.
+        resume_run_id: continue this run; None: a new run (created when the server answers; a job whose
+            earlier attempt never reached the server continues that attempt's state and metric log).
+        tags: extra run tags (scrubbed of secrets).
+        local: the local tracker (default: `JsonlTracker(run_dir)` on rank 0).
+        keep_last_checkpoints: checkpoint artifacts kept (None: all); ``keep_steps``: steps never deleted.
+        replay: `albert-dist tracking sync`: tags only from the state file (not this machine's), full close
+            timeout whatever the status.
 
     Raises:
-        RuntimeError: on every rank, when rank 0 could not create or resume the run (message included).
+        RuntimeError: on every rank, when the server answered that the run cannot be opened (deleted, unknown
+            id, refused credentials); an unreachable server is not an error.
     """
 
     def __init__(self, cfg: TrackingConfig, *, run_dir: str, rank: int = 0, world_size: int = 1,
-                 resume_run_id: Optional[str] = None, tags: Optional[dict[str, str]] = None):
-        from albert_dist.tracking.params import environment_tags, hostname
+                 local_rank: Optional[int] = None, resume_run_id: Optional[str] = None,
+                 tags: Optional[dict[str, str]] = None, local: Optional[Tracker] = None,
+                 keep_last_checkpoints: Optional[int] = None, keep_steps: tuple = (), replay: bool = False):
+        from albert_dist.tracking.params import hostname
 
-        self.cfg = cfg
-        self.run_dir = run_dir
-        self.rank = rank
-        self.tracking_uri = resolve_tracking_uri(cfg)
+        self.cfg, self.run_dir, self.rank, self._replay = cfg, str(run_dir), rank, replay
         self.run_id: Optional[str] = None
-        self.resumed = resume_run_id is not None
-        self.skipped_steps = 0
-        """(key, step) pairs dropped because the run already had that step (a resume re-ran it)."""
-        self._client = None
-        self._sender = None
-        self._uploader = None
-        self._existing_params: dict[str, str] = {}
-        self._last_step: dict[str, int] = {}
-        self._spool = None
         self._closed = False
-
-        dist_ready = _dist_ready(world_size)
-        hosts = [hostname()]
-        if dist_ready:
-            import torch.distributed as dist
-
-            hosts = [None] * world_size
+        self._monitor = None
+        self._lock = threading.Lock()
+        dist = _dist()
+        hosts = [hostname()] * world_size
+        if dist is not None:
             dist.all_gather_object(hosts, hostname())
+        self._node_id = hostname() if len(set(hosts)) > 1 else None
         error = None
         if rank == 0:
             try:
-                self._open_run(resume_run_id, environment_tags(hosts) | (tags or {}))
+                self._start(resume_run_id, hosts, tags or {}, local, keep_last_checkpoints, keep_steps)
+                error = self._sender.error and f"{type(self._sender.error).__name__}: {self._sender.error}"
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-                log.exception("could not open the MLflow run")
                 error = f"{type(exc).__name__}: {exc}"
-                self._shutdown_threads(0.1)
-        if dist_ready:
-            import torch.distributed as dist
-
-            box = [self.run_id, error]
+        box = [self.run_id, error]
+        if dist is not None:
             dist.broadcast_object_list(box, src=0)
-            self.run_id, error = box
+        self.run_id, error = box
         if error is not None:
             from albert_dist.tracking.secrets import scrub_text
 
-            raise RuntimeError(f"MLflow run could not be opened on rank 0 ({scrub_text(self.tracking_uri)}): "
+            raise RuntimeError(f"MLflow run could not be opened ({scrub_text(resolve_tracking_uri(cfg.tracking_uri))}): "
                                f"{scrub_text(error)}")
+        if rank != 0 and (local_rank or 0) == 0 and self._node_id and self.run_id:
+            self._start_system_metrics(self.run_id, resolve_tracking_uri(cfg.tracking_uri), resume=True)
 
-    # ---- rank 0: run lifecycle ----
-    def _open_run(self, resume_run_id: Optional[str], tags: dict[str, str]) -> None:
+    # ---- rank 0 ----
+    def _start(self, resume_run_id, hosts, tags, local, keep_last, keep_steps) -> None:
         from mlflow import MlflowClient
-        from mlflow.entities import RunStatus
 
-        from albert_dist.tracking.checkpoints import CheckpointUploader
-        from albert_dist.tracking.secrets import redact, strip_uri_userinfo
-        from albert_dist.tracking.sender import BatchSender
+        from albert_dist.tracking.checkpoints import Uploader
+        from albert_dist.tracking.params import run_tags
+        from albert_dist.tracking.secrets import redact
+        from albert_dist.tracking.sender import RunSender
 
+        # The background sender (tenacity) is the one retry layer: MLflow's own HTTP retries would keep one
+        # request going for minutes while the server is down, hiding that it is back.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         cfg = self.cfg
-        self._client = client = MlflowClient(tracking_uri=self.tracking_uri)
-        if resume_run_id is not None:
-            run = client.get_run(resume_run_id)
+        self.local = local if local is not None else JsonlTracker(self.run_dir)
+        state = read_state(self.run_dir)
+        if resume_run_id != state.get("run_id"):  # another run's state
+            state = {}
+        self._resuming = resume_run_id is not None
+        self.tracking_uri = state.get("tracking_uri") or resolve_tracking_uri(cfg.tracking_uri)
+        self._state = {
+            "run_id": resume_run_id, "tracking_uri": self.tracking_uri,
+            "experiment_name": state.get("experiment_name", cfg.experiment_name),
+            "run_name": state.get("run_name") or cfg.run_name or Path(self.run_dir).resolve().name,
+            "tags": {**state.get("tags", {}), **({} if self._replay else redact(run_tags(hosts) | tags))},
+            "pending": [], "status": None,
+        }
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._save_state()
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._sender = RunSender(self._client, self.run_dir, self._open_run, flush_interval_s=cfg.flush_interval_s,
+                                 retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s,
+                                 on_open=self._on_open, on_reconnect=self._on_reconnect)
+        self._uploader = Uploader(self._client, self._sender, keep_last=keep_last, keep_steps=keep_steps,
+                                  on_pending=self._on_pending, retry_backoff_s=cfg.retry_backoff_s,
+                                  max_backoff_s=cfg.max_backoff_s)
+        for job in state.get("pending", []):  # what an earlier attempt could not upload
+            if os.path.isdir(job.get("staging", "")):
+                self._uploader.submit({**job, "metrics_offset": self._metrics_size()})
+        self._sender.opened.wait(timeout=cfg.connect_timeout_s)
+        if self._sender.run is None and self._sender.error is None:
+            log.warning("MLflow at %s did not answer within tracking.connect_timeout_s=%g s; training starts "
+                        "anyway, the run is created when it answers (or run `albert-dist tracking sync %s`)",
+                        self._public_uri(), cfg.connect_timeout_s, self.run_dir)
+
+    def _public_uri(self) -> str:
+        from albert_dist.tracking.secrets import strip_uri_userinfo
+
+        return strip_uri_userinfo(self.tracking_uri)
+
+    def _open_run(self, client: Any) -> Any:
+        """Reopen the recorded run, or create it (sender thread, retried while the server is unreachable)."""
+        from mlflow.entities import RunStatus
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_STATE
+
+        tags = dict(self._state["tags"])
+        if self._state["run_id"] is not None:
+            run = client.get_run(self._state["run_id"])
             if run.info.lifecycle_stage != "active":
-                raise ValueError(f"MLflow run {resume_run_id} is {run.info.lifecycle_stage}; cannot resume it")
-            self.run_id = run.info.run_id
-            self._existing_params = dict(run.data.params)
-            for key in run.data.metrics:
-                self._last_step[key] = max(m.step for m in client.get_metric_history(self.run_id, key))
-            client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
-            log.info("continuing MLflow run %s (%s); last logged step %s", self.run_id,
-                     strip_uri_userinfo(self.tracking_uri),
-                     max(self._last_step.values(), default=None))
+                raise MlflowException(f"MLflow run {run.info.run_id} is {run.info.lifecycle_stage}; cannot resume it",
+                                      error_code=INVALID_STATE)
+            client.update_run(run.info.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            tags.pop("mlflow.user", None)  # who started the run stays
+            tags["resumed_count"] = str(int(run.data.tags.get("resumed_count", "0")) + 1)
+            log.info("continuing MLflow run %s (%s)", run.info.run_id, self._public_uri())
         else:
-            exp = client.get_experiment_by_name(cfg.experiment_name)
+            name = self._state["experiment_name"]
+            exp = client.get_experiment_by_name(name)
             if exp is None:
                 try:
-                    exp_id = client.create_experiment(cfg.experiment_name)
-                except Exception:  # noqa: BLE001 - another job created it meanwhile
-                    exp = client.get_experiment_by_name(cfg.experiment_name)
-                    if exp is None:
-                        raise
-                    exp_id = exp.experiment_id
-            else:
-                exp_id = exp.experiment_id
-            run = client.create_run(exp_id, run_name=cfg.run_name)
-            self.run_id = run.info.run_id
-            log.info("created MLflow run %s in experiment %r (%s)", self.run_id, cfg.experiment_name,
-                     strip_uri_userinfo(self.tracking_uri))
-        os.makedirs(self.run_dir, exist_ok=True)
-        with open(os.path.join(self.run_dir, RUN_FILE), "w") as f:
-            json.dump({"run_id": self.run_id, "experiment_id": run.info.experiment_id,
-                       "tracking_uri": strip_uri_userinfo(self.tracking_uri)}, f)
-        self._sender = BatchSender(client, self.run_id, flush_interval_s=cfg.flush_interval_s,
-                                   retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s)
-        self._uploader = CheckpointUploader(client, self.run_id, retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s)
-        self._replay_spool()
-        self._spool = open(os.path.join(self.run_dir, SPOOL_FILE), "a")
-        if self.resumed:
-            tags = {k: v for k, v in tags.items() if k != "mlflow.user"}
-            tags["resumed_count"] = str(int(run.data.tags.get("resumed_count", "0")) + 1)
-        self._sender.add_tags(redact(tags))
+                    client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                except MlflowException:  # another job created it meanwhile
+                    pass
+                exp = client.get_experiment_by_name(name)
+            elif EXPERIMENT_KIND_TAG not in exp.tags:
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            run = client.create_run(exp.experiment_id, run_name=self._state["run_name"])
+            log.info("created MLflow run %s %r in experiment %r (%s)", run.info.run_id, self._state["run_name"],
+                     name, self._public_uri())
+        self._sender.add_tags(tags)
+        return run
 
-    def _replay_spool(self) -> None:
-        """Queue metrics an earlier attempt of this run spooled locally but the server does not have."""
-        path = os.path.join(self.run_dir, SPOOL_FILE)
-        if not self.resumed or not os.path.exists(path):
+    def _on_open(self, run: Any) -> None:
+        self.run_id = run.info.run_id
+        with self._lock:
+            self._state["run_id"] = self.run_id
+            self._save_state()
+        self._start_system_metrics(self.run_id, self.tracking_uri, resume=self._resuming)
+
+    def _on_reconnect(self) -> None:
+        self._start_system_metrics(self.run_id, self.tracking_uri, resume=True)  # MLflow's monitor stops on an outage
+
+    def _start_system_metrics(self, run_id: str, uri: str, resume: bool) -> None:
+        if not self.cfg.log_system_metrics:
             return
-        replayed = 0
-        with open(path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:  # a line cut by a kill
-                    continue
-                if rec.get("run_id") != self.run_id:
-                    continue
-                key, step = rec["key"], int(rec["step"])
-                if step > self._last_step.get(key, -1):
-                    self._sender.add_metrics({key: rec["value"]}, step, timestamp_ms=rec["timestamp"])
-                    self._last_step[key] = step
-                    replayed += 1
-        if replayed:
-            log.warning("re-sending %d metrics spooled by an earlier attempt but missing on the server", replayed)
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._stop_system_metrics()
+        try:
+            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=self.cfg.system_metrics_interval_s,
+                                                 resume_logging=resume, node_id=self._node_id, tracking_uri=uri)
+            self._monitor.start()
+        except Exception as exc:  # noqa: BLE001 - system metrics are never worth failing the run for
+            log.warning("MLflow system metrics not started: %s", exc)
+
+    def _stop_system_metrics(self, timeout_s: float = 5.0) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:  # finish() joins a thread that may be inside a request: bounded
+            _join_bounded(monitor.finish, timeout_s)
+
+    def _on_pending(self, jobs: list[dict]) -> None:
+        with self._lock:
+            self._state["pending"] = jobs
+            self._save_state()
+
+    def _save_state(self) -> None:
+        path = Path(self.run_dir) / STATE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self._state, indent=1))
+        os.replace(tmp, path)
+
+    def _metrics_size(self) -> int:
+        try:
+            return os.path.getsize(os.path.join(self.run_dir, METRICS_FILE))
+        except OSError:
+            return 0
 
     # ---- the tracker contract ----
     def log_params(self, params: dict[str, Any]) -> None:
-        """Log a (nested) config / dict as dotted params; secret-named keys masked.
-
-        On a resumed run a param already present with the same value is skipped, one with a different value
-        (e.g. another world size after an elastic resume) is kept and the new value recorded as the tag
-        ``param_changed.<name>`` (MLflow params are immutable).
-        """
+        """Log a (nested) config / dict as dotted params (`albert_dist.tracking.params.flatten`); on a resumed
+        run a param with a new value is recorded as the tag ``param_changed.<name>``."""
         if self.rank != 0:
             return
         from albert_dist.tracking.params import flatten
 
-        flat = flatten(params)
-        new = {k: v for k, v in flat.items() if k not in self._existing_params}
-        changed = {k: v for k, v in flat.items() if k in self._existing_params and self._existing_params[k] != v}
-        if changed:
-            log.warning("resumed with changed params (kept as tags param_changed.*): %s",
-                        {k: (self._existing_params[k], v) for k, v in changed.items()})
-            self._sender.add_tags({f"param_changed.{k}": v for k, v in changed.items()})
-        self._existing_params.update(new)
-        if new:
-            self._sender.add_params(new)
+        self.local.log_params(params)
+        self._sender.add_params(flatten(params))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Buffer ``metrics`` at optimizer step ``step`` (non-blocking); values may be floats or 0-d tensors.
-
-        A (key, step) the run already holds (a resumed job re-running steps) is dropped and counted in
-        `skipped_steps`.
-        """
-        if self.rank != 0:
-            return
-        step = int(step)
-        fresh = {}
-        for key, value in metrics.items():
-            if step <= self._last_step.get(key, -1):
-                self.skipped_steps += 1
-                continue
-            fresh[key] = float(value)
-            self._last_step[key] = step
-        if not fresh:
-            return
-        ts = int(time.time() * 1000)
-        for key, value in fresh.items():
-            self._spool.write(json.dumps({"run_id": self.run_id, "key": key, "value": value, "step": step,
-                                          "timestamp": ts}) + "\n")
-        self._spool.flush()
-        self._sender.add_metrics(fresh, step, timestamp_ms=ts)
+        """Append to the local log (the sender sends it in the background); never waits on the network."""
+        if self.rank == 0:
+            self.local.log_metrics(metrics, step)
 
     def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Queue the upload of a finished checkpoint (call on every rank after the collective save returned).
-
-        Returns at once (rank 0 snapshots the files with hard links first). The checkpoint is marked complete
-        after its files and every metric logged before this call arrived.
-        """
-        if self.rank != 0 or not self.cfg.log_checkpoints:
+        """Queue the upload of a finished checkpoint (rank 0 snapshots it with hard links; returns at once).
+        It is marked complete after its files and every metric logged before this call arrived."""
+        if self.rank != 0:
             return
-        seq = self._sender.added
-        self._uploader.submit(local_dir, step, before_marker=lambda: self._sender.wait_sent(seq))
+        self.local.log_checkpoint(local_dir, step)
+        if self.cfg.log_checkpoints:
+            self._uploader.submit_checkpoint(local_dir, step, metrics_offset=self._metrics_size())
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
-        """Queue a file or directory for upload (background). Text files (``.json``, ``.yaml``, ...) are
-        uploaded as a copy with secret environment values scrubbed and, if ``redact_keys``, the values of
-        secret-named keys masked (configs; not model exports, whose keys are a library's fixed schema).
+        """Queue a file or directory for upload. Text files (``.json``, ``.yaml``, ...) go as a copy with
+        secret environment values scrubbed and, if ``redact_keys``, the values of secret-named keys masked
+        (configs; not model exports, whose keys are a library's fixed schema).
 
         Raises:
             ValueError: ``local_path`` does not exist.
@@ -288,7 +328,7 @@ class MLflowTracker:
             return
         if not os.path.exists(local_path):
             raise ValueError(f"artifact {local_path!r} does not exist")
-        staging = tempfile.mkdtemp(prefix=".mlflow_artifact_", dir=self.run_dir)
+        staging = tempfile.mkdtemp(prefix=".mlflow_upload_", dir=self.run_dir)
         try:
             if os.path.isdir(local_path):
                 shutil.copytree(local_path, staging, dirs_exist_ok=True)
@@ -297,24 +337,41 @@ class MLflowTracker:
             for dirpath, _, names in os.walk(staging):
                 for name in names:
                     _scrub_file(os.path.join(dirpath, name), redact_keys)
-            self._uploader.submit_files(staging, artifact_path, take=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        self._uploader.submit({"staging": staging, "dest": (artifact_path or "").strip("/")})
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        """Queue tags (scrubbed of secrets)."""
+        """Queue tags (scrubbed of secrets; also kept in the state file for `tracking sync`)."""
         if self.rank != 0:
             return
         from albert_dist.tracking.secrets import redact
 
-        self._sender.add_tags(redact({k: str(v) for k, v in tags.items()}))
+        tags = redact({k: str(v) for k, v in tags.items()})
+        with self._lock:
+            self._state["tags"].update(tags)
+            self._save_state()
+        self._sender.add_tags(tags)
 
-    def close(self, status: str = "FINISHED") -> None:
-        """Deliver buffered metrics and queued uploads (up to ``cfg.close_timeout_s``), then end the run with
-        ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``; a preempted job that will be requeued passes
-        ``KILLED`` and its next attempt sets the run back to RUNNING). Idempotent; never raises on
-        tracking-server trouble (it is logged).
+    @property
+    def skipped_steps(self) -> int:
+        """Metric values not sent because the run already held their (key, step) (a resume re-ran them)."""
+        return self._sender.skipped if self.rank == 0 else 0
+
+    @property
+    def checkpoints_uploaded(self) -> list[int]:
+        """Steps whose checkpoint upload completed (rank 0; empty elsewhere)."""
+        return list(self._uploader.completed) if self.rank == 0 else []
+
+    def close(self, status: str = "FINISHED") -> dict:
+        """Deliver what is left within ``close_timeout_s`` (`PREEMPT_TIMEOUT_S` for ``KILLED``: a preempted job
+        must exit before its grace period ends), then end the run with ``status``. Whatever did not arrive
+        stays on disk (metrics.jsonl, the pending uploads in mlflow_run.json) for the next attempt or
+        ``albert-dist tracking sync``; the log says what. Idempotent; never raises on server trouble.
+
+        Returns:
+            what is left unsent: ``{"params", "tags", "metric_records", "uploads", "run": bool}`` (rank 0).
 
         Raises:
             ValueError: unknown ``status``.
@@ -323,48 +380,48 @@ class MLflowTracker:
             raise ValueError(f"tracker close status must be one of {RUN_STATUSES}, got {status!r}")
         if self._closed or self.rank != 0:
             self._closed = True
-            return
+            self._stop_system_metrics()
+            return {}
         self._closed = True
-        deadline = time.monotonic() + self.cfg.close_timeout_s
-        left = self._shutdown_threads(self.cfg.close_timeout_s)
-        if left:
-            log.error("%d metrics/params/tags not delivered to run %s; they stay in %s and are re-sent when "
-                      "the job resumes", left, self.run_id, os.path.join(self.run_dir, SPOOL_FILE))
-        # MLflow's HTTP layer retries for minutes on its own; run it on a thread so close() keeps its deadline.
-        outcome: list[BaseException | None] = []
-
-        def end_run() -> None:
-            try:
-                self._client.set_terminated(self.run_id, status)
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001
-                outcome.append(exc)
-
-        thread = threading.Thread(target=end_run, name="mlflow-end-run", daemon=True)
-        thread.start()
-        thread.join(timeout=max(30.0, deadline - time.monotonic()))
-        if outcome == [None]:
-            log.info("MLflow run %s ended %s", self.run_id, status)
+        budget = self.cfg.close_timeout_s
+        if status == "KILLED" and not self._replay:
+            budget = min(budget, PREEMPT_TIMEOUT_S)
+        deadline = time.monotonic() + budget
+        self.local.close(status)
+        jobs = self._uploader.close(max(0.1, deadline - time.monotonic()))
+        left = self._sender.close(max(0.1, deadline - time.monotonic()))
+        self._stop_system_metrics(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
+        ended = self._sender.run is not None and _join_bounded(
+            lambda: self._client.set_terminated(self.run_id, status), max(1.0, deadline - time.monotonic()))
+        left.update(uploads=len(jobs), run=not ended)
+        with self._lock:
+            self._state.update(status=status, ended=bool(ended), pending=jobs)
+            self._save_state()
+        if any(left.values()):
+            log.error("MLflow (%s): not delivered within %.0f s: %d metric records, %d params, %d tags, uploads %s%s; "
+                      "kept in %s: `albert-dist tracking sync %s` sends them", self._public_uri(), budget,
+                      left["metric_records"], left["params"], left["tags"], [j["dest"] for j in jobs],
+                      "" if ended else f", run end ({status})", self.run_dir, self.run_dir)
         else:
-            log.error("could not set MLflow run %s to %s: %s", self.run_id, status,
-                      outcome[0] if outcome else "timed out")
-
-    def _shutdown_threads(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
-        if self._uploader is not None:
-            self._uploader.close(max(0.1, deadline - time.monotonic()))
-        left = 0
-        if self._sender is not None:
-            left = self._sender.close(max(0.1, deadline - time.monotonic()))
-        if self._spool is not None:
-            self._spool.close()
-            self._spool = None
+            log.info("MLflow run %s ended %s", self.run_id, status)
         return left
 
-    @property
-    def checkpoints_uploaded(self) -> list[int]:
-        """Steps whose checkpoint upload completed (rank 0; empty elsewhere)."""
-        return list(self._uploader.completed) if self._uploader is not None else []
+
+def _join_bounded(fn: Any, timeout_s: float) -> bool:
+    """Run ``fn`` on a daemon thread; True if it returned without error within ``timeout_s``."""
+    ok: list[bool] = []
+
+    def call() -> None:
+        try:
+            fn()
+            ok.append(True)
+        except Exception as exc:  # noqa: BLE001 - logged; the caller reports what is left
+            log.warning("MLflow call failed: %s: %s", type(exc).__name__, str(exc)[:200])
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(ok)
 
 
 def _scrub_file(path: str, redact_keys: bool = True) -> None:
@@ -378,25 +435,16 @@ def _scrub_file(path: str, redact_keys: bool = True) -> None:
             text = f.read()
     except (UnicodeDecodeError, OSError):
         return
-    if not redact_keys:
-        scrubbed = scrub_text(text)
-        if scrubbed == text:
-            return
-        text = scrubbed
-    elif path.endswith(".json"):
-        try:
-            text = json.dumps(redact(json.loads(text)), indent=2)
-        except ValueError:
-            text = scrub_text(text)
-    elif path.endswith((".yaml", ".yml")):
-        import yaml
+    scrubbed = scrub_text(text)
+    if redact_keys and path.endswith((".json", ".yaml", ".yml")):
+        import yaml  # JSON is YAML; the key rules need the parsed mapping
 
         try:
-            text = yaml.safe_dump(redact(yaml.safe_load(text)), sort_keys=False)
+            data = redact(yaml.safe_load(text))
+            scrubbed = json.dumps(data, indent=2) if path.endswith(".json") else yaml.safe_dump(data, sort_keys=False)
         except yaml.YAMLError:
-            text = scrub_text(text)
-    else:
-        text = scrub_text(text)
-    os.remove(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+            pass
+    if scrubbed != text:
+        os.remove(path)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(scrubbed)

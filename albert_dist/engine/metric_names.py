@@ -1,0 +1,74 @@
+"""Every metric name the trainer logs, in one place (torch-free: compare, bench and tests import it).
+
+Names are grouped by a ``<section>/`` prefix, which the MLflow UI turns into one chart section each and
+which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
+
+    train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, grad_norm, lr   (every log_interval_steps)
+    val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy                 (every eval_interval_steps)
+    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu
+    mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
+    system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
+
+A new metric gets its name here (and, when "best" means something for it, an entry in `BEST`), so that
+`compare`, the docs and the tests read one definition.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+TRAIN, VAL, PERF, MEM = "train/", "val/", "perf/", "mem/"
+
+#: Quantities the MetricAccumulator computes for training and validation alike.
+LOSS, MLM_LOSS, SOP_LOSS = "loss", "mlm_loss", "sop_loss"
+MLM_ACCURACY, SOP_ACCURACY = "mlm_accuracy", "sop_accuracy"
+EVAL_QUANTITIES = (LOSS, MLM_LOSS, SOP_LOSS, MLM_ACCURACY, SOP_ACCURACY)
+
+TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS = (TRAIN + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
+TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY = TRAIN + MLM_ACCURACY, TRAIN + SOP_ACCURACY
+TRAIN_GRAD_NORM = TRAIN + "grad_norm"
+"""Global gradient norm before clipping, mean over the interval's steps."""
+TRAIN_LR = TRAIN + "lr"
+"""Learning rate the step's update used."""
+VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS = (VAL + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
+VAL_MLM_ACCURACY, VAL_SOP_ACCURACY = VAL + MLM_ACCURACY, VAL + SOP_ACCURACY
+PERF_TOKENS_PER_S = PERF + "tokens_per_s"
+"""Non-padding tokens per second, all ranks."""
+PERF_SAMPLES_PER_S = PERF + "samples_per_s"
+PERF_POSITIONS_PER_S = PERF + "positions_per_s"
+"""Padded sequence positions per second, all ranks (what the FLOPs count)."""
+PERF_MFU = PERF + "mfu"
+"""Model FLOPs utilisation (albert_dist.engine.metrics.mfu)."""
+MEM_PEAK_GIB_MAX, MEM_PEAK_GIB_MIN = MEM + "peak_gib_max", MEM + "peak_gib_min"
+"""Peak memory (GiB) of the rank that used most / least (CUDA: max allocated; CPU: peak RSS)."""
+#: One series per rank only up to this many ranks (a chart per rank is unreadable beyond); min/max always.
+MAX_PER_RANK_SERIES = 8
+
+
+def mem_peak_rank(rank: int) -> str:
+    """Peak memory (GiB) of one global rank."""
+    return f"{MEM}peak_gib_rank{int(rank)}"
+
+
+#: Metrics for which "best" means something, and which direction: losses fall, accuracies and throughput rise.
+#: Everything else (lr, grad norm, memory, system/) has final values only.
+BEST: dict[str, str] = {
+    **{name: "min" for name in (TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS, VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS)},
+    **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
+                                PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S, PERF_POSITIONS_PER_S, PERF_MFU)},
+}
+
+#: What `albert-dist compare` plots by default (one panel each; val/ drawn in the train/ panel, with markers).
+DEFAULT_CURVES = (LOSS, MLM_ACCURACY)
+
+
+def best_direction(name: str) -> Optional[str]:
+    """``"min"``, ``"max"`` or None (no meaningful best) for a metric name; unregistered names ending in
+    ``loss`` / ``accuracy`` / ``_per_s`` follow the rule of their kind."""
+    if name in BEST:
+        return BEST[name]
+    last = name.rsplit("/", 1)[-1]
+    if last.endswith("loss"):
+        return "min"
+    if "accuracy" in last or last.endswith("_per_s"):
+        return "max"
+    return None
