@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.data.config import DataConfig
+from albert_dist.engine import metric_names as _names
 from albert_dist.data.validation import ValidationSet, build_validation_set, token_counts, unigram_baseline
 from albert_dist.engine.distributed import is_multi_rank
 
 logger = logging.getLogger(__name__)
 
-#: Prefix of every validation metric.
-PREFIX = "val_"
+#: Prefix of every validation metric (albert_dist.engine.metric_names: one section in the MLflow UI).
+PREFIX = _names.VAL
 #: Metrics of every evaluation, in console order.
 EVAL_KEYS = ("loss", "mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy", "mlm_accuracy_over_unigram")
 #: Metrics logged once, at the first evaluation: the set's size and its unigram baseline.
@@ -28,7 +29,7 @@ ONCE_KEYS = ("unigram_mlm_accuracy", "unigram_mlm_loss", "masked_tokens", "sop_p
 
 
 def metric_names(keys=EVAL_KEYS + ONCE_KEYS) -> dict[str, str]:
-    """``{key: logged name}`` of the validation metrics (``val_`` + key)."""
+    """``{key: logged name}`` of the validation metrics (``val/`` + key)."""
     return {k: PREFIX + k for k in keys}
 
 

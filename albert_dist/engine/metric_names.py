@@ -3,8 +3,11 @@
 Names are grouped by a ``<section>/`` prefix, which the MLflow UI turns into one chart section each and
 which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
 
-    train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, grad_norm, lr   (every log_interval_steps)
-    val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy                 (every eval_interval_steps)
+    train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, sop_weight, grad_norm, lr
+                                                            (every log_interval_steps)
+    val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
+                                                            (every eval_interval_steps; the fixed set's
+            unigram_mlm_accuracy, unigram_mlm_loss, masked_tokens, sop_pairs once)
     perf/   tokens_per_s, samples_per_s, positions_per_s, mfu
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
@@ -25,12 +28,18 @@ EVAL_QUANTITIES = (LOSS, MLM_LOSS, SOP_LOSS, MLM_ACCURACY, SOP_ACCURACY)
 
 TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS = (TRAIN + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
 TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY = TRAIN + MLM_ACCURACY, TRAIN + SOP_ACCURACY
+TRAIN_SOP_WEIGHT = TRAIN + "sop_weight"
+"""Weight of the SOP loss in this step's backward (albert_dist.engine.objective)."""
 TRAIN_GRAD_NORM = TRAIN + "grad_norm"
 """Global gradient norm before clipping, mean over the interval's steps."""
 TRAIN_LR = TRAIN + "lr"
 """Learning rate the step's update used."""
 VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS = (VAL + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
 VAL_MLM_ACCURACY, VAL_SOP_ACCURACY = VAL + MLM_ACCURACY, VAL + SOP_ACCURACY
+VAL_MLM_ACCURACY_OVER_UNIGRAM = VAL + "mlm_accuracy_over_unigram"
+"""val/mlm_accuracy divided by the fixed validation set's unigram baseline (albert_dist.engine.evaluation)."""
+#: Logged once, at the first evaluation: the validation set's size and unigram baseline (constants of a run).
+VAL_ONCE = tuple(VAL + k for k in ("unigram_mlm_accuracy", "unigram_mlm_loss", "masked_tokens", "sop_pairs"))
 PERF_TOKENS_PER_S = PERF + "tokens_per_s"
 """Non-padding tokens per second, all ranks."""
 PERF_SAMPLES_PER_S = PERF + "samples_per_s"
@@ -51,10 +60,12 @@ def mem_peak_rank(rank: int) -> str:
 
 #: Metrics for which "best" means something, and which direction: losses fall, accuracies and throughput rise.
 #: Everything else (lr, grad norm, memory, system/) has final values only.
-BEST: dict[str, str] = {
+BEST: dict[str, Optional[str]] = {
     **{name: "min" for name in (TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS, VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS)},
     **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
-                                PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S, PERF_POSITIONS_PER_S, PERF_MFU)},
+                                VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
+                                PERF_POSITIONS_PER_S, PERF_MFU)},
+    **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT,)},
 }
 
 #: What `albert-dist compare` plots by default (one panel each; val/ drawn in the train/ panel, with markers).

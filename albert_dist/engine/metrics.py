@@ -1,19 +1,16 @@
-"""Training metrics: accumulation across micro-steps and ranks, MFU, and the console + metrics.jsonl tracker.
+"""Training metrics: accumulation across micro-steps and ranks, MFU, peak memory.
 
 The loop adds every micro-step's outputs to a `MetricAccumulator` as tensors on the device (no `.item()`, so
 no host sync per micro-step); at a log step one `all_reduce` of a single vector sums them over ranks and the
-record is computed on the host. A tracker is any object with `log_params(dict)`, `log_metrics(dict[str,
-float], step)`, `log_checkpoint(local_dir, step)` and `close(status)` (the interface MLflow tracking
-implements too); `JsonlTracker` is the one the trainer uses when MLflow is off.
+record is computed on the host. The trainer names the quantities (`albert_dist.engine.metric_names`) and
+hands them to its tracker (`albert_dist.tracking.base.Tracker`).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -70,7 +67,7 @@ class MetricAccumulator:
         """Sum over ranks (collective when a process group is up) and return the interval's record:
         loss, mlm_loss, sop_loss (mean over micro-steps of all ranks), mlm_accuracy, sop_accuracy, grad_norm
         (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
-        (padded positions, what the FLOPs count) and interval_s. Resets the accumulator."""
+        (padded positions, what the FLOPs count). Resets the accumulator."""
         sums = self._sums.clone()
         sums[9], sums[10] = float(self._samples), float(self._positions)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -86,7 +83,7 @@ class MetricAccumulator:
             "sop_accuracy": s["sop_correct"] / max(s["sop_count"], 1.0),
             "grad_norm": s["grad_norm"] / max(s["steps"], 1.0),
             "tokens_per_s": s["tokens"] / elapsed, "samples_per_s": s["samples"] / elapsed,
-            "positions_per_s": s["positions"] / elapsed, "interval_s": elapsed,
+            "positions_per_s": s["positions"] / elapsed,
         }
         self.reset()
         return record
@@ -142,70 +139,3 @@ def mfu(flops_per_position: float, positions_per_s: float, world_size: int, peak
     inner_group_num, forward + backward); positions are padded sequence positions, the compute actually run.
     """
     return flops_per_position * positions_per_s / (world_size * peak_tflops * 1e12)
-
-
-class JsonlTracker:
-    """Console + `<run_dir>/metrics.jsonl` tracker (rank 0). One JSON object per line: {"step", metrics...}.
-
-    `truncate_after(step)` drops records beyond a resumed checkpoint's step, so after a resume no step
-    appears twice in the file.
-    """
-
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / "metrics.jsonl"
-
-    def truncate_after(self, step: int) -> None:
-        """Keep only records with step <= `step` (atomic rewrite)."""
-        if not self.path.is_file():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill -9
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, self.path)
-
-    def log_params(self, params: dict) -> None:
-        """Write `params` to <run_dir>/params.json."""
-        (self.run_dir / "params.json").write_text(json.dumps(params, indent=1, sort_keys=True, default=str))
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Append one record and print it on the console."""
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps({"step": step, **metrics}) + "\n")
-        logger.info("step %d | %s", step, " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
-
-    def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Note a complete checkpoint on the console."""
-        logger.info("step %d | checkpoint %s", step, local_dir)
-
-    def close(self, status: str) -> None:
-        """Note the end of the run ("FINISHED", "KILLED" on preemption, "FAILED")."""
-        logger.info("run %s; metrics in %s", status, self.path)
-
-
-class NullTracker:
-    """The tracker of ranks other than 0: records nothing."""
-
-    def log_params(self, params: dict) -> None:
-        """Ignore."""
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Ignore."""
-
-    def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Ignore."""
-
-    def close(self, status: str) -> None:
-        """Ignore."""
-
-
-def _fmt(value: float) -> str:
-    if isinstance(value, float) and (abs(value) >= 1e5 or (value != 0 and abs(value) < 1e-3)):
-        return f"{value:.3e}"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -3,10 +3,11 @@
 One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
 `engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
 The backward pass of step s takes `mlm_loss + sop_weight_at(cfg.objective, s) * sop_loss`
-(`albert_dist.engine.objective`). Every `log_interval_steps`: loss (mlm_loss + sop_loss, unweighted, so runs
-with different SOP schedules compare), mlm_loss, sop_loss, sop_weight, mlm/sop accuracy, lr, grad_norm,
-tokens/s, samples/s, MFU and peak memory per rank go to the tracker (rank 0). Every `eval_interval_steps` and after the last step:
-validation loss and accuracies on the held-out data. Every `checkpoint.save_interval_steps` and at the end: a
+(`albert_dist.engine.objective`). Every `log_interval_steps`: losses (``train/loss`` = mlm_loss + sop_loss,
+unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm
+(``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to the tracker (rank 0).
+Every `eval_interval_steps` and after the last step: validation on the fixed validation set (``val/``); names
+in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
 SIGTERM or SIGUSR1 (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at the
@@ -35,15 +36,12 @@ from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import setup_logging
 from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
+from albert_dist.engine import metric_names as names
 from albert_dist.engine.objective import sop_weight_at
-from albert_dist.engine.metrics import (JsonlTracker, MetricAccumulator, NullTracker, mfu, peak_memory_bytes,
-                                        resolve_peak_tflops)
+from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
+from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
-
-#: Per-rank peak memory is logged as one metric per rank up to this many ranks (min/max always).
-_MAX_PER_RANK_METRICS = 16
-
 
 def seed_for(seed: int, rank: int, step: int) -> int:
     """Seed of a rank's dropout RNG when it cannot be restored from a checkpoint (fresh start or new rank)."""
@@ -150,13 +148,11 @@ class Trainer:
         self.flops_per_position = training_flops_per_token(cfg.model, cfg.data.max_seq_length)
         self.peak_tflops, peak_source = (resolve_peak_tflops(cfg.engine.peak_tflops_per_device, self.device, dtype)
                                          if rank == 0 else (0.0, ""))
-        self.tracker = self._build_tracker()
+        self.tracker = self._build_tracker(resumed_step=self.step if point is not None else None)
         if rank == 0:
             logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
                         self.run_dir, self.dist_env.describe(), self.n_params, check_derived(cfg, world),
                         self.peak_tflops, peak_source)
-            if point is not None and hasattr(self.tracker, "truncate_after"):
-                self.tracker.truncate_after(self.step)
             params = to_container(cfg)
             params["derived"] = {"world_size": world, "train_batch_size": check_derived(cfg, world),
                                  "n_parameters": self.n_params, "config_hash": self.config_hash}
@@ -180,14 +176,17 @@ class Trainer:
             dist.broadcast_object_list(name, src=0)
         return name[0]
 
-    def _build_tracker(self):
-        """The job's tracker: console + metrics.jsonl on rank 0 and, unless tracking.enabled is false, the MLflow
-        run (collective; `albert_dist.tracking.integration.build_tracker`)."""
+    def _build_tracker(self, resumed_step: Optional[int]):
+        """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
+        checkpoint's step) and, unless tracking.enabled is false, the MLflow run over it (collective;
+        `albert_dist.tracking.integration.build_tracker`)."""
         from albert_dist.tracking.integration import build_tracker
 
-        console = JsonlTracker(self.run_dir) if self.dist_env.rank == 0 else NullTracker()
-        return build_tracker(self.cfg, self.run_dir, self.dist_env.rank, self.dist_env.world_size, console,
-                             resume_from=self.resume_from, resuming=self.cfg.checkpoint.resume is not None,
+        rank = self.dist_env.rank
+        local = JsonlTracker(self.run_dir, resumed_step=resumed_step or 0) if rank == 0 else NullTracker()
+        return build_tracker(self.cfg, self.run_dir, rank, self.dist_env.world_size, local,
+                             local_rank=self.dist_env.local_rank, resume_from=self.resume_from,
+                             resuming=self.cfg.checkpoint.resume is not None, resumed_step=resumed_step,
                              model=self.engine.module)
 
     # ------------------------------------------------------------------------------------------------ loop
@@ -222,7 +221,7 @@ class Trainer:
                     acc.add_step(engine.get_global_grad_norm())
                     if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
                         record = self._log_train(acc, lr, sop_weight)
-                        bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                        bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
                     paused = time.perf_counter()  # eval and save time is not training throughput
                     if self.step == cfg.max_steps or (cfg.eval_interval_steps
@@ -253,10 +252,13 @@ class Trainer:
         return bool(flag.item())
 
     def _log_train(self, acc: MetricAccumulator, lr: float, sop_weight: float) -> dict[str, float]:
-        record = acc.reduce()
+        stats = acc.reduce()
         world = self.dist_env.world_size
-        record["lr"] = float(lr)
-        record["sop_weight"] = float(sop_weight)
+        record = {names.TRAIN + q: stats[q] for q in names.EVAL_QUANTITIES}
+        record.update({names.TRAIN_SOP_WEIGHT: float(sop_weight), names.TRAIN_GRAD_NORM: stats["grad_norm"],
+                       names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
+                       names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
+                       names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and world > 1:
             gathered = [torch.zeros_like(mem) for _ in range(world)]
@@ -264,21 +266,21 @@ class Trainer:
             per_rank = [g.item() for g in gathered]
         else:
             per_rank = [mem.item()]
-        record["peak_mem_gib_max"] = max(per_rank) / 2**30
-        record["peak_mem_gib_min"] = min(per_rank) / 2**30
-        if world <= _MAX_PER_RANK_METRICS:
+        record[names.MEM_PEAK_GIB_MAX] = max(per_rank) / 2**30
+        record[names.MEM_PEAK_GIB_MIN] = min(per_rank) / 2**30
+        if world <= names.MAX_PER_RANK_SERIES:
             for r, value in enumerate(per_rank):
-                record[f"peak_mem_gib_rank{r}"] = value / 2**30
+                record[names.mem_peak_rank(r)] = value / 2**30
         if self.dist_env.rank == 0:
-            record["mfu"] = mfu(self.flops_per_position, record["positions_per_s"], world, self.peak_tflops)
+            record[names.PERF_MFU] = mfu(self.flops_per_position, stats["positions_per_s"], world, self.peak_tflops)
             self.tracker.log_metrics(record, self.step)
         return record
 
     @torch.no_grad()
     def evaluate(self) -> Optional[dict[str, float]]:
-        """Validation on the fixed validation set (collective; albert_dist.engine.evaluation): val_loss,
-        val_mlm_loss, val_sop_loss, val_mlm_accuracy, val_sop_accuracy over the whole set whatever the world size,
-        and val_mlm_accuracy_over_unigram on rank 0. The first call builds the set and logs its size and unigram
+        """Validation on the fixed validation set (collective; albert_dist.engine.evaluation): val/loss,
+        val/mlm_loss, val/sop_loss, val/mlm_accuracy, val/sop_accuracy over the whole set whatever the world size,
+        and val/mlm_accuracy_over_unigram on rank 0. The first call builds the set and logs its size and unigram
         baseline once. None when data.validation is empty."""
         if not self.cfg.data.validation:
             return None

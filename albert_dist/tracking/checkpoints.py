@@ -98,6 +98,7 @@ class Uploader:
         self._backoff, self._max_backoff = retry_backoff_s, max_backoff_s
         self._queue: queue.Queue[Optional[dict]] = queue.Queue()
         self._jobs: list[dict] = []  # queued or running, in order
+        self._current: Optional[dict] = None
         self._lock = threading.Lock()
         self._newest_step = -1
         self._deadline = float("inf")
@@ -136,10 +137,18 @@ class Uploader:
     def submit(self, job: dict) -> None:
         """Queue a job (``{"staging", "dest"[, "step", "tag", "metrics_offset"]}``; the staging folder is the
         uploader's from now on)."""
-        if job.get("step") is not None:
-            self._newest_step = max(self._newest_step, job["step"])
+        superseded = []
         with self._lock:
-            self._jobs.append(job)
+            if job.get("step") is not None:
+                self._newest_step = max(self._newest_step, job["step"])
+                superseded = [j for j in self._jobs if j.get("step") is not None and j["step"] < self._newest_step
+                              and j is not self._current]
+            self._jobs = [j for j in self._jobs if j not in superseded] + [job]
+        for old in superseded:  # waiting behind a running upload: only the newest checkpoint matters
+            log.warning("checkpoint step %d not uploaded: a newer checkpoint (step %d) is queued", old["step"],
+                        self._newest_step)
+            self.failed.append(old["dest"])
+            shutil.rmtree(old["staging"], ignore_errors=True)
         self._pending_changed()
         self._queue.put(job)
 
@@ -173,15 +182,14 @@ class Uploader:
             job = self._queue.get()
             if job is None:
                 return
-            if job.get("step") is not None and job["step"] < self._newest_step:
-                log.warning("checkpoint step %d not uploaded: a newer checkpoint (step %d) is queued",
-                            job["step"], self._newest_step)
-                self.failed.append(job["dest"])
-                self._finish(job)
-                continue
+            with self._lock:
+                if job not in self._jobs:  # superseded while waiting
+                    continue
+                self._current = job
             if time.monotonic() >= self._deadline:
                 return
             self._upload(job)
+            self._current = None
 
     def _stop(self, job: dict) -> bool:
         return time.monotonic() >= self._deadline or (job.get("step") is not None and

@@ -1,69 +1,85 @@
 """`albert-dist compare`: what differs between pretraining runs, how they ended, and their curves.
 
-    albert-dist compare RUN_ID [RUN_ID ...] [--output curves.png]
+    albert-dist compare RUN [RUN ...] [--output curves.png] [--metrics loss mlm_accuracy perf/mfu]
     albert-dist compare --experiment NAME [--output curves.png]
 
-Prints one table, a column per run: ``run`` (name) and ``run_id``, then every param whose value is not the
-same in all runs (a param missing from a run shows ``-``), then for every metric ``<key>.final`` (value at
-the last logged step) and ``<key>.best`` (the minimum; the maximum for accuracies, throughputs, MFU). Writes a PNG
-with one panel per plotted metric (default: ``loss`` and ``mlm_accuracy``, plus their ``val_`` versions
-when logged), one line per run. The tracking URI is ``--tracking-uri`` or ``$MLFLOW_TRACKING_URI``, else
-the trainer's default local store.
+RUN is a run id, ``runs:/<id>`` or a run directory (its ``mlflow_run.json`` names the run and its store).
+Prints one table, a column per run: ``run`` (name), ``run_id``, the params whose values differ, then per
+metric ``<name>.final`` (value at the last step; `mlflow.search_runs`) and, where "best" means something
+(`albert_dist.engine.metric_names.best_direction`: losses min, accuracies and throughput max),
+``<name>.best``. System metrics and per-rank memory series are left out. The PNG has one panel per metric
+(default: loss and MLM accuracy; a bare quantity such as ``loss`` draws ``train/loss`` as a line and
+``val/loss`` as dashed markers at the validation steps), one colour per run, labelled by run name and its
+differing params (``num_hidden_groups=2``).
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from albert_dist.engine import metric_names as names
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CURVES = ("loss", "mlm_accuracy")
 MISSING = "-"
+#: Metrics left out of the table: MLflow's system metrics and the per-rank memory series.
+_NOT_IN_TABLE = ("system/", names.MEM + "peak_gib_rank")
 
 
-def higher_is_better(key: str) -> bool:
-    """Accuracies, throughputs (``*_per_s``) and MFU are maximised; everything else (losses, memory, times)
-    minimised."""
-    key = key.lower()
-    return "acc" in key or key.endswith("_per_s") or "mfu" in key
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    return format(value, ".6g") if isinstance(value, float) else str(value)
 
 
-def _fmt(value: Optional[float]) -> str:
-    return MISSING if value is None else format(value, ".6g")
+def search(refs: Sequence[str], experiment: Optional[str]) -> Any:
+    """`mlflow.search_runs` (pandas) for the given run ids, or every run of ``experiment`` (oldest first).
+
+    Raises:
+        ValueError: no such experiment, no runs, or an id the store does not have.
+    """
+    import mlflow
+
+    if experiment:
+        exp = mlflow.get_experiment_by_name(experiment)
+        if exp is None:
+            raise ValueError(f"no experiment {experiment!r}")
+        df = mlflow.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+        if df.empty:
+            raise ValueError(f"experiment {experiment!r} has no runs")
+        return df.reset_index(drop=True)
+    quoted = ", ".join(f"'{r}'" for r in refs)
+    df = mlflow.search_runs(filter_string=f"attributes.run_id IN ({quoted})", search_all_experiments=True)
+    missing = [r for r in refs if r not in set(df["run_id"])]
+    if missing:
+        raise ValueError(f"runs not found in {mlflow.get_tracking_uri()}: {missing}")
+    return df.set_index("run_id", drop=False).loc[list(refs)].reset_index(drop=True)
 
 
-def collect(client: Any, run_ids: Sequence[str]) -> tuple[list[Any], dict[str, dict[str, list]]]:
-    """Runs and, per run id, the full history ``{key: [(step, value), ...]}`` of every metric."""
-    runs = [client.get_run(r) for r in run_ids]
-    histories = {}
-    for run in runs:
-        histories[run.info.run_id] = {
-            key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-            for key in sorted(run.data.metrics)
-        }
-    return runs, histories
+def differing_params(df: Any) -> list[str]:
+    """The ``params.*`` columns whose value is not the same in every run (missing counts as a value)."""
+    cols = [c for c in df.columns if c.startswith("params.")]
+    return sorted(c for c in cols if df[c].fillna(MISSING).nunique() > 1)
 
 
-def table_rows(runs: list[Any], histories: dict[str, dict[str, list]]) -> list[list[str]]:
-    """The comparison table as rows of strings (first column the row name)."""
-    rows = [["run"] + [r.info.run_name or MISSING for r in runs], ["run_id"] + [r.info.run_id for r in runs]]
-    keys = sorted({k for r in runs for k in r.data.params})
-    for key in keys:
-        values = [r.data.params.get(key, MISSING) for r in runs]
-        if len(set(values)) > 1:
-            rows.append([key] + values)
-    metric_keys = sorted({k for h in histories.values() for k in h})
-    for key in metric_keys:
-        final, best = [], []
-        for r in runs:
-            hist = histories[r.info.run_id].get(key, [])
-            final.append(_fmt(hist[-1][1] if hist else None))
-            values = [v for _, v in hist]
-            best.append(_fmt((max if higher_is_better(key) else min)(values) if values else None))
-        rows.append([f"{key}.final"] + final)
-        rows.append([f"{key}.best"] + best)
+def table_rows(df: Any, histories: dict[str, dict[str, list]]) -> list[list[str]]:
+    """The comparison table as rows of strings (first column the row name); ``histories``: run id ->
+    metric -> [(step, value)] for the metrics that have a best."""
+    rows = [["run"] + [_fmt(v) for v in df.get("tags.mlflow.runName", [None] * len(df))],
+            ["run_id"] + list(df["run_id"])]
+    rows += [[c[len("params."):]] + [_fmt(v) for v in df[c]] for c in differing_params(df)]
+    metrics = sorted(c[len("metrics."):] for c in df.columns if c.startswith("metrics."))
+    for key in (k for k in metrics if not k.startswith(_NOT_IN_TABLE)):
+        rows.append([f"{key}.final"] + [_fmt(v) for v in df[f"metrics.{key}"]])
+        direction = names.best_direction(key)
+        if direction:
+            pick = max if direction == "max" else min
+            best = [pick((v for _, v in histories[r].get(key, [])), default=None) for r in df["run_id"]]
+            rows.append([f"{key}.best"] + [_fmt(v) for v in best])
     return rows
 
 
@@ -73,84 +89,105 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def plot_curves(runs: list[Any], histories: dict[str, dict[str, list]], keys: Sequence[str], path: str) -> list[str]:
-    """PNG with one panel per key that any run logged (``val_<key>`` dashed in the same panel); returns the
-    keys plotted.
+def panel_series(metric: str) -> list[str]:
+    """Metric names drawn in the panel of ``metric``: a bare quantity (``loss``) is its ``train/`` and ``val/``
+    series, a full name (``perf/mfu``) itself."""
+    return [metric] if "/" in metric else [names.TRAIN + metric, names.VAL + metric]
 
-    Raises:
-        ValueError: none of ``keys`` was logged by any run.
-    """
+
+def run_labels(df: Any) -> list[str]:
+    """Run name plus its differing params by their last dotted part (``num_hidden_groups=2``), at most 3."""
+    params = differing_params(df)[:3]
+    labels = []
+    for i in range(len(df)):
+        name = df["tags.mlflow.runName"][i] if "tags.mlflow.runName" in df else None
+        extra = ", ".join(f"{c.rsplit('.', 1)[-1]}={_fmt(df[c][i])}" for c in params)
+        labels.append(f"{name or df['run_id'][i][:8]}" + (f" ({extra})" if extra else ""))
+    return labels
+
+
+def plot_curves(df: Any, histories: dict[str, dict[str, list]], metrics: Sequence[str], path: str) -> None:
+    """PNG: one panel per metric, one colour per run; validation series dashed with a marker at every
+    validation step (a single validation point stays visible)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [k for k in keys if any(k in h or f"val_{k}" in h for h in histories.values())]
-    if not present:
-        raise ValueError(f"none of the metrics {list(keys)} was logged by runs {[r.info.run_id for r in runs]}")
-    fig, axes = plt.subplots(1, len(present), figsize=(6 * len(present), 4), squeeze=False)
-    for ax, key in zip(axes[0], present):
-        for i, run in enumerate(runs):
-            label = f"{run.info.run_name or run.info.run_id[:8]}"
-            color = f"C{i % 10}"
-            for name, style in ((key, "-"), (f"val_{key}", "--")):
-                hist = histories[run.info.run_id].get(name)
-                if hist:
-                    ax.plot([s for s, _ in hist], [v for _, v in hist], style, color=color,
-                            label=label if name == key else f"{label} (val)")
+    labels = run_labels(df)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for i, run_id in enumerate(df["run_id"]):
+            for key in panel_series(metric):
+                hist = histories[run_id].get(key)
+                if not hist:
+                    continue
+                val = key.startswith(names.VAL)
+                ax.plot([s for s, _ in hist], [v for _, v in hist], "--o" if val else "-", color=f"C{i % 10}",
+                        markersize=6, label=f"{labels[i]} {'val' if val else 'train' if '/' not in metric else ''}".rstrip())
         ax.set_xlabel("optimizer step")
-        ax.set_title(key)
+        ax.set_title(metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return present
+
+
+def _resolve(refs: Sequence[str], uri: Optional[str]) -> tuple[list[str], str]:
+    """Run ids and the tracking URI for run ids / ``runs:/`` / run directories."""
+    from albert_dist.tracking.tracker import parse_run_ref, read_state, resolve_tracking_uri
+
+    ids, recorded = [], None
+    for ref in refs:
+        if Path(ref).is_dir():
+            state = read_state(ref)
+            if not state.get("run_id"):
+                raise ValueError(f"{ref}: no MLflow run recorded (run `albert-dist tracking sync {ref}` first?)")
+            ids.append(state["run_id"])
+            recorded = recorded or state.get("tracking_uri")
+        else:
+            ids.append(parse_run_ref(ref))
+    return ids, resolve_tracking_uri(uri or recorded)
 
 
 def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist compare`; returns 0, or 2 for bad arguments / unknown runs. Never exits."""
+    """Entry point of `albert-dist compare`; returns 0, or 2 for bad arguments / unknown runs or metrics."""
     parser = argparse.ArgumentParser(prog="albert-dist compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_ids", nargs="*", help="MLflow run ids (or runs:/<id> URIs)")
+    parser.add_argument("runs", nargs="*", help="run ids, runs:/<id> URIs or run directories")
     parser.add_argument("--experiment", help="compare every run of this experiment instead")
-    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="default: a run directory's recorded store, $MLFLOW_TRACKING_URI, or <checkout>/mlruns.db")
     parser.add_argument("--output", default="compare.png", help="PNG of the curves (default: compare.png)")
-    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_CURVES), help="metrics to plot")
+    parser.add_argument("--metrics", nargs="+", default=list(names.DEFAULT_CURVES),
+                        help="panels: quantities (loss: train/ + val/) or full names (perf/mfu)")
     try:
         args = parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse exits on --help / errors; the dispatcher owns the exit code
         return int(exc.code or 0)
-    from mlflow import MlflowClient
+    import mlflow
     from mlflow.exceptions import MlflowException
 
-    from albert_dist.tracking.config import TrackingConfig
-    from albert_dist.tracking.tracker import parse_run_ref, resolve_tracking_uri
-
-    if bool(args.run_ids) == bool(args.experiment):
-        print("albert-dist compare: give run ids or --experiment NAME (not both)", file=sys.stderr)
+    if bool(args.runs) == bool(args.experiment):
+        print("albert-dist compare: give runs or --experiment NAME (not both)", file=sys.stderr)
         return 2
-    client = MlflowClient(resolve_tracking_uri(TrackingConfig(tracking_uri=args.tracking_uri)))
     try:
-        if args.experiment:
-            exp = client.get_experiment_by_name(args.experiment)
-            if exp is None:
-                print(f"albert-dist compare: no experiment {args.experiment!r}", file=sys.stderr)
-                return 2
-            run_ids = [r.info.run_id for r in client.search_runs([exp.experiment_id], order_by=["start_time ASC"])]
-            if not run_ids:
-                print(f"albert-dist compare: experiment {args.experiment!r} has no runs", file=sys.stderr)
-                return 2
-        else:
-            run_ids = [parse_run_ref(r) for r in args.run_ids]
-        runs, histories = collect(client, run_ids)
+        ids, uri = _resolve(args.runs, args.tracking_uri)
+        mlflow.set_tracking_uri(uri)
+        df = search(ids, args.experiment)
+        metrics = sorted({c[len("metrics."):] for c in df.columns if c.startswith("metrics.")})
+        known = sorted({*metrics, *(m.split("/", 1)[1] for m in metrics if m.startswith((names.TRAIN, names.VAL)))})
+        unknown = [m for m in args.metrics if not any(k in metrics for k in panel_series(m))]
+        if unknown:
+            raise ValueError(f"--metrics {unknown}: not logged by these runs; known: {', '.join(known)}")
+        client = mlflow.MlflowClient()
+        wanted = {k for k in metrics if names.best_direction(k)} | {k for m in args.metrics for k in panel_series(m)}
+        histories = {r: {k: sorted((m.step, m.value) for m in client.get_metric_history(r, k))
+                         for k in wanted if k in metrics} for r in df["run_id"]}
     except (ValueError, MlflowException) as exc:
         print(f"albert-dist compare: {exc}", file=sys.stderr)
         return 2
-    print(format_table(table_rows(runs, histories)))
-    try:
-        plotted = plot_curves(runs, histories, args.metrics, args.output)
-    except ValueError as exc:
-        print(f"albert-dist compare: {exc}", file=sys.stderr)
-        return 2
-    print(f"\ncurves of {', '.join(plotted)} written to {args.output}")
+    print(format_table(table_rows(df, histories)))
+    plot_curves(df, histories, args.metrics, args.output)
+    print(f"\ncurves of {', '.join(args.metrics)} written to {args.output}")
     return 0

@@ -62,7 +62,8 @@ def absolute_uri(uri: str) -> str:
     if uri.startswith("file:"):
         path = uri[len("file://"):] if uri.startswith("file://") else uri[len("file:"):]
         return f"file://{os.path.abspath(path)}"
-    if "://" not in uri and ":" not in uri:  # a plain directory: MLflow's file store
+    # a plain directory is MLflow's file store; these three words are not (mlflow/tracking/_tracking_service/registry.py)
+    if "://" not in uri and ":" not in uri and uri not in ("databricks", "databricks-uc", "uc"):
         return f"file://{os.path.abspath(uri)}"
     return uri
 
@@ -365,8 +366,9 @@ class MLflowTracker(Tracker):
         return list(self._uploader.completed) if self.rank == 0 else []
 
     def close(self, status: str = "FINISHED") -> dict:
-        """Deliver what is left within ``close_timeout_s`` (`PREEMPT_TIMEOUT_S` for ``KILLED``: a preempted job
-        must exit before its grace period ends), then end the run with ``status``. Whatever did not arrive
+        """Deliver what is left within ``close_timeout_s`` (``connect_timeout_s`` when the server never
+        answered during the job; at most `PREEMPT_TIMEOUT_S` for ``KILLED``: a preempted job must exit before
+        its grace period ends), then end the run with ``status``. Whatever did not arrive
         stays on disk (metrics.jsonl, the pending uploads in mlflow_run.json) for the next attempt or
         ``albert-dist tracking sync``; the log says what. Idempotent; never raises on server trouble.
 
@@ -384,6 +386,8 @@ class MLflowTracker(Tracker):
             return {}
         self._closed = True
         budget = self.cfg.close_timeout_s
+        if self._sender.run is None:  # the server never answered during the job: no reason it would now
+            budget = min(budget, self.cfg.connect_timeout_s)
         if status == "KILLED" and not self._replay:
             budget = min(budget, PREEMPT_TIMEOUT_S)
         deadline = time.monotonic() + budget

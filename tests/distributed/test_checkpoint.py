@@ -24,6 +24,7 @@ import torch
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
+from albert_dist.engine import metric_names as names
 from albert_dist.engine.distributed import free_port
 
 pytestmark = pytest.mark.distributed
@@ -105,13 +106,13 @@ def train_records(run_dir: Path) -> dict[int, dict]:
     records = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        if "loss" in rec:
+        if names.TRAIN_LOSS in rec:
             assert rec["step"] not in records, f"step {rec['step']} logged twice"
             records[rec["step"]] = rec
     return records
 
 
-TRAJECTORY_KEYS = ("loss", "mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy", "grad_norm", "lr")
+TRAJECTORY_KEYS = (*(names.TRAIN + q for q in names.EVAL_QUANTITIES), names.TRAIN_GRAD_NORM, names.TRAIN_LR)
 
 
 def assert_same_trajectory(got: dict[int, dict], want: dict[int, dict]) -> None:
@@ -135,7 +136,7 @@ def reference(config, tmp_path_factory):
     dump = root / "end.pt"
     job = run_ok(2, config, root / "run", ["--dump", str(dump), "--dump-at-end"])
     records = train_records(job.run_dir)
-    assert records[MAX_STEPS]["loss"] < records[1]["loss"]
+    assert records[MAX_STEPS][names.TRAIN_LOSS] < records[1][names.TRAIN_LOSS]
     return job.run_dir, records, torch.load(dump, weights_only=False)
 
 
@@ -181,7 +182,7 @@ def test_universal_resume_on_another_world_size(config, reference, tmp_path, wor
         assert exp_avg_sq.abs().sum() > 0, name  # the moments are real, not freshly initialised
     # Training went on, with the data streams of the 2 old ranks mapped onto the new ranks.
     records = train_records(run_dir)
-    assert list(records) == [MAX_STEPS + 1] and math.isfinite(records[MAX_STEPS + 1]["loss"])
+    assert list(records) == [MAX_STEPS + 1] and math.isfinite(records[MAX_STEPS + 1][names.TRAIN_LOSS])
     saved = torch.load(run_dir / "checkpoints" / "step_9" / "mp_rank_00_model_states.pt", weights_only=False)
     state = saved[ckpt.CLIENT_KEY]
     assert state["world_size"] == world and len(state["data_states"]) == world

@@ -4,7 +4,8 @@ every logged value.
 
 Run by the tests as one process per rank with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set:
     python mlflow_fake_loop.py --run-dir D --steps 10 --save-every 4 [--resume-from RUN] [--crash-after N]
-The tracking URI comes from $MLFLOW_TRACKING_URI. Prints ``RUN_ID=<id>`` on every rank.
+The tracking URI comes from $MLFLOW_TRACKING_URI. Prints ``RUN_ID=<id>`` on every rank (``None`` while the
+server has not answered).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--resume-from", default=None)
     p.add_argument("--crash-after", type=int, default=None)
+    p.add_argument("--connect-timeout", type=float, default=30.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -41,7 +43,8 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = TrackingConfig(experiment_name=args.experiment, flush_interval_s=0.2, retry_backoff_s=0.2,
-                         max_backoff_s=2.0, close_timeout_s=120.0)
+                         max_backoff_s=2.0, close_timeout_s=120.0, connect_timeout_s=args.connect_timeout,
+                         log_system_metrics=False)
     resume = parse_run_ref(args.resume_from) if args.resume_from else None
     tracker = MLflowTracker(cfg, run_dir=args.run_dir, rank=rank, world_size=world, resume_run_id=resume)
     print(f"RUN_ID={tracker.run_id}", flush=True)

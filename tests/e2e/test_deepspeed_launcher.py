@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine import metric_names as names
 
 pytestmark = pytest.mark.e2e
 
@@ -87,11 +88,11 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
     assert f"outputs in {run_dir}" in second  # the script says where the run's outputs are
 
     records = _records(run_dir)
-    train = [r for r in records if "loss" in r]
+    train = [r for r in records if names.TRAIN_LOSS in r]
     assert [r["step"] for r in train] == list(range(1, 21))  # each step once, none missing
-    assert train[-1]["loss"] < train[0]["loss"]
-    val = [r for r in records if "val_loss" in r]
-    assert [r["step"] for r in val] == [20] and val[0]["val_mlm_accuracy"] >= 0.0
+    assert train[-1][names.TRAIN_LOSS] < train[0][names.TRAIN_LOSS]
+    val = [r for r in records if names.VAL_LOSS in r]
+    assert [r["step"] for r in val] == [20] and val[0][names.VAL_MLM_ACCURACY] >= 0.0
     assert ckpt.read_latest(run_dir / "checkpoints") == "step_20"
     assert (run_dir / "config.yaml").is_file() and json.loads((run_dir / "ds_config.json").read_text())[
         "zero_optimization"]["stage"] == 2

@@ -220,9 +220,10 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
         client.log_param(run_id, "model.num_hidden_groups", str(groups))
         client.log_param(run_id, "model.hidden_size", "64")
         for step in range(1, 6):
-            client.log_metric(run_id, "loss", 10.0 - slope * step, step=step)
-            client.log_metric(run_id, "mlm_accuracy", 0.1 * slope * step, step=step)
-        client.log_metric(run_id, "val/loss", 3.0 + groups, step=5)
+            client.log_metric(run_id, "train/loss", 10.0 - slope * step, step=step)
+            client.log_metric(run_id, "train/mlm_accuracy", 0.1 * slope * step, step=step)
+            client.log_metric(run_id, "train/lr", 1e-3 / step, step=step)
+        client.log_metric(run_id, "val/loss", 3.0 + groups, step=5)  # one validation point
         client.set_terminated(run_id)
         runs.append(run_id)
     png = tmp_path / "curves.png"
@@ -230,15 +231,20 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
     out = capsys.readouterr().out
     assert "model.num_hidden_groups" in out and "model.hidden_size" not in out
     table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-    assert table["model.num_hidden_groups"] == ["1", "2"]
-    assert table["loss.final"] == ["5", "0"] and table["loss.best"] == ["5", "0"]
-    assert table["mlm_accuracy.final"] == ["0.5", "1"] and table["mlm_accuracy.best"] == ["0.5", "1"]
+    assert table["run"] == ["g1", "g2"] and table["model.num_hidden_groups"] == ["1", "2"]
+    assert table["train/loss.final"] == ["5", "0"] and table["train/loss.best"] == ["5", "0"]
+    assert table["train/mlm_accuracy.final"] == ["0.5", "1"] and table["train/mlm_accuracy.best"] == ["0.5", "1"]
+    assert table["val/loss.final"] == ["4", "5"] and "train/lr.final" in table and "train/lr.best" not in table
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # an unknown metric is an error that lists the known ones
+    assert compare.cli([*runs, "--metrics", "nosuch", "--output", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "nosuch" in err and "train/loss" in err and "mlm_accuracy" in err and not (tmp_path / "x.png").exists()
     # --experiment selects the same two runs
     png2 = tmp_path / "exp.png"
-    assert compare.cli(["--experiment", "compare", "--output", str(png2)]) == 0
+    assert compare.cli(["--experiment", "compare", "--output", str(png2), "--metrics", "loss", "train/lr"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
-    assert sorted(rows["run_id"]) == sorted(runs) and sorted(rows["run"]) == ["g1", "g2"]
+    assert rows["run_id"] == runs and rows["run"] == ["g1", "g2"]
     assert png2.stat().st_size > 1000
 
 

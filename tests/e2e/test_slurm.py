@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from albert_dist.engine.distributed import port_from_job_id
+from albert_dist.engine import metric_names as names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
@@ -178,7 +179,7 @@ def test_pretrain_sbatch_two_nodes(jobs):
     assert run.info.run_id == json.loads((jobs.run_dir / "mlflow_run.json").read_text())["run_id"]
     assert run.info.status == "FINISHED"
     assert run.data.tags.get("slurm.job_id") == job
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, names.TRAIN_LOSS)] == [1, 2, 3, 4]
 
 
 def test_pretrain_sbatch_preempted_requeued_resumed(jobs):
@@ -186,7 +187,7 @@ def test_pretrain_sbatch_preempted_requeued_resumed(jobs):
     # no periodic checkpoint: the only one before the end is the one the signal causes
     job = jobs.submit("slurm/pretrain.sbatch", TINY + [f"max_steps={max_steps}", "checkpoint.save_interval_steps=0"])
     deadline = time.monotonic() + 360
-    while not re.search(r"step [2-9]\d* \| loss=", jobs.output()):
+    while not re.search(r"step [2-9]\d* \| train/loss=", jobs.output()):
         assert jobs.state(job)[0] in ("PENDING", "RUNNING"), f"job ended before step 2:\n{jobs.output()[-4000:]}"
         assert time.monotonic() < deadline, f"no step 2 after 360 s:\n{jobs.output()[-4000:]}"
         time.sleep(0.2)
@@ -213,7 +214,7 @@ def test_pretrain_sbatch_preempted_requeued_resumed(jobs):
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.info.run_id == json.loads((jobs.run_dir / "mlflow_run.json").read_text())["run_id"]
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, names.TRAIN_LOSS)]
     assert sorted(steps) == list(range(1, max_steps + 1)), steps
 
 

@@ -1,22 +1,27 @@
 """Unit tests of the tracking building blocks that need no server: secret rules, config flattening, run
-references, the buffered sender's retry/ordering/isolation logic (against an in-memory fake client that
-fails on demand), checkpoint snapshots, the comparison table, and the parameter counts."""
+references, store URIs, the sender's replay of metrics.jsonl (order, timestamps, skipped steps, isolation,
+outage) and the uploader's final errors (against an in-memory fake client that fails on demand), checkpoint
+snapshots, the comparison table, and the parameter counts."""
 from __future__ import annotations
 
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
+import requests
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-from albert_dist.tracking.checkpoints import list_files, snapshot
+from albert_dist.tracking.base import JsonlTracker, read_metric_log
+from albert_dist.tracking.checkpoints import Uploader, list_files, snapshot
 from albert_dist.tracking.config import TrackingConfig
 from albert_dist.tracking.params import flatten
 from albert_dist.tracking.secrets import MASK, is_secret_name, redact, scrub_text, secret_values
-from albert_dist.tracking.sender import BatchSender, is_transient
-from albert_dist.tracking.tracker import parse_run_ref
+from albert_dist.tracking.sender import RunSender, is_transient
+from albert_dist.tracking.tracker import absolute_uri, parse_run_ref
 
 
 @pytest.mark.parametrize("name", ["MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY",
@@ -29,9 +34,18 @@ def test_secret_names(name):
 
 @pytest.mark.parametrize("name", ["tokenizer_path", "train_tokens", "pad_token_id", "mask_token", "cls_token",
                                   "max_predictions_per_seq", "keys_per_batch", "tokens_per_s", "monkey",
-                                  "USERNAME_HINT", "data.tokenizer_path"])
+                                  "USERNAME_HINT", "data.tokenizer_path", "PWD", "OLDPWD", "pwd"])
 def test_not_secret_names(name):
     assert not is_secret_name(name)
+
+
+def test_working_directory_paths_and_short_values_are_not_masked():
+    env = {"PWD": "/home/alice/albert", "OLDPWD": "/home/alice", "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcp.json",
+           "HF_TOKEN": "hf_1234", "MLFLOW_TRACKING_PASSWORD": "s3cret-pw"}  # hf_1234: 7 characters
+    values = secret_values(env)
+    assert values == ["s3cret-pw"]
+    tag = "run_dir: /home/alice/albert/runs/albert-tiny-20260101 (creds /etc/gcp.json, hf_1234, s3cret-pw)"
+    assert scrub_text(tag, values) == f"run_dir: /home/alice/albert/runs/albert-tiny-20260101 (creds /etc/gcp.json, hf_1234, {MASK})"
 
 
 def test_redact_masks_secret_keys_and_env_values_and_uri_userinfo():
@@ -46,11 +60,11 @@ def test_redact_masks_secret_keys_and_env_values_and_uri_userinfo():
 
 
 def test_flatten_gives_stable_dotted_names():
-    cfg = {"model": {"num_hidden_groups": 2, "act": None, "drop": 0.1, "ckpt": False},
+    cfg = {"model": {"num_hidden_groups": 2, "act": None, "drop": 0.1, "ckpt": False},  # None: not logged
            "data": {"train": [{"paths": ["a", "b"], "weight": 1.0}], "validation": []},
            "tracking": {"api_key": "s3cr3t-value"}}
     assert flatten(cfg) == {
-        "model.num_hidden_groups": "2", "model.act": "null", "model.drop": "0.1", "model.ckpt": "false",
+        "model.num_hidden_groups": "2", "model.drop": "0.1", "model.ckpt": "false",
         "data.train.0.paths.0": "a", "data.train.0.paths.1": "b", "data.train.0.weight": "1.0",
         "data.validation": "[]", "tracking.api_key": MASK}
 
@@ -58,7 +72,7 @@ def test_flatten_gives_stable_dotted_names():
 def test_flatten_dataclass_matches_dict():
     cfg = TrackingConfig(experiment_name="e")
     flat = flatten({"tracking": cfg})
-    assert flat["tracking.experiment_name"] == "e" and flat["tracking.tracking_uri"] == "null"
+    assert flat["tracking.experiment_name"] == "e" and "tracking.tracking_uri" not in flat
     assert flat["tracking.flush_interval_s"] == "5.0"
 
 
@@ -82,19 +96,19 @@ def test_tracking_config_rejects(field, value):
 
 
 class FakeClient:
-    """Records delivered batches; fails the next `fail_next` calls with a connection error, and rejects
-    (permanently, like a 400) any metric whose key is in `reject`."""
+    """Records delivered batches and artifacts; fails the next `fail_next` calls with a connection error,
+    rejects (permanently, like a 400) any metric whose key is in `reject`, and answers 413 for artifact files
+    larger than `max_artifact_bytes`."""
 
     def __init__(self):
-        self.metrics, self.params, self.tags = [], [], []
+        self.metrics, self.params, self.tags, self.artifacts = [], [], [], []
         self.fail_next = 0
         self.reject = set()
-        self.calls = 0
+        self.max_artifact_bytes = 10**9
         self.lock = threading.Lock()
 
     def log_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
         with self.lock:
-            self.calls += 1
             if self.fail_next:
                 self.fail_next -= 1
                 raise MlflowException("API request failed with exception ConnectionRefusedError")
@@ -104,49 +118,148 @@ class FakeClient:
             self.params += list(params)
             self.tags += list(tags)
 
+    def log_artifact(self, run_id, local_path, artifact_path=None):
+        size = os.path.getsize(local_path)
+        if size > self.max_artifact_bytes:
+            response = requests.Response()
+            response.status_code = 413
+            raise requests.HTTPError("413 Client Error: Request Entity Too Large", response=response)
+        self.artifacts.append(f"{artifact_path}/{os.path.basename(local_path)}")
+
+
+def fake_run(last_steps=None, params=None):
+    """What `open_run` returns: an MLflow Run as far as the sender reads it."""
+    metrics = [Metric(k, 0.0, 0, s) for k, s in (last_steps or {}).items()]
+    return SimpleNamespace(info=SimpleNamespace(run_id="r", artifact_uri="file:///nowhere"),
+                           data=SimpleNamespace(params=params or {}, _metric_objs=metrics))
+
+
+def make_sender(client, run_dir, run=None, **kw):
+    """A RunSender whose run opens through ``client`` (so ``client.fail_next`` fails the opening too)."""
+    def open_run(c):
+        c.log_batch("r")
+        return run or fake_run()
+
+    kw = {"flush_interval_s": 0.05, "retry_backoff_s": 0.01, "max_backoff_s": 0.02, **kw}
+    return RunSender(client, str(run_dir), open_run, **kw)
+
 
 def test_transient_classification():
+    def http_error(status):
+        response = requests.Response()
+        response.status_code = status
+        return requests.HTTPError(f"{status}", response=response)
+
     assert is_transient(MlflowException("connection refused"))  # INTERNAL_ERROR -> 500
-    assert is_transient(ConnectionError())
+    assert is_transient(requests.ConnectionError()) and is_transient(ConnectionRefusedError())
+    assert is_transient(http_error(503)) and is_transient(http_error(429)) and is_transient(http_error(408))
+    assert not is_transient(http_error(413)) and not is_transient(http_error(403))
     assert not is_transient(MlflowException("x", error_code=INVALID_PARAMETER_VALUE))
+    assert not is_transient(ValueError("a bug is not an outage"))
 
 
-def test_sender_retries_in_order_and_keeps_timestamps():
+def test_sender_replays_the_metric_log_in_order_with_its_steps_and_timestamps(tmp_path):
+    local = JsonlTracker(tmp_path)
+    for step in range(1, 1201):  # > one log_batch (1000 metrics)
+        local.log_metrics({"train/loss": 1.0 / step}, step)
+    expected = [("train/loss", 1.0 / r["step"], r["timestamp_ms"], r["step"]) for r in read_metric_log(tmp_path)]
     client = FakeClient()
-    client.fail_next = 3
-    sender = BatchSender(client, "r", flush_interval_s=0.05, retry_backoff_s=0.01, max_backoff_s=0.02)
+    client.fail_next = 3  # the server is down for the first attempts
+    sender = make_sender(client, tmp_path)
     sender.add_params({"p": "1"})
-    expected = []
-    for step in range(1, 2501):  # > MAX_METRICS_PER_BATCH: several batches
-        sender.add_metrics({"loss": 1.0 / step}, step, timestamp_ms=1000 + step)
-        expected.append(("loss", 1.0 / step, 1000 + step, step))
-    assert sender.close(timeout_s=30) == 0
+    assert sender.close(timeout_s=30) == {"params": 0, "tags": 0, "metric_records": 0}
     assert [(m.key, m.value, m.timestamp, m.step) for m in client.metrics] == expected
     assert [(p.key, p.value) for p in client.params] == [("p", "1")]
-    assert sender.failures == 3 and sender.dropped == 0
 
 
-def test_sender_isolates_a_permanently_rejected_metric():
+def test_sender_skips_steps_the_run_holds_and_records_changed_params_as_tags(tmp_path):
+    local = JsonlTracker(tmp_path)
+    for step in (1, 2, 3, 2, 3, 4):  # a resumed attempt re-ran steps 2-3
+        local.log_metrics({"train/loss": float(step), "val/loss": float(step)}, step)
+    client = FakeClient()
+    sender = make_sender(client, tmp_path, run=fake_run({"train/loss": 1}, params={"a": "1", "b": "2"}))
+    sender.add_params({"a": "1", "b": "3", "c": "4"})
+    assert sender.close(timeout_s=10)["metric_records"] == 0
+    assert [(m.key, m.step) for m in client.metrics if m.key == "train/loss"] == [("train/loss", s) for s in (2, 3, 4)]
+    assert [m.step for m in client.metrics if m.key == "val/loss"] == [1, 2, 3, 4]
+    assert sender.skipped == 1 + 2 + 2  # train/loss 1 (on the server), both keys' re-run 2 and 3
+    assert [(p.key, p.value) for p in client.params] == [("c", "4")]
+    assert [(t.key, t.value) for t in client.tags] == [("param_changed.b", "3")]
+
+
+def test_sender_isolates_a_permanently_rejected_metric(tmp_path):
+    JsonlTracker(tmp_path).log_metrics({"loss": 1.0, "bad": 2.0, "acc": 0.5}, 7)
     client = FakeClient()
     client.reject = {"bad"}
-    sender = BatchSender(client, "r", flush_interval_s=0.05, retry_backoff_s=0.01, max_backoff_s=0.02)
-    sender.add_metrics({"loss": 1.0, "bad": 2.0, "acc": 0.5}, 7)
-    assert sender.close(timeout_s=10) == 0
+    sender = make_sender(client, tmp_path)
+    assert sender.close(timeout_s=10)["metric_records"] == 0
     assert sorted((m.key, m.step) for m in client.metrics) == [("acc", 7), ("loss", 7)]
     assert sender.dropped == 1
 
 
-def test_sender_never_blocks_the_caller_and_reports_undelivered_at_close():
+def test_sender_with_the_server_down_reports_what_is_left(tmp_path):
+    local = JsonlTracker(tmp_path)
     client = FakeClient()
-    client.fail_next = 10**9  # server down for good
-    sender = BatchSender(client, "r", flush_interval_s=0.01, retry_backoff_s=0.01, max_backoff_s=0.05)
+    client.fail_next = 10**9  # down for good
+    sender = make_sender(client, tmp_path)
+    for step in range(1, 101):
+        local.log_metrics({"loss": 1.0}, step)
+    assert not sender.opened.wait(0.3) and sender.run is None and sender.error is None
     t0 = time.monotonic()
-    for step in range(1000):
-        sender.add_metrics({"loss": 1.0}, step)
-    assert time.monotonic() - t0 < 1.0  # adding is an append, whatever the server does
-    assert not sender.wait_sent(sender.added, timeout_s=0.2)
-    assert sender.close(timeout_s=0.3) == 1000
-    assert len(sender.unsent_metrics()) == 1000 and client.metrics == []
+    assert sender.close(timeout_s=0.3) == {"params": 0, "tags": 0, "metric_records": 100}
+    assert time.monotonic() - t0 < 3.0 and client.metrics == []
+
+
+def test_metric_log_reader_ignores_a_partial_last_line(tmp_path):
+    JsonlTracker(tmp_path).log_metrics({"loss": 1.0}, 1)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "loss"')  # being written, or cut by a kill
+    records = list(read_metric_log(tmp_path))
+    assert [r["step"] for r in records] == [1] and records[0]["_end"] == len((tmp_path / "metrics.jsonl")
+                                                                              .read_text().splitlines()[0]) + 1
+
+
+def test_jsonl_tracker_cuts_back_to_the_resumed_step(tmp_path):
+    local = JsonlTracker(tmp_path)
+    for step in range(1, 6):
+        local.log_metrics({"loss": float(step)}, step)
+    JsonlTracker(tmp_path, resumed_step=3)
+    assert [r["step"] for r in read_metric_log(tmp_path)] == [1, 2, 3]
+    JsonlTracker(tmp_path, resumed_step=0)  # a fresh job in an old run directory
+    assert list(read_metric_log(tmp_path)) == []
+
+
+def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, caplog):
+    client = FakeClient()
+    client.max_artifact_bytes = 1000
+    sender = make_sender(client, tmp_path)
+    uploader = Uploader(client, sender, retry_backoff_s=0.01, max_backoff_s=0.02)
+    ck = tmp_path / "ck" / "step_2"
+    ck.mkdir(parents=True)
+    (ck / "big.pt").write_bytes(b"x" * 5000)
+    (ck / "small.pt").write_bytes(b"y" * 10)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"z" * 500)
+    uploader.submit_checkpoint(str(ck), 2, metrics_offset=0)
+    uploader.submit_files(str(model), "model/hf", str(tmp_path))
+    t0 = time.monotonic()
+    assert uploader.close(timeout_s=30) == []  # nothing left pending: the 413 is not retried
+    assert time.monotonic() - t0 < 10
+    sender.close(1)
+    assert client.artifacts == ["checkpoints/step_2/small.pt", "model/hf/weights.bin"]  # no COMPLETE.json
+    assert uploader.completed == [] and uploader.failed == ["checkpoints/step_2/big.pt"]
+    assert "checkpoints/step_2/big.pt (5000 bytes)" in caplog.text
+
+
+@pytest.mark.parametrize("uri,expected", [
+    ("sqlite:///rel/m.db", "sqlite:///{cwd}/rel/m.db"), ("sqlite:////abs/m.db", "sqlite:////abs/m.db"),
+    ("mlruns", "file://{cwd}/mlruns"), ("file:./mlruns", "file://{cwd}/mlruns"),
+    ("file:///abs/mlruns", "file:///abs/mlruns"), ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ("databricks", "databricks")])
+def test_relative_store_uris_are_made_absolute(uri, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert absolute_uri(uri) == expected.format(cwd=os.path.realpath(tmp_path))
 
 
 def test_snapshot_survives_deletion_of_the_original(tmp_path):
@@ -179,26 +292,32 @@ def test_model_param_counts_match_closed_form():
 
 
 def test_compare_table_rows():
-    from types import SimpleNamespace
+    import pandas as pd
 
-    from albert_dist.tracking.compare import format_table, table_rows
+    from albert_dist.tracking.compare import format_table, run_labels, table_rows
 
-    def run(rid, name, params):
-        return SimpleNamespace(info=SimpleNamespace(run_id=rid, run_name=name), data=SimpleNamespace(params=params))
+    a, b = "a" * 32, "b" * 32
+    df = pd.DataFrame({"run_id": [a, b], "tags.mlflow.runName": ["one", "two"],
+                       "params.model.num_hidden_groups": ["1", "2"], "params.same": ["s", "s"],
+                       "params.y": [None, "3"], "metrics.train/loss": [2.0, 3.5], "metrics.train/lr": [1e-4, 2e-4],
+                       "metrics.val/mlm_accuracy": [0.25, float("nan")], "metrics.mem/peak_gib_rank0": [1.0, 1.0],
+                       "metrics.system/cpu_utilization_percentage": [50.0, 60.0]})
+    histories = {a: {"train/loss": [(1, 3.0), (2, 1.0), (3, 2.0)], "val/mlm_accuracy": [(3, 0.25)]},
+                 b: {"train/loss": [(1, 4.0), (2, 3.5)]}}
+    rows = table_rows(df, histories)
+    assert rows == [["run", "one", "two"], ["run_id", a, b], ["model.num_hidden_groups", "1", "2"], ["y", "-", "3"],
+                    ["train/loss.final", "2", "3.5"], ["train/loss.best", "1", "3.5"],
+                    ["train/lr.final", "0.0001", "0.0002"],  # no best for a learning rate
+                    ["val/mlm_accuracy.final", "0.25", "-"], ["val/mlm_accuracy.best", "0.25", "-"]]
+    assert format_table(rows).splitlines()[2].split() == ["model.num_hidden_groups", "1", "2"]
+    assert run_labels(df) == ["one (num_hidden_groups=1, y=-)", "two (num_hidden_groups=2, y=3)"]
 
-    runs = [run("a" * 32, "one", {"x": "1", "same": "s"}), run("b" * 32, "two", {"x": "2", "same": "s", "y": "3"})]
-    histories = {"a" * 32: {"loss": [(1, 3.0), (2, 1.0), (3, 2.0)], "mlm_accuracy": [(3, 0.25)]},
-                 "b" * 32: {"loss": [(1, 4.0), (2, 3.5)]}}
-    rows = table_rows(runs, histories)
-    assert rows == [["run", "one", "two"], ["run_id", "a" * 32, "b" * 32], ["x", "1", "2"], ["y", "-", "3"],
-                    ["loss.final", "2", "3.5"], ["loss.best", "1", "3.5"],
-                    ["mlm_accuracy.final", "0.25", "-"], ["mlm_accuracy.best", "0.25", "-"]]
-    assert format_table(rows).splitlines()[2].split() == ["x", "1", "2"]
 
+@pytest.mark.parametrize("key,direction", [("train/loss", "min"), ("val/mlm_accuracy", "max"),
+                                           ("perf/tokens_per_s", "max"), ("perf/mfu", "max"),
+                                           ("mem/peak_gib_max", None), ("train/lr", None), ("train/grad_norm", None),
+                                           ("val/mlm_accuracy_over_unigram", "max"), ("system/cpu_utilization_percentage", None)])
+def test_best_direction(key, direction):
+    from albert_dist.engine.metric_names import best_direction
 
-@pytest.mark.parametrize("key,higher", [("loss", False), ("val_mlm_accuracy", True), ("tokens_per_s", True),
-                                        ("mfu", True), ("peak_mem_gib_max", False), ("interval_s", False)])
-def test_best_direction(key, higher):
-    from albert_dist.tracking.compare import higher_is_better
-
-    assert higher_is_better(key) is higher
+    assert best_direction(key) == direction
