@@ -60,7 +60,8 @@ def train_tokenizer(
     num_threads: int = 1,
     byte_fallback: bool = BYTE_FALLBACK_DEFAULT,
 ) -> Path:
-    """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``) from local files, directories or globs.
+    """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``, and the transformers files of
+    `write_transformers_config`) from local files, directories or globs.
 
     Reads every input through :mod:`albert_dist.data.sources` (txt/jsonl/parquet, .gz/.zst) as one stream;
     sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
@@ -98,7 +99,37 @@ def train_tokenizer(
         logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "
                        "<unk> and decodes byte pieces literally, so an exported model's tokenizer differs from this one")
     check_special_ids(load_tokenizer(str(model)))
+    write_transformers_config(out)
     return model
+
+
+def write_transformers_config(model_dir: str | Path, model_max_length: Optional[int] = None) -> list[Path]:
+    """Write ``tokenizer_config.json`` and ``special_tokens_map.json`` next to ``spiece.model`` so that
+    transformers' ``AlbertTokenizer`` / ``AlbertTokenizerFast.from_pretrained(model_dir)`` give exactly
+    sentencepiece's ids.
+
+    The sentencepiece model's own normaliser already case-folds (``--lowercase``: ``nmt_nfkc_cf``) or not,
+    keeps accents and collapses whitespace, as in training; transformers' defaults (``do_lower_case=True``,
+    ``keep_accents=False``) would lower-case and strip accents on top, so a cased model's "Hello" became
+    "hello"'s ids. Hence ``do_lower_case=false``, ``keep_accents=true``, ``remove_space=true`` (transformers 4's
+    Python tokenizer) for both kinds. Returns the written paths.
+    """
+    import json
+
+    model_dir = Path(model_dir)
+    special = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "<unk>", "sep_token": "[SEP]",
+               "pad_token": "<pad>", "cls_token": "[CLS]",
+               # as in google's albert releases: "[MASK]" eats the space before it
+               "mask_token": {"content": "[MASK]", "lstrip": True, "rstrip": False, "normalized": False,
+                              "single_word": False}}
+    config = {"tokenizer_class": "AlbertTokenizer", "do_lower_case": False, "keep_accents": True,
+              "remove_space": True, **special}
+    if model_max_length is not None:
+        config["model_max_length"] = int(model_max_length)
+    paths = [model_dir / "tokenizer_config.json", model_dir / "special_tokens_map.json"]
+    for path, data in zip(paths, (config, special)):
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    return paths
 
 
 def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, lowercase: bool,

@@ -86,7 +86,10 @@ def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
     output = Path(output)
     hf.save_pretrained(output)
     if tokenizer is not None:
+        from albert_dist.data.tokenizer import write_transformers_config
+
         shutil.copyfile(tokenizer, output / "spiece.model")
+        write_transformers_config(output, config.max_position_embeddings)
     logger.info("exported %s to %s", checkpoint, output)
     return output
 
@@ -98,7 +101,8 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("checkpoint", help="consolidated state-dict file or a directory holding one")
     parser.add_argument("--config", required=True, help="model preset or training YAML (model: section)")
     parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
-    parser.add_argument("--tokenizer", default=None, help="sentencepiece model to copy as spiece.model")
+    parser.add_argument("--tokenizer", default=None,
+                        help="sentencepiece model to copy as spiece.model (+ tokenizer_config.json for transformers)")
     args = parser.parse_args(argv)
     try:
         export(args.checkpoint, args.config, args.output, args.tokenizer)

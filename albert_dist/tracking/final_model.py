@@ -114,12 +114,11 @@ def export_final_model(model_config: Any, ckpt_dir: str, tag: str, out_dir: str,
     hf_dir = os.path.join(out_dir, "hf")
     hf_model.save_pretrained(hf_dir)
     if tokenizer_path:
-        shutil.copy2(tokenizer_path, os.path.join(hf_dir, "spiece.model"))
-        from transformers import AlbertTokenizer
+        from albert_dist.data.sources import resolve_path
+        from albert_dist.data.tokenizer import write_transformers_config
 
-        # The sentencepiece model already case-folds (or not) in its normaliser: transformers must not
-        # lower-case or strip accents on top, or its ids would differ from training's.
-        AlbertTokenizer.from_pretrained(hf_dir, do_lower_case=False, keep_accents=True).save_pretrained(hf_dir)
+        shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
+        write_transformers_config(hf_dir, model_config.max_position_embeddings)
     written["hf"] = hf_dir
     log.info("final model exported to %s", out_dir)
     return written

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 
 from albert_dist.engine.distributed import free_port
 
+from albert_dist.engine import metric_names as names
 from albert_dist.tracking.checkpoints import complete_checkpoints
 
 pytestmark = pytest.mark.e2e
@@ -61,7 +62,7 @@ def resumed_run(mlflow_server, tmp_path_factory):
             if run_id is None and (run_a / "mlflow_run.json").is_file():
                 run_id = json.loads((run_a / "mlflow_run.json").read_text())["run_id"]
             if run_id is not None:
-                steps = [m.step for m in client.get_metric_history(run_id, "loss")]
+                steps = [m.step for m in client.get_metric_history(run_id, names.TRAIN_LOSS)]
                 complete = complete_checkpoints(client, run_id)  # newest first
                 # kill only while steps past the newest complete checkpoint are logged, so that run B must
                 # re-run steps the run already holds (a kill right at a checkpoint would test no de-duplication)
@@ -74,7 +75,7 @@ def resumed_run(mlflow_server, tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert killed, f"run A ended before it could be killed (rc {proc.returncode}):\n{log_tail(run_a)}"
-    logged_before_kill = sorted(m.step for m in client.get_metric_history(run_id, "loss"))
+    logged_before_kill = sorted(m.step for m in client.get_metric_history(run_id, names.TRAIN_LOSS))
     run_b = tmp / "b"
     proc = launch(mlflow_server.uri, run_b, "--resume-from", f"runs:/{run_id}")
     rc = proc.wait(timeout=400)
@@ -89,9 +90,12 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["resumed_count"] == "1"
-    for key in ("loss", "mlm_accuracy", "lr"):
+    for key in (names.TRAIN_LOSS, names.TRAIN_MLM_ACCURACY, names.TRAIN_LR, names.PERF_MFU, names.mem_peak_rank(1)):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == list(range(1, MAX_STEPS + 1)), key
-    assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [MAX_STEPS]
+    assert [m.step for m in client.get_metric_history(run_id, names.VAL_LOSS)] == [MAX_STEPS]
+    assert "interval_s" not in run.data.metrics and not any(k.startswith("peak_mem") for k in run.data.metrics)
+    assert run.info.run_name == "a"  # the first job's run directory
+    assert "engine.peak_tflops_per_device" not in run.data.params  # null options are not logged
     # run B restarted from the newest complete checkpoint and re-ran steps run A had already logged
     records = [json.loads(line) for line in (resumed_run["run_b"] / "metrics.jsonl").read_text().splitlines()]
     resumed_at = min(r["step"] for r in records) - 1

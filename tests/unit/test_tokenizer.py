@@ -193,3 +193,38 @@ def test_transformers_albert_tokenizer_ignores_byte_fallback(byte_fallback_dir):
     theirs = hf(line, add_special_tokens=False)["input_ids"]
     assert theirs != ids and tok.UNK_ID in theirs and tok.UNK_ID not in ids
     assert "<0x" in hf.decode(ids) and sp.decode(ids) == unicodedata.normalize("NFKC", line)
+
+
+# -- transformers gives sentencepiece's ids (issue 14): tokenizer train and export write tokenizer_config.json ------
+MIXED = ["Hello World, Café naïve ÉCOLE", "Zürich und São Paulo: Ångström’s façade", "hello world café"]
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_transformers_gives_sentencepiece_ids_from_train_and_export(tmp_path, lowercase):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.model.export import cli as export_cli
+
+    corpus = [f"{line} number {i}." for i in range(40) for line in MIXED] + SAMPLE_TEXT.split("\n") * 20
+    (tmp_path / "c.txt").write_text("\n\n".join(corpus) + "\n")
+    out = tmp_path / "tok"
+    rc = tok.cli(["train", "--input", str(tmp_path / "c.txt"), "--vocab-size", "80", "--character-coverage", "1.0",
+                  "--output", str(out)] + (["--lowercase"] if lowercase else []))
+    assert rc == 0
+    sp = tok.load_tokenizer(str(out / "spiece.model"))
+    assert (sp.encode("Hello") == sp.encode("hello")) == lowercase  # the model itself case-folds, or not
+    cfg = dict(vocab_size=96, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=16, max_position_embeddings=32)
+    torch.save(AlbertForPreTraining(AlbertConfig(**cfg)).state_dict(), tmp_path / "model.pt")
+    (tmp_path / "model.yaml").write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
+    assert export_cli([str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
+                       str(tmp_path / "hf"), "--tokenizer", str(out / "spiece.model")]) == 0
+    for directory in (out, tmp_path / "hf"):
+        for cls in (transformers.AlbertTokenizer, transformers.AlbertTokenizerFast):
+            hf = cls.from_pretrained(str(directory))  # no keyword arguments: the directory's config decides
+            for text in MIXED:
+                assert hf(text, add_special_tokens=False)["input_ids"] == sp.encode(text), (directory, cls, text)
+            assert hf(MIXED[0])["input_ids"] == [tok.CLS_ID, *sp.encode(MIXED[0]), tok.SEP_ID]
+    assert transformers.AlbertTokenizer.from_pretrained(str(tmp_path / "hf")).model_max_length == 32
