@@ -104,10 +104,10 @@ def _reference(batch: dict[str, torch.Tensor]) -> dict[str, float]:
     labelled = batch["mlm_labels"] != -100
     mlm, targets = mlm[labelled].double(), batch["mlm_labels"][labelled]
     sop = sop.double()
-    return {"val_mlm_loss": F.cross_entropy(mlm, targets).item(),
-            "val_mlm_accuracy": (mlm.argmax(-1) == targets).double().mean().item(),
-            "val_sop_loss": F.cross_entropy(sop, batch["sop_labels"]).item(),
-            "val_sop_accuracy": (sop.argmax(-1) == batch["sop_labels"]).double().mean().item()}
+    return {"val/mlm_loss": F.cross_entropy(mlm, targets).item(),
+            "val/mlm_accuracy": (mlm.argmax(-1) == targets).double().mean().item(),
+            "val/sop_loss": F.cross_entropy(sop, batch["sop_labels"]).item(),
+            "val/sop_accuracy": (sop.argmax(-1) == batch["sop_labels"]).double().mean().item()}
 
 
 def test_every_rank_builds_the_same_set_and_evaluates_a_contiguous_slice(ranks, single):
@@ -124,17 +124,17 @@ def test_every_rank_builds_the_same_set_and_evaluates_a_contiguous_slice(ranks, 
 
 def test_metrics_are_the_same_at_every_evaluation_and_world_size(ranks, single):
     _, one = single
-    assert set(one) == {"val_loss", "val_mlm_loss", "val_sop_loss", "val_mlm_accuracy", "val_sop_accuracy",
-                        "val_mlm_accuracy_over_unigram"}
+    assert set(one) == {"val/loss", "val/mlm_loss", "val/sop_loss", "val/mlm_accuracy", "val/sop_accuracy",
+                        "val/mlm_accuracy_over_unigram"}
     first, second = ranks[0]["plain"]
     assert first == second  # identical evaluations: same examples, same sums
-    assert ranks[1]["plain"][0] == {k: v for k, v in first.items() if k != "val_mlm_accuracy_over_unigram"}
+    assert ranks[1]["plain"][0] == {k: v for k, v in first.items() if k != "val/mlm_accuracy_over_unigram"}
     for got in (first, ranks[0]["zero3"], ranks[1]["zero3"]):
-        assert got["val_mlm_accuracy"] == one["val_mlm_accuracy"]  # the same correct/count sums
-        assert got["val_sop_accuracy"] == one["val_sop_accuracy"]
-        for k in ("val_loss", "val_mlm_loss", "val_sop_loss"):
+        assert got["val/mlm_accuracy"] == one["val/mlm_accuracy"]  # the same correct/count sums
+        assert got["val/sop_accuracy"] == one["val/sop_accuracy"]
+        for k in ("val/loss", "val/mlm_loss", "val/sop_loss"):
             assert got[k] == pytest.approx(one[k], rel=1e-6), k  # float summation order only
-    assert ranks[0]["zero3"]["val_mlm_accuracy_over_unigram"] == pytest.approx(one["val_mlm_accuracy_over_unigram"])
+    assert ranks[0]["zero3"]["val/mlm_accuracy_over_unigram"] == pytest.approx(one["val/mlm_accuracy_over_unigram"])
 
 
 def test_metrics_equal_full_logit_reference(single):
@@ -142,9 +142,9 @@ def test_metrics_equal_full_logit_reference(single):
     ref = _reference(ev.set.batch)
     for k, v in ref.items():
         assert one[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert one["val_loss"] == pytest.approx(ref["val_mlm_loss"] + ref["val_sop_loss"], rel=1e-5)
+    assert one["val/loss"] == pytest.approx(ref["val/mlm_loss"] + ref["val/sop_loss"], rel=1e-5)
     base = ev.baseline["unigram_mlm_accuracy"]
-    assert one["val_mlm_accuracy_over_unigram"] == pytest.approx(ref["val_mlm_accuracy"] / base)
+    assert one["val/mlm_accuracy_over_unigram"] == pytest.approx(ref["val/mlm_accuracy"] / base)
     once = ev.once_metrics()
-    assert once["val_masked_tokens"] == int((ev.set.batch["mlm_labels"] != -100).sum())
-    assert once["val_sop_pairs"] == 37 and once["val_unigram_mlm_accuracy"] == base
+    assert once["val/masked_tokens"] == int((ev.set.batch["mlm_labels"] != -100).sum())
+    assert once["val/sop_pairs"] == 37 and once["val/unigram_mlm_accuracy"] == base

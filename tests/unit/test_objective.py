@@ -2,6 +2,7 @@
 import pytest
 
 from albert_dist.engine.objective import ObjectiveConfig, sop_weight_at
+from albert_dist.engine import metric_names as names
 
 
 def test_constant_weight_from_the_first_step():
@@ -88,4 +89,4 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path):
     assert torch.equal(initial, mlm_only)
     assert not torch.equal(mlm_only, final)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["sop_weight"] for r in records if "sop_weight" in r] == [0.0, 0.0, 1.0]
+    assert [r[names.TRAIN_SOP_WEIGHT] for r in records if names.TRAIN_SOP_WEIGHT in r] == [0.0, 0.0, 1.0]

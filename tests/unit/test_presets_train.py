@@ -19,6 +19,8 @@ import pytest
 import torch
 import yaml
 
+from albert_dist.engine import metric_names as names
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
 #: The shortest job the trainer runs: 1 step of 1 sequence of 16 tokens, ZeRO-0, no loader workers.
@@ -46,11 +48,11 @@ def test_preset_trains_one_step_through_the_cli(name, tmp_path):
     expected = _preset_fields(name)
     assert {k: resolved[k] for k in expected} == expected  # the preset, not the recipe's 128 positions
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = next(r for r in records if "loss" in r)
-    assert train["step"] == 1 and math.isfinite(train["loss"])
+    train = next(r for r in records if names.TRAIN_LOSS in r)
+    assert train["step"] == 1 and math.isfinite(train[names.TRAIN_LOSS])
     # At initialisation the MLM loss is about ln V (a near-uniform prediction over the vocabulary).
-    assert abs(train["mlm_loss"] - math.log(expected["vocab_size"])) < 1.5
-    assert any("val_loss" in r for r in records)
+    assert abs(train[names.TRAIN_MLM_LOSS] - math.log(expected["vocab_size"])) < 1.5
+    assert any(names.VAL_LOSS in r for r in records)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_1"
 
 
