@@ -36,7 +36,7 @@ from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import setup_logging
 from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
-from albert_dist.engine import metric_names as names
+from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
 from albert_dist.tracking.base import JsonlTracker, NullTracker
@@ -203,9 +203,10 @@ class Trainer:
         acc = MetricAccumulator(self.device)
         last_saved = self.step
         engine.train()
+        # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=rank != 0 or not cfg.progress_bar,
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0)  # launcher logs are files: fewer lines
+                   disable=not console.progress_bar_enabled(cfg.progress_bar, rank, sys.stderr))
+        self._pace = (time.perf_counter(), self.step)  # ETA: this process's mean pace, evaluations included
         try:
             with logging_redirect_tqdm():
                 while self.step < cfg.max_steps:
@@ -274,6 +275,11 @@ class Trainer:
         if self.dist_env.rank == 0:
             record[names.PERF_MFU] = mfu(self.flops_per_position, stats["positions_per_s"], world, self.peak_tflops)
             self.tracker.log_metrics(record, self.step)
+            start, first = self._pace
+            eta = console.eta_s(time.perf_counter() - start, self.step - first, self.cfg.max_steps - self.step)
+            logger.info(console.train_line(self.step, self.cfg.max_steps, record[names.TRAIN_LOSS],
+                                           record[names.TRAIN_MLM_ACCURACY], float(lr),
+                                           record[names.PERF_TOKENS_PER_S], record[names.PERF_MFU], eta))
         return record
 
     @torch.no_grad()
@@ -298,6 +304,8 @@ class Trainer:
             self.engine.train()
         if self.dist_env.rank == 0:
             self.tracker.log_metrics(val, self.step)
+            logger.info(console.val_line(self.step, self.cfg.max_steps, val[names.VAL_LOSS],
+                                         val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
     def save(self) -> str:

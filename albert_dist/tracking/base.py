@@ -44,14 +44,8 @@ class Tracker(Protocol):
         """End the run with ``status`` (one of `RUN_STATUSES`); idempotent."""
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float) and (abs(value) >= 1e5 or (value != 0 and abs(value) < 1e-3)):
-        return f"{value:.3e}"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
 class JsonlTracker:
-    """Console + `<run_dir>/metrics.jsonl` tracker (rank 0).
+    """`<run_dir>/metrics.jsonl` tracker (rank 0).
 
     Args:
         run_dir: the job's run directory (created if missing).
@@ -74,23 +68,22 @@ class JsonlTracker:
         (self.run_dir / PARAMS_FILE).write_text(json.dumps(params, indent=1, sort_keys=True, default=str))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Append one record (with the wall-clock time in ms, as MLflow stores it) and print it."""
+        """Append one record (with the wall-clock time in ms, as MLflow stores it). The console line is the
+        trainer's (`albert_dist.engine.console`): every metric goes here, a few to the console."""
         record = {"step": int(step), "timestamp_ms": int(time.time() * 1000),
                   **{k: float(v) for k, v in metrics.items()}}
         with open(self.path, "a") as fh:  # one write of one whole line: a concurrent reader sees all or nothing
             fh.write(json.dumps(record) + "\n")
-        logger.info("step %d | %s", step, " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
 
     def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Note a complete checkpoint on the console."""
-        logger.info("step %d | checkpoint %s", step, local_dir)
+        """Nothing to do: the checkpoint is on local disk, and the trainer logs where."""
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
         """Nothing to do: the file is already on local disk."""
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        """Print the tags."""
-        logger.info("tags %s", tags)
+        """Nothing to record locally (the run's tags are MLflow's; a debug line only)."""
+        logger.debug("tags %s", tags)
 
     def close(self, status: str) -> None:
         """Note the end of the run ("FINISHED", "KILLED" on preemption, "FAILED")."""

@@ -187,7 +187,7 @@ def test_pretrain_sbatch_preempted_requeued_resumed(jobs):
     # no periodic checkpoint: the only one before the end is the one the signal causes
     job = jobs.submit("slurm/pretrain.sbatch", TINY + [f"max_steps={max_steps}", "checkpoint.save_interval_steps=0"])
     deadline = time.monotonic() + 360
-    while not re.search(r"step [2-9]\d* \| train/loss=", jobs.output()):
+    while not re.search(r"step +[2-9]\d*/\d+ \| loss ", jobs.output()):  # the console line of step >= 2
         assert jobs.state(job)[0] in ("PENDING", "RUNNING"), f"job ended before step 2:\n{jobs.output()[-4000:]}"
         assert time.monotonic() < deadline, f"no step 2 after 360 s:\n{jobs.output()[-4000:]}"
         time.sleep(0.2)

@@ -4,13 +4,15 @@
 from configs/model/<name>.yaml (the recipe's own model fields are replaced), run a step and a validation,
 write a checkpoint and the resolved config. albert-xxlarge (223M parameters: ~3.6 GB of fp32 weights,
 gradients and AdamW moments, more than this shared test machine gives one test) runs its forward (full
-logits) and backward on the meta device instead.
+logits) and backward on the meta device instead. The runs' output (a pipe, as in a log file) also shows the
+console: one short line per log interval and validation, no progress bar, none of the filtered noise.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from albert_dist.engine import console
 
 from albert_dist.engine import metric_names as names
 
@@ -54,6 +58,14 @@ def test_preset_trains_one_step_through_the_cli(name, tmp_path):
     assert abs(train[names.TRAIN_MLM_LOSS] - math.log(expected["vocab_size"])) < 1.5
     assert any(names.VAL_LOSS in r for r in records)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_1"
+    # the console of a run whose output is a file: the short lines, no progress bar, no known noise
+    output = proc.stdout + proc.stderr
+    lines = [x for x in output.splitlines() if "| loss " in x or "| val loss " in x]
+    assert len(lines) == 2 and all(len(x) <= 120 for x in lines), lines
+    assert re.search(r"^\[rank0 [\d:]+\] step 1/1 \| loss \d+\.\d{3} \| mlm acc +\d+\.\d% \| lr ", lines[0])
+    assert "\r" not in output and "it/s" not in output and "step/s" not in output
+    for _, message in console.NOISY_LOG_RECORDS + console.NOISY_WARNINGS:
+        assert message not in output
 
 
 def test_xxlarge_preset_runs_on_the_meta_device():
