@@ -32,6 +32,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +325,25 @@ def is_multi_rank() -> bool:
     import torch.distributed as tdist
 
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """`obj` from rank `src` on every rank (``broadcast_object_list``; collective); `obj` itself on one rank."""
+    if not is_multi_rank():
+        return obj
+    import torch.distributed as tdist
+
+    box = [obj]
+    tdist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (collective); nothing to wait for on one rank."""
+    if is_multi_rank():
+        import torch.distributed as tdist
+
+        tdist.barrier()
 
 
 def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None:

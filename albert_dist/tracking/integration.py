@@ -8,24 +8,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from albert_dist.engine.distributed import barrier, broadcast_object
+
 log = logging.getLogger(__name__)
-
-
-def _broadcast(obj: Any) -> Any:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return obj
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, local_rank: int) -> str:
@@ -62,12 +47,12 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
             result = (os.path.basename(tag_dir), None)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             result = (None, f"{type(exc).__name__}: {exc}")
-    tag, error = _broadcast(result)
+    tag, error = broadcast_object(result)
     if error is not None:
         raise RuntimeError(f"--resume-from {ref}: {error}")
     if local_rank == 0 and rank != 0 and not (Path(ckpt_dir) / tag).is_dir():
         download_checkpoint(client, run_id, str(ckpt_dir))
-    _barrier()
+    barrier()
     return run_id
 
 
