@@ -30,18 +30,18 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from albert_dist.engine.checkpoint_dir import step_of, tag_for, write_latest
 from albert_dist.tracking.sender import is_transient, retrying
 
 log = logging.getLogger(__name__)
 
 CHECKPOINTS_ARTIFACT_DIR = "checkpoints"
 MARKER_NAME = "COMPLETE.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def checkpoint_artifact_path(step: int) -> str:
     """Artifact directory of the checkpoint at optimizer step ``step``."""
-    return f"{CHECKPOINTS_ARTIFACT_DIR}/step_{int(step)}"
+    return f"{CHECKPOINTS_ARTIFACT_DIR}/{tag_for(int(step))}"
 
 
 def list_files(root: str) -> dict[str, int]:
@@ -255,8 +255,8 @@ class Uploader:
             repo = get_artifact_repository(self._sender.run.info.artifact_uri,
                                            tracking_uri=self._client.tracking_uri)
             for info in self._client.list_artifacts(run_id, CHECKPOINTS_ARTIFACT_DIR):
-                m = _STEP_DIR.match(os.path.basename(info.path))
-                if info.is_dir and m and int(m.group(1)) < newest and int(m.group(1)) not in keep:
+                step = step_of(info.path)
+                if info.is_dir and step is not None and step < newest and step not in keep:
                     repo.delete_artifacts(info.path)
                     log.info("deleted checkpoint artifact %s (tracking.keep_last_checkpoints=%d)", info.path,
                              self._keep_last)
@@ -273,8 +273,8 @@ def complete_checkpoints(client: Any, run_id: str) -> list[tuple[int, dict]]:
     """
     out = []
     for info in client.list_artifacts(run_id, CHECKPOINTS_ARTIFACT_DIR):
-        m = _STEP_DIR.match(os.path.basename(info.path))
-        if not info.is_dir or not m:
+        step = step_of(info.path)
+        if not info.is_dir or step is None:
             continue
         stored = _stored_sizes(client, run_id, info.path)
         if MARKER_NAME not in stored:
@@ -287,7 +287,7 @@ def complete_checkpoints(client: Any, run_id: str) -> list[tuple[int, dict]]:
         if bad:
             log.warning("checkpoint %s: files missing or of the wrong size %s, ignored", info.path, bad)
             continue
-        out.append((int(m.group(1)), marker))
+        out.append((step, marker))
     return sorted(out, key=lambda x: -x[0])
 
 
@@ -346,10 +346,7 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
         tag_dir = os.path.join(save_dir, marker["tag"])
         shutil.rmtree(tag_dir, ignore_errors=True)
         os.replace(local, tag_dir)
-        # DeepSpeed's `latest` pointer, written atomically like a finished save would.
-        with open(os.path.join(save_dir, "latest.tmp"), "w") as f:
-            f.write(marker["tag"])
-        os.replace(os.path.join(save_dir, "latest.tmp"), os.path.join(save_dir, "latest"))
+        write_latest(save_dir, marker["tag"])  # DeepSpeed's `latest` pointer, as a finished save writes it
     except ConnectionError as exc:
         raise RuntimeError(str(exc)) from exc
     finally:
