@@ -37,17 +37,34 @@ def read_latest(ckpt_dir: str | Path) -> Optional[str]:
     return tag or None
 
 
-def write_latest(ckpt_dir: str | Path, tag: str, name: str = LATEST) -> None:
-    """Point `<ckpt_dir>/<name>` at `tag` atomically: a reader sees the old or the new tag, never a partial one."""
-    ckpt_dir = Path(ckpt_dir)
-    tmp = ckpt_dir / f".{name}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(tag)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, ckpt_dir / name)
-    dir_fd = os.open(ckpt_dir, os.O_RDONLY)
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename inside directory `path` durable (fsync of the directory itself)."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_latest(ckpt_dir: str | Path, tag: str, name: str = LATEST) -> None:
+    """Point `<ckpt_dir>/<name>` at `tag` atomically: a reader sees the old or the new tag, never a partial one.
+    A failed write (disk full) leaves no temporary file and the previous pointer in place."""
+    ckpt_dir = Path(ckpt_dir)
+    tmp = ckpt_dir / f".{name}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(tag)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, ckpt_dir / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(ckpt_dir)
+
+
+def list_files(root: str | Path, exclude: tuple[str, ...] = ()) -> dict[str, int]:
+    """Relative path ("/"-separated) -> size in bytes of every regular file below `root` (symlinks skipped),
+    sorted; files named in `exclude` (a checkpoint's own marker or metadata file) are left out."""
+    root = Path(root)
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink() and p.name not in exclude}

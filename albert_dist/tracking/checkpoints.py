@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from albert_dist.engine.checkpoint_dir import step_of, tag_for, write_latest
+from albert_dist.engine.checkpoint_dir import list_files, step_of, tag_for, write_latest
 from albert_dist.tracking.sender import is_transient, retrying
 
 log = logging.getLogger(__name__)
@@ -42,17 +42,6 @@ MARKER_NAME = "COMPLETE.json"
 def checkpoint_artifact_path(step: int) -> str:
     """Artifact directory of the checkpoint at optimizer step ``step``."""
     return f"{CHECKPOINTS_ARTIFACT_DIR}/{tag_for(int(step))}"
-
-
-def list_files(root: str) -> dict[str, int]:
-    """Relative path (``/``-separated) -> size in bytes of every regular file below ``root``."""
-    out: dict[str, int] = {}
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                out[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
-    return dict(sorted(out.items()))
 
 
 def snapshot(src: str, dst_dir: str) -> None:

@@ -24,3 +24,13 @@ def test_latest_is_replaced_whole(tmp_path):
 def test_imports_no_torch():
     code = "import sys, albert_dist.engine.checkpoint_dir; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_list_files_sizes_relative_paths_and_exclusions(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.pt").write_bytes(b"12345")
+    (tmp_path / "sub" / "b.pt").write_bytes(b"")
+    (tmp_path / "COMPLETE.json").write_text("{}")
+    (tmp_path / "link").symlink_to(tmp_path / "a.pt")
+    assert cd.list_files(tmp_path, exclude=("COMPLETE.json",)) == {"a.pt": 5, "sub/b.pt": 0}
+    assert list(cd.list_files(tmp_path)) == ["COMPLETE.json", "a.pt", "sub/b.pt"]
