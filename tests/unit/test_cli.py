@@ -24,7 +24,10 @@ def test_deepspeed_local_rank_before_subcommand_is_consumed(prefix, monkeypatch)
             seen["argv"] = argv
             return 0
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    # setenv first, so that monkeypatch also removes the LOCAL_RANK the dispatcher sets (later tests start
+    # ranks and would read it)
+    monkeypatch.setenv("LOCAL_RANK", "unset")
+    monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: FakeModule)
     assert cli.main(prefix + ["train", "--config", "x.yaml"]) == 0
     assert seen["argv"] == ["--config", "x.yaml"]
