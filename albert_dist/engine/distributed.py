@@ -338,6 +338,17 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (``all_gather_object``; collective); ``[obj]`` on one rank."""
+    if not is_multi_rank():
+        return [obj]
+    import torch.distributed as tdist
+
+    out: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     """Wait for every rank (collective); nothing to wait for on one rank."""
     if is_multi_rank():

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from albert_dist.engine.distributed import all_gather_object, broadcast_object, is_multi_rank
 from albert_dist.tracking.base import METRICS_FILE, RUN_STATUSES, JsonlTracker, Tracker
 from albert_dist.tracking.config import TrackingConfig
 
@@ -100,12 +101,6 @@ def read_run_id(run_dir: str | Path) -> Optional[str]:
     return read_state(run_dir).get("run_id")
 
 
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
-
-
 class MLflowTracker(Tracker):
     """The MLflow run of one training job (module docstring), over a local tracker that writes metrics.jsonl.
 
@@ -140,10 +135,7 @@ class MLflowTracker(Tracker):
         self._closed = False
         self._monitor = None
         self._lock = threading.Lock()
-        dist = _dist()
-        hosts = [hostname()] * world_size
-        if dist is not None:
-            dist.all_gather_object(hosts, hostname())
+        hosts = all_gather_object(hostname()) if is_multi_rank() else [hostname()] * world_size
         self._node_id = hostname() if len(set(hosts)) > 1 else None
         error = None
         if rank == 0:
@@ -152,10 +144,7 @@ class MLflowTracker(Tracker):
                 error = self._sender.error and f"{type(self._sender.error).__name__}: {self._sender.error}"
             except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
                 error = f"{type(exc).__name__}: {exc}"
-        box = [self.run_id, error]
-        if dist is not None:
-            dist.broadcast_object_list(box, src=0)
-        self.run_id, error = box
+        self.run_id, error = broadcast_object([self.run_id, error])
         if error is not None:
             from albert_dist.tracking.secrets import scrub_text
 

@@ -1,5 +1,5 @@
 """init_distributed() from Slurm-style variables alone: 2 gloo processes find each other and all-reduce;
-the distributed helpers (is_multi_rank, broadcast_object, barrier) on them."""
+the distributed helpers (is_multi_rank, broadcast_object, all_gather_object, barrier) on them."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,8 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from albert_dist.engine.distributed import barrier, broadcast_object, init_distributed, is_multi_rank
+    from albert_dist.engine.distributed import (all_gather_object, barrier, broadcast_object, init_distributed,
+                                                is_multi_rank)
     env = init_distributed(timeout_s=60)
     t = torch.tensor([float(env.rank + 1)])
     dist.all_reduce(t)
@@ -28,7 +29,7 @@ CHILD = textwrap.dedent("""
     print("RESULT " + json.dumps({"rank": env.rank, "node_rank": env.node_rank, "source": env.source,
           "sum": t.item(), "world": dist.get_world_size(), "backend": dist.get_backend(),
           "RANK": os.environ["RANK"], "MASTER_PORT": os.environ["MASTER_PORT"], "multi": is_multi_rank(),
-          "broadcast_from": got["from"]}))
+          "broadcast_from": got["from"], "gathered": all_gather_object(env.rank * 10)}))
     dist.destroy_process_group()
 """)
 
@@ -58,3 +59,4 @@ def test_two_ranks_from_slurm_variables(tmp_path):
         assert r["sum"] == 3.0 and r["world"] == 2 and r["backend"] == "gloo"
         assert r["RANK"] == str(r["rank"]) and r["MASTER_PORT"] == str(port)
         assert r["multi"] is True and r["broadcast_from"] == 0  # rank 0's object on both ranks
+        assert r["gathered"] == [0, 10]  # every rank's object, in rank order
