@@ -196,6 +196,10 @@ class OptimConfig:
         return int(self.warmup_ratio * max_steps + 0.5)
 
 
+#: What a failed checkpoint save does (`CheckpointConfig.on_save_error`).
+SAVE_ERROR_POLICIES = ("fail", "continue")
+
+
 @dataclass
 class CheckpointConfig:
     """When and where checkpoints are written, how many are kept, and where training resumes from."""
@@ -207,7 +211,9 @@ class CheckpointConfig:
     dir: Optional[str] = None
     """Checkpoint directory; None: <run_dir>/checkpoints."""
     resume: Optional[str] = None
-    """None: start fresh; "auto": the newest complete checkpoint in `dir` if any; else a checkpoint directory (tag dir) to resume from."""
+    """None: start fresh; "auto": the newest checkpoint in `dir` that verifies, if any; else a checkpoint directory or tag dir to resume from."""
+    on_save_error: str = "fail"
+    """A save that fails (disk full, any OS error): "fail" = exit with EXIT_SAVE_FAILED; "continue" = log it, keep training, retry at the next interval."""
 
     def __post_init__(self) -> None:
         if self.save_interval_steps < 0:
@@ -218,3 +224,5 @@ class CheckpointConfig:
             raise ValueError("checkpoint.dir must be a non-empty path or null, got ''")
         if self.resume is not None and not self.resume:
             raise ValueError("checkpoint.resume must be 'auto', a path or null, got ''")
+        if self.on_save_error not in SAVE_ERROR_POLICIES:
+            raise ValueError(f"checkpoint.on_save_error must be one of {SAVE_ERROR_POLICIES}, got {self.on_save_error!r}")

@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from albert_dist.exit_codes import EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED
+from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from albert_dist.config import TrainConfig, check_derived, config_hash, to_container, to_yaml
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import setup_logging
-from albert_dist.engine.reshard import ReshardedLoader, build_resumed_loader
+from albert_dist.engine.reshard import ReshardedLoader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
 from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.objective import sop_weight_at
@@ -43,27 +41,25 @@ from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
 
-def seed_for(seed: int, rank: int, step: int) -> int:
-    """Seed of a rank's dropout RNG when it cannot be restored from a checkpoint (fresh start or new rank)."""
-    return (seed * 1_000_003 + rank * 7919 + step) % (2**63)
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+#: Dropout seed of a rank that cannot restore its RNG state (re-exported; the rule lives with the checkpoints).
+seed_for = ckpt.seed_for
 
 
 class Trainer:
     """One pretraining job: `setup()` builds everything and resumes, `train()` runs the loop, `run()` both.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
-    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`.
+    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `ckpt.CheckpointManager`).
+
+    `resume_point`, with `resume_planned=True`: the resume the app planned (and checked for config drift)
+    before the process group started; otherwise `setup()` plans it.
     """
 
-    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None):
+    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
+                 resume_point: Optional[ckpt.ResumePoint] = None, resume_planned: bool = False):
         self.cfg = cfg
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
+        self._planned = (resume_point,) if resume_planned else None
         self.recipe_name = recipe_name
         self.step = 0
         self.engine = None
@@ -89,25 +85,27 @@ class Trainer:
         self.run_dir = Path(self._agree_run_dir())
         self.ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.run_dir / "checkpoints"
         self.config_hash = config_hash(cfg)
-
-        resume = cfg.checkpoint.resume
+        self.checkpoints = ckpt.CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
+                                                  config=to_container(cfg), config_hash=self.config_hash,
+                                                  seed=cfg.seed)
+        fetch = None
         if self.resume_from is not None:  # MLflow: fetch the run's newest complete checkpoint, then resume it
             from albert_dist.tracking.integration import fetch_run_checkpoint
 
-            fetch_run_checkpoint(cfg.tracking, self.resume_from, self.ckpt_dir, rank, self.dist_env.local_rank)
-            resume = "auto"
-        point = ckpt.plan_resume(resume, self.ckpt_dir)
-        if resume == "auto" and point is None and rank == 0:  # say so: a mistyped run_dir would restart silently
-            logger.warning("--resume auto: no complete checkpoint in %s; starting from step 0", self.ckpt_dir)
-        ds_config = build_deepspeed_config(cfg.engine, world)
-        if point is not None and point.needs_universal(world):
-            ds_config["checkpoint"] = {"load_universal": True}
+            def fetch(ckpt_dir: Path) -> None:
+                fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
+
+        if self._planned is not None and fetch is None:
+            point = self.checkpoints.plan(planned=True, point=self._planned[0])
+        else:
+            point = self.checkpoints.plan(fetch=fetch)
+        ds_config = {**build_deepspeed_config(cfg.engine, world), **self.checkpoints.deepspeed_overrides()}
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
 
-        _seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
+        ckpt.seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
         model = AlbertForPreTraining(cfg.model)
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
         model.universal_checkpoint_info = dict(ckpt.UNIVERSAL_CHECKPOINT_INFO)
@@ -129,16 +127,8 @@ class Trainer:
             loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
             return loader
 
-        if point is None:
-            self.train_loader = make_loader(rank, world)
-        else:
-            state = ckpt.load_checkpoint(self.engine, point)
-            self.step = int(state["step"])
-            if state["config_hash"] != self.config_hash:
-                logger.warning("config differs from the checkpoint's (hash %s -> %s); continuing with the new one",
-                               state["config_hash"], self.config_hash)
-            # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
-            self.train_loader = build_resumed_loader(make_loader, state["data_states"], world, rank)
+        # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
+        self.step, self.train_loader = self.checkpoints.load(self.engine, make_loader)
         self._stop.install()
         self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed from torch's RNG
 
@@ -160,18 +150,14 @@ class Trainer:
 
         # RNGs last (the loader's iterator, the matmul peak measurement and the tracker draw from them), so the
         # first step sees exactly the state the interrupted run had when it saved.
-        if point is None:
-            _seed_all(seed_for(cfg.seed, rank, 0))
-        elif state["world_size"] == world:
-            ckpt.set_rng_state(state["rng_states"][rank])
-        else:  # an old rank's RNG stream cannot be split or merged
-            _seed_all(seed_for(cfg.seed, rank, self.step))
+        self.checkpoints.restore_rng()
 
     def _agree_run_dir(self) -> str:
         """cfg.run_dir, or runs/<recipe>-<UTC time> chosen by rank 0 and broadcast (ranks' clocks differ)."""
         if self.cfg.run_dir is not None:
             return self.cfg.run_dir
-        name = [f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"]
+        # Absolute on rank 0: ranks of other nodes may start in another working directory.
+        name = [str(Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute())]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(name, src=0)
         return name[0]
@@ -201,7 +187,6 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         rank = self.dist_env.rank
         acc = MetricAccumulator(self.device)
-        last_saved = self.step
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -219,20 +204,17 @@ class Trainer:
                         engine.step()
                         acc.add_micro_step(out, batch["attention_mask"])
                     self.step += 1
+                    last = self.step == cfg.max_steps
                     acc.add_step(engine.get_global_grad_norm())
-                    if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
+                    if ckpt.every(self.step, cfg.log_interval_steps, last):
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
                     paused = time.perf_counter()  # eval and save time is not training throughput
-                    if self.step == cfg.max_steps or (cfg.eval_interval_steps
-                                                      and self.step % cfg.eval_interval_steps == 0):
+                    if ckpt.every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
                     stop = self._agree_stop()
-                    if stop or self.step == cfg.max_steps or (cfg.checkpoint.save_interval_steps and
-                                                              self.step % cfg.checkpoint.save_interval_steps == 0):
-                        self.save()
-                        last_saved = self.step
+                    self.save(last=last or stop)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
@@ -241,8 +223,7 @@ class Trainer:
         finally:
             self._stop.restore()
             bar.close()
-        if last_saved != self.step:  # max_steps already reached when resuming from a non-final checkpoint
-            self.save()
+        self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
         return EXIT_OK
 
     def _agree_stop(self) -> bool:
@@ -308,12 +289,13 @@ class Trainer:
                                          val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
-    def save(self) -> str:
-        """Checkpoint the current step on every rank (collective); returns the tag."""
+    def save(self, last: bool = False) -> Optional[str]:
+        """Checkpoint the current step when the cadence says so (`ckpt.CheckpointManager.maybe_save`; `last`:
+        the final step or a stop) on every rank (collective); returns the tag, or None when nothing was saved.
+        Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
-        tag = ckpt.save_checkpoint(self.engine, self.ckpt_dir, self.step, self.train_loader.state_dict(),
-                                   self.config_hash, self.cfg.checkpoint.keep_last)
-        if self.dist_env.rank == 0:
+        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last)
+        if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
@@ -334,9 +316,15 @@ class Trainer:
                 logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/)",
                             self.run_dir.resolve())
             return code
+        except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+            logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
+            return EXIT_SAVE_FAILED
+        except ckpt.ConfigDriftError as err:  # --resume-from: the fetched checkpoint's config differs
+            logger.error("%s", err)
+            return EXIT_CONFIG_ERROR
         except Exception:
-            logger.exception("training failed")
-            raise
+            logger.exception("training failed")  # the one traceback: the entry point returns the code
+            return EXIT_CRASHED
         finally:
             self.close(status)
 

@@ -6,7 +6,9 @@ RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from the environ
 --dump PATH: after setup (i.e. right after a resume) every rank joins DeepSpeed's collective gathers and rank 0
 saves {name: fp32 parameter, exp_avg, exp_avg_sq} + step + lr to PATH; with --dump-at-end the same is done
 after training instead. --crash-save-step N: rank R dies (os._exit(CRASH_EXIT)) inside the save of step N,
-after DeepSpeed wrote its files and before the ranks agree the checkpoint is complete.
+after DeepSpeed wrote its files and before the ranks agree the checkpoint is complete. --enospc-step N: on rank
+--enospc-rank, DeepSpeed's writer raises OSError(ENOSPC) for the first file of the save of step N (a full disk
+as `write` reports it, after the first bytes), so the save protocol's error handling runs for real.
 """
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dump-at-end", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--run", action="store_true", help="Trainer.run() (the app's exit codes) instead of setup/train")
+    parser.add_argument("--enospc-step", type=int)
+    parser.add_argument("--enospc-rank", type=int, default=0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -71,6 +76,23 @@ def main(argv: list[str]) -> int:
                 barrier()
 
             mp.setattr(ckpt, "_barrier", crashing_barrier)
+        if args.enospc_step is not None:
+            import errno
+
+            from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+            save = TorchCheckpointEngine.save
+
+            def full_disk_save(self, state_dict, path):
+                if trainer.step == args.enospc_step and trainer.dist_env.rank == args.enospc_rank:
+                    with open(path, "wb") as fh:  # what a full disk leaves: the start of the file
+                        fh.write(b"PK\x03\x04")
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+                return save(self, state_dict, path)
+
+            mp.setattr(TorchCheckpointEngine, "save", full_disk_save)
+        if args.run:
+            return trainer.run()
         try:
             trainer.setup()
             if args.dump and not args.dump_at_end:

@@ -217,3 +217,148 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     assert 2 <= last < 200
     assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{last}"
     assert ckpt.plan_resume("auto", run_dir / "checkpoints").step == last
+
+
+# ------------------------------------------------------------------------------ robustness (issue 13)
+def _copy_checkpoints(reference, run_dir: Path) -> Path:
+    import shutil
+
+    ref_dir, _, _ = reference
+    shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
+    return run_dir / "checkpoints"
+
+
+def _log_lines(job: Job, needle: str) -> list[str]:
+    return [line for log in job.logs for line in Path(log.name).read_text(errors="replace").splitlines()
+            if needle in line]
+
+
+def test_truncated_newest_checkpoint_and_dangling_latest_resume_from_the_newest_that_verifies(
+        config, reference, tmp_path):
+    """step_8's rank-1 optimiser file is cut to 100 bytes and `latest` names a step_12 that does not exist:
+    --resume auto skips both (saying why, naming them), resumes step_6, and steps 7-8 equal the uninterrupted run."""
+    _, want, _ = reference
+    run_dir = tmp_path / "run"
+    ckpt_dir = _copy_checkpoints(reference, run_dir)
+    victim = ckpt_dir / "step_8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with open(victim, "r+b") as fh:
+        fh.truncate(100)
+    ckpt.write_latest(ckpt_dir, "step_12")
+    job = run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
+    got = train_records(run_dir)
+    assert sorted(got) == [7, 8]
+    for step in (7, 8):
+        for k in TRAJECTORY_KEYS:
+            assert got[step][k] == want[step][k], f"step {step} {k}"
+    skipped = _log_lines(job, "skipping checkpoint")
+    assert len(skipped) == 1 and f"{ckpt_dir / 'step_8'}: zero_pp_rank_1_mp_rank_00_optim_states.pt has 100 bytes" \
+        in skipped[0], skipped
+    assert _log_lines(job, "names step_12, which does not exist")
+    assert ckpt.read_latest(ckpt_dir) == "step_8" and ckpt.verify(ckpt_dir / "step_8") is None  # saved again
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
+
+
+def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and_exits_74(config, tmp_path):
+    """OSError(ENOSPC) injected into DeepSpeed's writer on rank 1 in the save of step 6 (after it wrote a few
+    bytes): both ranks exit EXIT_SAVE_FAILED with one line naming the file and the errno, step_6 is gone and
+    `latest` still names step_3."""
+    from albert_dist.exit_codes import EXIT_SAVE_FAILED
+
+    run_dir = tmp_path / "run"
+    job = Job(2, config, run_dir, ["--run", "--enospc-step", "6", "--enospc-rank", "1"])
+    codes = job.wait()
+    assert codes == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], job.log_tail()
+    ckpt_dir = run_dir / "checkpoints"
+    assert ckpt.read_latest(ckpt_dir) == "step_3" and not (ckpt_dir / "step_6").exists()
+    assert ckpt.plan_resume("auto", ckpt_dir).tag == "step_3"
+    path = ckpt_dir / "step_6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    lines = _log_lines(job, "disk full writing")
+    assert len(lines) == 2, lines  # one per rank, no traceback
+    assert all(f"disk full writing {path} (errno 28 ENOSPC" in line and "still names step_3" in line for line in lines)
+    assert not _log_lines(job, "Traceback")
+
+
+def test_disk_full_with_on_save_error_continue_trains_on_and_saves_at_the_next_interval(config, tmp_path):
+    run_dir = tmp_path / "run"
+    job = run_ok(1, config, run_dir, ["--run", "--enospc-step", "3"], ["checkpoint.on_save_error=continue"])
+    ckpt_dir = run_dir / "checkpoints"
+    assert sorted(train_records(run_dir)) == list(range(1, MAX_STEPS + 1))
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_6", "step_8"]
+    assert ckpt.read_latest(ckpt_dir) == "step_8"
+    assert len(_log_lines(job, "training continues (checkpoint.on_save_error=continue)")) == 1
+
+
+def test_resume_with_another_model_config_is_exit_2_before_any_process_group(config, reference, tmp_path):
+    ref_dir, _, _ = reference
+    run_dir = tmp_path / "never"
+    step_8 = ref_dir / "checkpoints" / "step_8"
+    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config", str(config),
+                           "--resume", str(step_8), f"run_dir={run_dir}", "model.sharing=none",
+                           "model.hidden_size=48"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"checkpoint {step_8} has model.hidden_size=32, the config has model.hidden_size=48; " \
+           f"model.sharing='all', the config has model.sharing='none'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
+
+
+def test_resume_with_a_larger_max_steps_follows_the_new_schedule_from_the_saved_step(config, reference, tmp_path):
+    """The LR rule: after resuming step 8 of an 8-step run with max_steps=12, step s runs at
+    lr * lr_factor(s - 1, warmup, 12) (DeepSpeed alone ran step 9 at the old schedule's end, lr 0.0)."""
+    from albert_dist.engine.optim import lr_factor
+
+    ref_dir, _, _ = reference
+    run_dir = tmp_path / "run"
+    job = run_ok(2, config, run_dir, [], [f"checkpoint.resume={ref_dir / 'checkpoints' / 'step_8'}", "max_steps=12"])
+    records = train_records(run_dir)
+    assert sorted(records) == [9, 10, 11, 12]
+    for step, rec in records.items():
+        assert rec["lr"] == pytest.approx(0.003 * lr_factor(step - 1, 2, 12), rel=1e-12, abs=0), step
+    assert records[9]["lr"] > 0
+    assert _log_lines(job, "max_steps changed (8 -> 12): the run trains on to the new max_steps")
+
+
+def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_transformers(config, tmp_path):
+    """A 2-rank ZeRO-3 run with 3 layer groups -> `albert-dist export step_2 --fp32 X` (DeepSpeed's
+    get_fp32_state_dict_from_zero_checkpoint; X as safetensors and as pickle) -> export X again -> transformers
+    loads both with no missing or unexpected key, decoder == word embeddings, logits = the live model's."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors import safe_open
+
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.model.export import cli as export_cli, load_config as load_model_config, load_state_dict
+
+    run_dir, dump = tmp_path / "run", tmp_path / "live.pt"
+    run_ok(2, config, run_dir, ["--dump", str(dump), "--dump-at-end"],
+           ["engine.zero_stage=3", "model.num_hidden_groups=3", "max_steps=2", "checkpoint.save_interval_steps=0"])
+    live_params = {name: p for name, (p, _, _) in torch.load(dump, weights_only=False)["params"].items()}
+    model_cfg = load_model_config(run_dir / "config.yaml")
+    assert model_cfg.num_hidden_groups == 3
+    live = AlbertForPreTraining(model_cfg).eval()
+    missing, unexpected = live.load_state_dict(live_params, strict=False)
+    assert missing == ["predictions.decoder.weight"] and not unexpected  # tied: one parameter, one name
+
+    ids = torch.randint(5, model_cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask, types = torch.ones_like(ids), torch.zeros_like(ids)
+    with torch.no_grad():
+        want_mlm, want_sop = live.logits(ids, mask, types)
+    step_2 = run_dir / "checkpoints" / "step_2"
+    for fmt in ("safetensors", "pt"):
+        fp32 = tmp_path / f"fp32.{fmt}"
+        for source, out in ((step_2, tmp_path / f"hf_ds_{fmt}"), (fp32, tmp_path / f"hf_{fmt}")):
+            args = [str(source), "--config", str(run_dir / "config.yaml"), "--output", str(out)]
+            assert export_cli(args + (["--fp32", str(fp32)] if source == step_2 else [])) == 0
+            hf, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
+            assert not info["missing_keys"] and not info["unexpected_keys"], (fmt, info)
+            hf.eval()
+            assert torch.equal(hf.predictions.decoder.weight, hf.albert.embeddings.word_embeddings.weight)
+            with torch.no_grad():
+                got = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+            torch.testing.assert_close(got.prediction_logits, want_mlm, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got.sop_logits, want_sop, rtol=1e-5, atol=1e-5)
+        consolidated = load_state_dict(fp32)
+        for name, param in live_params.items():
+            assert torch.equal(consolidated[name], param), (fmt, name)  # every group, bit for bit
+        assert any(".albert_layer_groups.2." in n for n in consolidated)
+    with safe_open(str(tmp_path / "fp32.safetensors"), "pt") as f:
+        assert "predictions.decoder.weight" not in set(f.keys())  # the alias safetensors cannot store

@@ -1,0 +1,158 @@
+"""Checkpoint planning, verification, retention and config drift on checkpoint directories laid out as
+`albert_dist.engine.checkpoint.save_checkpoint` writes them (single process, no DeepSpeed engine: the files'
+contents do not matter to these rules, only their names, sizes and the metadata).
+
+The distributed tests (tests/distributed/test_checkpoint.py) run the same rules on real DeepSpeed checkpoints.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from albert_dist.config import TrainConfig, to_container
+from albert_dist.engine import checkpoint as ckpt
+
+FILES = {"mp_rank_00_model_states.pt": 300, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 500,
+         "zero_pp_rank_1_mp_rank_00_optim_states.pt": 500}
+
+
+def make_ckpt(ckpt_dir: Path, step: int, config: dict | None = None, world_size: int = 2) -> Path:
+    """A checkpoint directory with FILES and format-2 metadata, as save_checkpoint leaves it."""
+    tag_dir = ckpt_dir / f"step_{step}"
+    tag_dir.mkdir(parents=True)
+    for name, size in FILES.items():
+        (tag_dir / name).write_bytes(b"x" * size)
+    meta = {"format": 2, "step": step, "world_size": world_size, "zero_stage": 2, "config_hash": "h",
+            "config": config or {}, "files": dict(FILES)}
+    (tag_dir / ckpt.META_FILE).write_text(json.dumps(meta))
+    return tag_dir
+
+
+def truncate(path: Path, size: int = 100) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+
+
+@pytest.fixture
+def ckpt_dir(tmp_path) -> Path:
+    d = tmp_path / "checkpoints"
+    make_ckpt(d, 5)
+    make_ckpt(d, 10)
+    ckpt.write_latest(d, "step_10")
+    return d
+
+
+def test_newest_checkpoint_truncated_resume_auto_takes_the_previous_one_and_says_why(ckpt_dir, caplog):
+    truncate(ckpt_dir / "step_10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        point = ckpt.plan_resume("auto", ckpt_dir)
+    assert (point.tag, point.step) == ("step_5", 5)
+    skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert skipped == [f"skipping checkpoint {ckpt_dir / 'step_10'}: zero_pp_rank_1_mp_rank_00_optim_states.pt "
+                       f"has 100 bytes, albert_dist.json lists 500 (truncated or rewritten)"]
+
+
+def test_latest_naming_a_missing_step_falls_back_to_the_newest_verified(ckpt_dir, caplog):
+    ckpt.write_latest(ckpt_dir, "step_15")
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        point = ckpt.plan_resume("auto", ckpt_dir)
+    assert point.tag == "step_10"
+    assert any("names step_15, which does not exist" in r.getMessage() for r in caplog.records)
+
+
+def test_a_save_that_never_wrote_its_metadata_is_skipped(ckpt_dir, caplog):
+    (ckpt_dir / "step_15").mkdir()  # a crash before the metadata: DeepSpeed's files only
+    (ckpt_dir / "step_15" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 300)
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert ckpt.plan_resume("auto", ckpt_dir).tag == "step_10"
+    assert any(f"{ckpt_dir / 'step_15'}: no albert_dist.json" in r.getMessage() for r in caplog.records)
+
+
+def test_explicit_checkpoint_that_does_not_verify_is_an_error_naming_it(ckpt_dir):
+    (ckpt_dir / "step_10" / "mp_rank_00_model_states.pt").unlink()
+    with pytest.raises(ckpt.CheckpointError, match=r"step_10 does not verify: mp_rank_00_model_states.pt is missing"):
+        ckpt.plan_resume(str(ckpt_dir / "step_10"), ckpt_dir)
+    assert ckpt.plan_resume(str(ckpt_dir), "unused").tag == "step_5"  # a directory: searched like auto
+
+
+def test_no_checkpoint_verifies_is_an_error_listing_each(tmp_path):
+    d = tmp_path / "c"
+    for step in (3, 6):
+        truncate(make_ckpt(d, step) / "mp_rank_00_model_states.pt")
+    with pytest.raises(ckpt.CheckpointError, match=r"no checkpoint in .* verifies \(step_6: .*; step_3: .*\)"):
+        ckpt.plan_resume("auto", d, log=False)
+    assert ckpt.plan_resume("auto", tmp_path / "empty") is None  # nothing there at all: a fresh start
+
+
+def test_retention_keeps_the_resumed_checkpoint_and_drops_the_corrupt_newer_one(ckpt_dir):
+    """Resumed from step_5 because step_10 is corrupt; keep_last=1: step_5 is the only good copy."""
+    truncate(ckpt_dir / "step_10" / "mp_rank_00_model_states.pt")
+    (ckpt_dir / "step_10_universal").mkdir()
+    assert ckpt.prune(ckpt_dir, keep_last=1, protect="step_5") == ["step_10", "step_10_universal"]
+    assert sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir()) == ["step_5"]
+
+
+def test_retention_releases_the_resumed_checkpoint_once_a_newer_one_verifies(ckpt_dir):
+    make_ckpt(ckpt_dir, 15)
+    assert ckpt.prune(ckpt_dir, keep_last=2, protect="step_5") == ["step_5"]
+    assert ckpt.prune(ckpt_dir, keep_last=1, protect="step_10") == ["step_10"]  # step_15 is newer and verified
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_15"]
+
+
+def test_retention_deletes_nothing_when_nothing_verifies(tmp_path):
+    d = tmp_path / "c"
+    truncate(make_ckpt(d, 3) / "mp_rank_00_model_states.pt")
+    assert ckpt.prune(d, keep_last=1) == [] and (d / "step_3").is_dir()
+
+
+def _config(**changes) -> dict:
+    cfg = to_container(TrainConfig())
+    for dotted, value in changes.items():
+        node = cfg
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return cfg
+
+
+def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_path):
+    point = ckpt._point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    current = _config(model__sharing="none", model__hidden_size=64)
+    with pytest.raises(ckpt.ConfigDriftError) as err:
+        ckpt.check_drift(point, current, world_size=2)
+    msg = str(err.value)
+    assert f"checkpoint {tmp_path / 'step_8'} has model.hidden_size=768, the config has model.hidden_size=64" in msg
+    assert "model.sharing='all', the config has model.sharing='none'" in msg
+
+
+def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
+    point = ckpt._point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    drift = ckpt.check_drift(point, _config(max_steps=2000, log_interval_steps=5, optimizer__lr=2e-3), 2)
+    assert sorted(drift.changes) == ["log_interval_steps", "max_steps", "optimizer.lr"]
+    assert drift.changes["max_steps"] == (1000, 2000) and not drift.streams_restart
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        ckpt.log_drift(point, drift)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "max_steps changed (1000 -> 2000): the run trains on to the new max_steps; the learning rate follows" in text
+    assert "optimizer.lr changed (0.001 -> 0.002): not a resumable field" in text
+    assert ckpt.check_drift(point, _config(data__num_workers=0), 2).streams_restart
+
+
+def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
+    base = _config()
+    micro, ga = base["engine"]["train_micro_batch_size_per_gpu"], base["engine"]["gradient_accumulation_steps"]
+    point = ckpt._point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    ok = ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=1)
+    assert "engine.gradient_accumulation_steps" in ok.changes
+    with pytest.raises(ckpt.ConfigDriftError, match=f"global batch of {micro * ga * 2} sequences"):
+        ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=2)
+
+
+def test_every_is_the_one_cadence_rule():
+    assert [s for s in range(1, 11) if ckpt.every(s, 3)] == [3, 6, 9]
+    assert [s for s in range(1, 11) if ckpt.every(s, 3, last=s == 10)] == [3, 6, 9, 10]
+    assert [s for s in range(1, 11) if ckpt.every(s, 0, last=s == 10)] == [10]
