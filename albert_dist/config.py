@@ -85,6 +85,13 @@ def _read_yaml(path: Path, what: str) -> dict:
     """A YAML mapping file as plain dicts; `ValueError` naming the file for a syntax error or a non-mapping."""
     try:
         loaded = OmegaConf.load(path)
+    except yaml.MarkedYAMLError as err:  # one line "file:line:column: problem (context at line:column)"
+        mark, cmark = err.problem_mark, err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        context = err.context or ""
+        if context and cmark is not None:
+            context = f" ({context} that starts at line {cmark.line + 1}, column {cmark.column + 1})"
+        raise ValueError(f"{where}: not valid YAML: {err.problem or err}{context}") from None
     except (OmegaConfBaseException, yaml.YAMLError) as err:
         raise ValueError(f"{path}: not valid YAML: {err}") from err
     if not OmegaConf.is_dict(loaded):
@@ -226,7 +233,40 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
             layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
         except OmegaConfBaseException as err:
             raise ValueError(f"override {item!r}: {_describe(err)}") from err
-    return _load(layers)
+    return resolve_paths(_load(layers))
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """A copy of `cfg` with every relative path made absolute, once, at load (so config.yaml, the MLflow params
+    and every later reader see the same file whatever their working directory).
+
+    Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
+    an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
+    repository root (`albert_dist.data.sources.resolve_path`, the rule the data section always had).
+    Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
+    """
+    from dataclasses import replace
+
+    from albert_dist.data.sources import resolve_path
+
+    def inputs(paths: list[str]) -> list[str]:
+        return [str(resolve_path(p)) for p in paths]
+
+    def source(src):
+        if src.format == "hub":
+            return replace(src, hub_data_files=inputs(src.hub_data_files))
+        return replace(src, paths=inputs(src.paths), hub_data_files=inputs(src.hub_data_files))
+
+    def output(path: Optional[str]) -> Optional[str]:
+        return None if path is None else str(Path(path).expanduser().absolute())
+
+    data = replace(cfg.data, train=[source(s) for s in cfg.data.train],
+                   validation=[source(s) for s in cfg.data.validation],
+                   tokenizer_path=str(resolve_path(cfg.data.tokenizer_path)))
+    resume = cfg.checkpoint.resume
+    checkpoint = replace(cfg.checkpoint, dir=output(cfg.checkpoint.dir),
+                         resume=resume if resume in (None, "auto") else str(resolve_path(resume)))
+    return replace(cfg, data=data, checkpoint=checkpoint, run_dir=output(cfg.run_dir))
 
 
 def _is_model_preset(mapping: dict) -> bool:

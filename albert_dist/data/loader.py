@@ -85,7 +85,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         payload = {
             "split": self.split, "micro_batch_size": micro_batch_size, "pieces": pieces,
             "sources": [asdict(s) | {"paths": s.paths if s.format == "hub" else None} for s in self.sources],
-            "settings": {k: getattr(self.cfg, k) for k in keys},
+            # the tokenizer by file name, like the pieces: config paths are absolute since load_config resolves them
+            "settings": {k: getattr(self.cfg, k) for k in keys} | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

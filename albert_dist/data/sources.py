@@ -113,6 +113,55 @@ def file_format(path: str, declared: str) -> tuple[str, str]:
     raise ValueError(f"cannot tell the format of {path!r} from its suffix; set the source's format explicitly")
 
 
+#: Records of a source's first file whose keys `check_text_field` looks at.
+TEXT_FIELD_PROBE_RECORDS = 16
+
+
+def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]] = None) -> None:
+    """Check that ``source.text_field`` exists, before a single batch is read (a wrong field would otherwise
+    surface only after a whole epoch, as "skipped_missing_field" counts).
+
+    jsonl: among the first `TEXT_FIELD_PROBE_RECORDS` JSON objects of the source's first non-empty jsonl file;
+    parquet: in the first parquet file's schema. txt and hub sources have nothing to check here.
+
+    Raises:
+        ValueError: "<where>.text_field='x' is not a key of the first N records of <file> (keys found: ...)".
+    """
+    files = discover_files(source, where) if files is None else files
+    for path in files:
+        kind, compression = file_format(path, source.format)
+        if kind not in ("jsonl", "parquet") or os.path.getsize(path) == 0:
+            continue
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            keys = list(pq.ParquetFile(path).schema_arrow.names)
+            if source.text_field not in keys:
+                raise ValueError(f"{where}.text_field={source.text_field!r} is not a column of {path} "
+                                 f"(columns: {keys})")
+            return
+        keys: list[str] = []
+        seen = 0
+        with _open_stream(path, compression, 0) as f:
+            for raw in f:
+                if not raw.strip():
+                    continue
+                seen += 1
+                try:
+                    obj = json.loads(raw)
+                except ValueError:
+                    obj = None
+                if isinstance(obj, dict):
+                    if source.text_field in obj:
+                        return
+                    keys += [k for k in obj if k not in keys]
+                if seen >= TEXT_FIELD_PROBE_RECORDS:
+                    break
+        if seen:
+            raise ValueError(f"{where}.text_field={source.text_field!r} is not a key of the first {seen} records "
+                             f"of {path} (keys found: {keys or 'none: no JSON object'})")
+
+
 def plan_pieces(source: SourceConfig, where: str, piece_bytes: int) -> tuple[list[dict[str, Any]], Counter]:
     """The pieces of a local source, largest first, and planning counters (files, bytes, empty_files).
 
@@ -120,7 +169,9 @@ def plan_pieces(source: SourceConfig, where: str, piece_bytes: int) -> tuple[lis
     """
     pieces: list[dict[str, Any]] = []
     stats: Counter = Counter()
-    for path in discover_files(source, where):
+    files = discover_files(source, where)
+    check_text_field(source, where, files)
+    for path in files:
         kind, compression = file_format(path, source.format)
         size = os.path.getsize(path)
         stats["files"] += 1

@@ -1,0 +1,91 @@
+"""Bad corpus and config input is found when the job is built and named: the text field of every jsonl/parquet
+source (checked on its first records), a YAML syntax error (file:line), a crash in setup (one traceback)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from albert_dist import train
+from albert_dist.data.config import SourceConfig
+from albert_dist.data.sources import check_text_field, plan_pieces
+from albert_dist.engine import distributed
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
+
+
+@pytest.fixture
+def no_process_group(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
+    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_missing_text_field_is_found_on_the_first_records_naming_field_file_and_keys(tmp_path):
+    good = _jsonl(tmp_path / "good.jsonl", [{"text": "a b c"}] * 3)
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b", "id": i} for i in range(40)])
+    check_text_field(SourceConfig(paths=[str(good)]), "data.train[0]")
+    with pytest.raises(ValueError) as err:
+        plan_pieces(SourceConfig(paths=[str(bad)]), "data.train[1]", 1 << 16)  # what building the loader does
+    assert str(err.value) == (f"data.train[1].text_field='text' is not a key of the first 16 records of {bad} "
+                              f"(keys found: ['content', 'id'])")
+    check_text_field(SourceConfig(paths=[str(bad)], text_field="content"), "data.train[1]")
+
+
+def test_missing_parquet_column_is_named(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"body": ["x y"], "n": [1]}), path)
+    with pytest.raises(ValueError, match=r"data.train\[0\].text_field='text' is not a column of .*c.parquet "
+                                         r"\(columns: \['body', 'n'\]\)"):
+        check_text_field(SourceConfig(paths=[str(path)]), "data.train[0]")
+
+
+def test_train_refuses_a_missing_text_field_with_exit_2(tmp_path, capsys, no_process_group):
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b"}])
+    code = train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{bad}]}}]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "data.train[0].text_field='text' is not a key" in err and "['content']" in err
+
+
+def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_process_group):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("model:\n  hidden_size: 32\ndata:\n  train: [{paths: [a.txt]}\n  max_seq_length: 64\n")
+    assert train.cli(["--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"albert-dist train: {recipe}:5:") and "not valid YAML" in err
+    assert "line 4" in err and "Traceback" not in err
+
+
+def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, pytest
+        from albert_dist import cli
+        from albert_dist.engine.trainer import Trainer
+        def boom(self):
+            raise RuntimeError("setup exploded")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Trainer, "setup", boom)
+            sys.exit(cli.main(["train", "--config", {RECIPE!r}, "tracking.enabled=false", "run_dir={tmp_path / 'r'}"]))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=REPO)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert out.count("Traceback (most recent call last)") == 1 and out.count("RuntimeError: setup exploded") == 1
