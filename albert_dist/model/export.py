@@ -1,11 +1,18 @@
-"""`albert-dist export`: a consolidated fp32 checkpoint -> a transformers `save_pretrained` directory.
+"""`albert-dist export`: a checkpoint -> a transformers `save_pretrained` directory.
 
     albert-dist export CHECKPOINT --config MODEL_OR_TRAIN_YAML --output DIR [--tokenizer spiece.model]
+                       [--fp32 FILE.safetensors|FILE.pt]
 
-CHECKPOINT is a file written by ``torch.save(model.state_dict())`` (e.g. DeepSpeed's
-``zero_to_fp32.py`` output) or a directory holding ``pytorch_model.bin`` or ``model.pt``. The YAML is a model
-preset (configs/model/*.yaml) or a training config with a ``model:`` section. Only ``sharing: all`` models
-export (see `albert_dist.model.hf`). Needs the `hf` extra (transformers).
+CHECKPOINT is one of
+* a consolidated state dict: a ``.safetensors`` file, a ``torch.save(model.state_dict())`` file (e.g. DeepSpeed's
+  ``zero_to_fp32.py`` output), or a directory holding ``model.safetensors``, ``pytorch_model.bin`` or ``model.pt``;
+* a DeepSpeed checkpoint directory (``<run>/checkpoints/step_<N>``, any ZeRO stage and world size): consolidated
+  here with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``. ``--fp32`` also writes the consolidated
+  state dict, as safetensors or pickle by its suffix (`save_state_dict`; DeepSpeed's own ``zero_to_fp32.py
+  --safe_serialization`` fails on ALBERT's tied decoder/embedding pair, this path does not).
+
+The YAML is a model preset (configs/model/*.yaml) or a training config with a ``model:`` section. Only
+``sharing: all`` models export (see `albert_dist.model.hf`). Needs the `hf` extra (transformers).
 """
 from __future__ import annotations
 
@@ -23,9 +30,13 @@ from albert_dist.model.config import AlbertConfig
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_NAMES = ("pytorch_model.bin", "model.pt")
+CHECKPOINT_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pt")
 #: Tied keys a consolidated checkpoint may leave out (restored from the tensor they are tied to).
 TIED_KEYS = {"predictions.decoder.weight"}
+#: The tensor each of TIED_KEYS is tied to.
+TIED_TO = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight"}
+#: A file DeepSpeed writes into every checkpoint tag directory.
+_DEEPSPEED_MARKER = "mp_rank_00_model_states.pt"
 
 
 def load_config(path: str | Path) -> AlbertConfig:
@@ -36,19 +47,60 @@ def load_config(path: str | Path) -> AlbertConfig:
     return load_model_config(path)
 
 
+def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
+    """Write a state dict as safetensors (suffix ``.safetensors``) or with ``torch.save`` (any other suffix).
+
+    safetensors refuses tensors that share memory, so the tied MLM decoder (`TIED_KEYS`) is left out when it
+    equals the tensor it is tied to (`load_state_dict` + `load_model` restore it) and cloned when it does not;
+    every tensor is written contiguous. Returns `path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix != ".safetensors":
+        torch.save(state, path)
+        return path
+    from safetensors.torch import save_file
+
+    out = {}
+    for key, tensor in state.items():
+        tied = TIED_TO.get(key)
+        if tied is not None and tied in state and torch.equal(state[tied], tensor):
+            continue  # the alias: restored from the embeddings on load
+        out[key] = tensor.detach().clone().contiguous() if tied is not None else tensor.detach().contiguous()
+    save_file(out, str(path), metadata={"format": "pt"})
+    return path
+
+
+def _is_deepspeed_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / _DEEPSPEED_MARKER).is_file()
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a consolidated state dict (file, or a directory with one of CHECKPOINT_NAMES), fp32 on CPU.
+    """Read a consolidated state dict (a .safetensors or torch.save file, or a directory with one of
+    CHECKPOINT_NAMES), fp32 on CPU; a DeepSpeed checkpoint directory is consolidated first.
 
     A ``{"module": state_dict}`` wrapper and a ``module.`` key prefix (DDP/DeepSpeed) are removed.
     Raises `FileNotFoundError` when no checkpoint file is found.
     """
     path = Path(path)
+    if _is_deepspeed_checkpoint(path):
+        from albert_dist.tracking.final_model import consolidate_fp32
+
+        return consolidate_fp32(str(path.parent), path.name)
     if path.is_dir():
         found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]
         if not found:
-            raise FileNotFoundError(f"{path}: no {' or '.join(CHECKPOINT_NAMES)} in this directory")
+            raise FileNotFoundError(f"{path}: no {' or '.join(CHECKPOINT_NAMES)} in this directory "
+                                    f"(nor a DeepSpeed checkpoint: no {_DEEPSPEED_MARKER})")
         path = found[0]
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device="cpu")
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and isinstance(state.get("module"), dict):
         state = state["module"]
     state = dict(state)  # consume_prefix_in_state_dict_if_present renames in place
@@ -74,15 +126,19 @@ def load_model(checkpoint: str | Path, config: AlbertConfig) -> AlbertForPreTrai
 
 
 def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
-           tokenizer: str | Path | None = None) -> Path:
-    """Write ``output`` as a transformers `AlbertForPreTraining` directory (config.json + safetensors).
+           tokenizer: str | Path | None = None, fp32: str | Path | None = None) -> Path:
+    """Write ``output`` as a transformers `AlbertForPreTraining` directory (config.json + safetensors), and with
+    `fp32` the checked consolidated state dict too (`save_state_dict`).
 
     Raises `ValueError` for a mismatching checkpoint or a model transformers cannot represent.
     """
     from albert_dist.model.hf import to_transformers
 
     config = load_config(config_path)
-    hf = to_transformers(load_model(checkpoint, config))
+    model = load_model(checkpoint, config)
+    if fp32 is not None:
+        save_state_dict(model.state_dict(), fp32)
+    hf = to_transformers(model)
     output = Path(output)
     hf.save_pretrained(output)
     if tokenizer is not None:
@@ -98,14 +154,17 @@ def cli(argv: list[str]) -> int:
     """`albert-dist export CHECKPOINT --config YAML --output DIR [--tokenizer spiece.model]`; returns 0, or 2 (with
     one line on stderr) for a missing file or a checkpoint/config mismatch."""
     parser = argparse.ArgumentParser(prog="albert-dist export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="consolidated state-dict file or a directory holding one")
+    parser.add_argument("checkpoint", help="consolidated state dict (.safetensors or pickle), a directory holding "
+                                           "one, or a DeepSpeed checkpoint directory (step_<N>)")
     parser.add_argument("--config", required=True, help="model preset or training YAML (model: section)")
     parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
     parser.add_argument("--tokenizer", default=None,
                         help="sentencepiece model to copy as spiece.model (+ tokenizer_config.json for transformers)")
+    parser.add_argument("--fp32", default=None, help="also write the consolidated fp32 state dict here "
+                                                     "(.safetensors, or pickle for any other suffix)")
     args = parser.parse_args(argv)
     try:
-        export(args.checkpoint, args.config, args.output, args.tokenizer)
+        export(args.checkpoint, args.config, args.output, args.tokenizer, args.fp32)
     except (FileNotFoundError, ValueError) as err:  # a wrong path or config: one line, not a traceback
         print(f"albert-dist export: {err}", file=sys.stderr)
         return 2

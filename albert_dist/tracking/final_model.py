@@ -2,7 +2,7 @@
 
 Outputs (``out_dir``, logged by the trainer under the run's ``model/`` artifacts)::
 
-    fp32/model.pt              consolidated fp32 state dict of albert_dist's AlbertForPreTraining
+    fp32/model.safetensors     consolidated fp32 state dict of albert_dist's AlbertForPreTraining (tied decoder left out)
     fp32/model.yaml            its AlbertConfig (a model preset: `albert-dist export fp32 --config fp32/model.yaml`)
     hf/                        transformers AlbertForPreTraining.save_pretrained + tokenizer (spiece.model,
                                tokenizer_config.json): `from_pretrained` + `AlbertTokenizer` load it
@@ -100,7 +100,10 @@ def export_final_model(model_config: Any, ckpt_dir: str, tag: str, out_dir: str,
     written = {}
     fp32_dir = os.path.join(out_dir, "fp32")
     os.makedirs(fp32_dir, exist_ok=True)
-    torch.save(model.state_dict(), os.path.join(fp32_dir, "model.pt"))
+    from albert_dist.model.export import save_state_dict
+
+    # safetensors: no pickle to trust on load; the tied decoder alias is left out (export restores it)
+    save_state_dict(model.state_dict(), os.path.join(fp32_dir, "model.safetensors"))
     with open(os.path.join(fp32_dir, "model.yaml"), "w") as f:
         yaml.safe_dump(dataclasses.asdict(model_config), f, sort_keys=False)
     written["fp32"] = fp32_dir
