@@ -35,8 +35,8 @@ CHECKPOINT_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pt")
 TIED_KEYS = {"predictions.decoder.weight"}
 #: The tensor each of TIED_KEYS is tied to.
 TIED_TO = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weight"}
-#: A file DeepSpeed writes into every checkpoint tag directory.
-_DEEPSPEED_MARKER = "mp_rank_00_model_states.pt"
+#: How the files DeepSpeed writes into every checkpoint tag directory end (ZeRO-3: zero_pp_rank_<r>_mp_rank_00_...).
+_DEEPSPEED_MARKER = "model_states.pt"
 
 
 def load_config(path: str | Path) -> AlbertConfig:
@@ -72,7 +72,7 @@ def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
 
 
 def _is_deepspeed_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / _DEEPSPEED_MARKER).is_file()
+    return path.is_dir() and any(p.name.endswith(_DEEPSPEED_MARKER) for p in path.iterdir())
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -91,7 +91,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]
         if not found:
             raise FileNotFoundError(f"{path}: no {' or '.join(CHECKPOINT_NAMES)} in this directory "
-                                    f"(nor a DeepSpeed checkpoint: no {_DEEPSPEED_MARKER})")
+                                    f"(nor a DeepSpeed checkpoint: no *{_DEEPSPEED_MARKER})")
         path = found[0]
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
