@@ -415,7 +415,8 @@ RESUMABLE_FIELDS: dict[str, str] = {
     "data.train": "reads the new training sources from their beginning (the saved stream positions belong "
                   "to the old ones)",
     "data.validation": "validates on the new sources",
-    "data.eval_batches": "validates on the new number of batches",
+    "data.eval_examples": "validates on the new fixed validation set",
+    "data.eval_seed": "validates on the new fixed validation set",
     "data.num_workers": "loads with the new number of workers (the saved stream positions are dropped)",
     "engine.gradient_accumulation_steps": "accumulates the new number of micro-steps; the global batch must "
                                           "stay the same (checked), so the trajectory continues",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -71,6 +72,28 @@ def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
     return path
 
 
+def consolidate_fp32(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 state dict of the checkpoint ``<ckpt_dir>/<tag>`` (on CPU), any ZeRO stage, any world size.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+        ValueError: DeepSpeed cannot read it (message from DeepSpeed).
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    path = os.path.join(ckpt_dir, tag)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint directory {path}")
+    stage0 = not any(name.endswith("optim_states.pt") and name.startswith(("zero_", "bf16_zero_"))
+                     for name in os.listdir(path))
+    if stage0:  # no ZeRO partitions: the module state dict holds every full tensor
+        states = torch.load(os.path.join(path, "mp_rank_00_model_states.pt"), map_location="cpu",
+                            weights_only=False)
+        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
 def _is_deepspeed_checkpoint(path: Path) -> bool:
     return path.is_dir() and any(p.name.endswith(_DEEPSPEED_MARKER) for p in path.iterdir())
 
@@ -84,8 +107,6 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if _is_deepspeed_checkpoint(path):
-        from albert_dist.tracking.final_model import consolidate_fp32
-
         return consolidate_fp32(str(path.parent), path.name)
     if path.is_dir():
         found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]

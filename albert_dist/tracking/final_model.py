@@ -25,31 +25,11 @@ from typing import Any, Optional
 import torch
 import yaml
 
+from albert_dist.model.export import consolidate_fp32, save_state_dict  # noqa: F401 - consolidate_fp32 re-exported
+
 log = logging.getLogger(__name__)
 
 TIED = ("predictions.decoder.weight", "albert.embeddings.word_embeddings.weight")
-
-
-def consolidate_fp32(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 state dict of the checkpoint ``<ckpt_dir>/<tag>`` (on CPU), any ZeRO stage, any world size.
-
-    Raises:
-        FileNotFoundError: no such checkpoint.
-        ValueError: DeepSpeed cannot read it (message from DeepSpeed).
-    """
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    path = os.path.join(ckpt_dir, tag)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no checkpoint directory {path}")
-    stage0 = not any(name.endswith("optim_states.pt") and name.startswith(("zero_", "bf16_zero_"))
-                     for name in os.listdir(path))
-    if stage0:  # no ZeRO partitions: the module state dict holds every full tensor
-        states = torch.load(os.path.join(path, "mp_rank_00_model_states.pt"), map_location="cpu",
-                            weights_only=False)
-        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
-    state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def load_consolidated(model_config: Any, state: dict[str, torch.Tensor]):
@@ -100,8 +80,6 @@ def export_final_model(model_config: Any, ckpt_dir: str, tag: str, out_dir: str,
     written = {}
     fp32_dir = os.path.join(out_dir, "fp32")
     os.makedirs(fp32_dir, exist_ok=True)
-    from albert_dist.model.export import save_state_dict
-
     # safetensors: no pickle to trust on load; the tied decoder alias is left out (export restores it)
     save_state_dict(model.state_dict(), os.path.join(fp32_dir, "model.safetensors"))
     with open(os.path.join(fp32_dir, "model.yaml"), "w") as f:

@@ -27,7 +27,7 @@ def test_run_from_outside_the_checkout_writes_absolute_paths_and_the_final_model
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "albert_dist.cli", "train", "--config", str(RECIPE), "run_dir=out", "max_steps=2",
            "optimizer.warmup_steps=1", "checkpoint.save_interval_steps=0", "eval_interval_steps=0",
-           "data.eval_batches=1", "data.num_workers=0", "log_interval_steps=1", "progress_bar=false",
+           "data.eval_examples=8", "data.num_workers=0", "log_interval_steps=1", "progress_bar=false",
            "tracking.experiment_name=outside_checkout", "tracking.flush_interval_s=0.5"]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
