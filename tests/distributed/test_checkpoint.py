@@ -313,8 +313,8 @@ def test_resume_with_a_larger_max_steps_follows_the_new_schedule_from_the_saved_
     records = train_records(run_dir)
     assert sorted(records) == [9, 10, 11, 12]
     for step, rec in records.items():
-        assert rec["lr"] == pytest.approx(0.003 * lr_factor(step - 1, 2, 12), rel=1e-12, abs=0), step
-    assert records[9]["lr"] > 0
+        assert rec[names.TRAIN_LR] == pytest.approx(0.003 * lr_factor(step - 1, 2, 12), rel=1e-12, abs=0), step
+    assert records[9][names.TRAIN_LR] > 0
     assert _log_lines(job, "max_steps changed (8 -> 12): the run trains on to the new max_steps")
 
 
