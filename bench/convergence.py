@@ -220,7 +220,7 @@ def read_metrics(run_dir: str) -> tuple[dict[int, float], dict[int, dict[str, fl
 
 def score_run(cfg, run_dir: str, scoring: dict[str, Any]) -> list[dict[str, float]]:
     """Curve of one trainer run: every kept checkpoint scored, with its training seconds and trainer val."""
-    from albert_dist.engine.checkpoint import step_of
+    from albert_dist.engine.checkpoint_dir import step_of
 
     train_s, val = read_metrics(run_dir)
     ckpt_dir = Path(run_dir, "checkpoints")

@@ -55,7 +55,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -65,16 +64,18 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from albert_dist.engine.checkpoint_dir import LATEST, fsync_dir, read_latest, step_of, tag_for, write_latest
+from albert_dist.engine.checkpoint_dir import list_files as _list_files
+# `_barrier` under this name: tests/distributed/ckpt_worker.py patches it to kill a rank inside a save
+from albert_dist.engine.distributed import all_gather_object, barrier as _barrier, global_rank, world_size
 
 logger = logging.getLogger(__name__)
 
-LATEST = "latest"
 META_FILE = "albert_dist.json"
 CLIENT_KEY = "albert_dist"
 #: Version of `META_FILE`; 2 adds "files" and "config".
 META_FORMAT = 2
-_TAG_RE = re.compile(r"^step_(\d+)$")
 
 #: Value of the `universal_checkpoint_info` module attribute: no tensor-parallel or pipeline slicing, so
 #: DeepSpeed's converter merges each parameter from its ZeRO fragments only.
@@ -107,49 +108,6 @@ def every(step: int, n: int, last: bool = False) -> bool:
     """The loop's one cadence rule: periodic work (log, eval, save) runs at step `step` when `last` (the final
     step, or a stop) or when `n` > 0 divides `step`. `n` = 0 means only at the last step."""
     return last or (n > 0 and step % n == 0)
-
-
-def tag_for(step: int) -> str:
-    """Checkpoint tag of optimiser step `step`: "step_<step>"."""
-    return f"step_{step}"
-
-
-def step_of(tag: str) -> Optional[int]:
-    """Inverse of `tag_for`; None for any other name (universal copies, temporary files)."""
-    match = _TAG_RE.match(tag)
-    return int(match.group(1)) if match else None
-
-
-def read_latest(ckpt_dir: str | Path) -> Optional[str]:
-    """The tag in `<ckpt_dir>/latest`, or None if there is none (no verified checkpoint yet)."""
-    path = Path(ckpt_dir) / LATEST
-    if not path.is_file():
-        return None
-    tag = path.read_text().strip()
-    return tag or None
-
-
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make a rename in it durable
-    finally:
-        os.close(dir_fd)
-
-
-def write_latest(ckpt_dir: str | Path, tag: str, name: str = LATEST) -> None:
-    """Point `<ckpt_dir>/<name>` at `tag` atomically: a reader sees the old or the new tag, never a partial one."""
-    ckpt_dir = Path(ckpt_dir)
-    tmp = ckpt_dir / f".{name}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(tag)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, ckpt_dir / name)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(ckpt_dir)
 
 
 # ------------------------------------------------------------------------------------------ train state
@@ -227,36 +185,10 @@ def seed_all(seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------- collectives
-def _all_gather_object(obj: Any) -> list[Any]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 # ------------------------------------------------------------------------------------- verification
 def list_files(tag_dir: str | Path) -> dict[str, int]:
     """Relative path ("/"-separated) -> size in bytes of every regular file below `tag_dir`, except META_FILE."""
-    root = Path(tag_dir)
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink() and path.name != META_FILE:
-            out[path.relative_to(root).as_posix()] = path.stat().st_size
-    return out
+    return _list_files(tag_dir, exclude=(META_FILE,))
 
 
 def read_meta(tag_dir: str | Path) -> dict[str, Any]:
@@ -587,9 +519,9 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(step)
     tag_dir = ckpt_dir / tag
-    rank = _rank()
-    per_rank = _all_gather_object({"data": data_state, "rng": rng_state()})
-    state = TrainState(step=step, config_hash=config_hash, config=dict(config or {}), world_size=_world(),
+    rank = global_rank()
+    per_rank = all_gather_object({"data": data_state, "rng": rng_state()})
+    state = TrainState(step=step, config_hash=config_hash, config=dict(config or {}), world_size=world_size(),
                        zero_stage=int(engine.zero_optimization_stage()),
                        data_states=[s["data"] for s in per_rank], rng_states=[s["rng"] for s in per_rank])
     if rank == 0:  # an earlier attempt's save of this step (and its universal copy, which would be stale)
@@ -605,7 +537,7 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
     finally:
         engine.checkpoint_engine = writer._inner
     _barrier()  # every rank's files are on disk
-    failure = next((e for e in _all_gather_object(writer.error) if e is not None), None)
+    failure = next((e for e in all_gather_object(writer.error) if e is not None), None)
     if failure is None and rank == 0:
         meta_path = tag_dir / META_FILE
         try:
@@ -624,7 +556,7 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
         except OSError as err:
             message, code = _describe_os_error(err, str(err.filename or meta_path))
             failure = (message, str(err.filename or meta_path), code)
-    failure = _all_gather_object(failure)[0]  # rank 0's verdict (a write error is known to every rank alike)
+    failure = all_gather_object(failure)[0]  # rank 0's verdict (a write error is known to every rank alike)
     if failure is not None:
         if rank == 0:
             shutil.rmtree(tag_dir, ignore_errors=True)
@@ -676,7 +608,7 @@ def to_universal(point: ResumePoint) -> str:
     """
     tag = f"{point.tag}_universal"
     out = Path(point.ckpt_dir) / tag
-    if _rank() == 0 and not (out / META_FILE).is_file():
+    if global_rank() == 0 and not (out / META_FILE).is_file():
         tmp = Path(point.ckpt_dir) / f".{tag}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
@@ -704,7 +636,7 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
     states are not restored here: the caller does it last. Raises `CheckpointError` naming the checkpoint when
     DeepSpeed loads nothing or fails.
     """
-    tag = to_universal(point) if point.needs_universal(_world()) else point.tag
+    tag = to_universal(point) if point.needs_universal(world_size()) else point.tag
     try:
         load_path, client_state = engine.load_checkpoint(point.ckpt_dir, tag=tag)
     except (OSError, RuntimeError, KeyError, ValueError) as err:
@@ -714,7 +646,7 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
         raise CheckpointError(f"DeepSpeed loaded no checkpoint from {point.ckpt_dir}/{tag}")
     state = client_state[CLIENT_KEY]
     logger.info("resumed from %s/%s at step %d (saved by %d ranks, loaded on %d)", point.ckpt_dir, tag,
-                state["step"], state["world_size"], _world())
+                state["step"], state["world_size"], world_size())
     return state
 
 

@@ -327,6 +327,20 @@ def is_multi_rank() -> bool:
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
+def global_rank() -> int:
+    """This process's rank in the process group; 0 without one."""
+    import torch.distributed as tdist
+
+    return tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
+
+
+def world_size() -> int:
+    """Ranks in the process group; 1 without one."""
+    import torch.distributed as tdist
+
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """`obj` from rank `src` on every rank (``broadcast_object_list``; collective); `obj` itself on one rank."""
     if not is_multi_rank():
