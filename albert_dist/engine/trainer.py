@@ -31,7 +31,7 @@ from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXI
 from albert_dist.config import TrainConfig, check_derived, config_hash, to_container, to_yaml
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
-from albert_dist.engine.distributed import setup_logging
+from albert_dist.engine.distributed import broadcast_object, is_multi_rank, setup_logging
 from albert_dist.engine.reshard import ReshardedLoader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
 from albert_dist.engine import console, metric_names as names
@@ -157,10 +157,8 @@ class Trainer:
         if self.cfg.run_dir is not None:
             return self.cfg.run_dir
         # Absolute on rank 0: ranks of other nodes may start in another working directory.
-        name = [str(Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute())]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(name, src=0)
-        return name[0]
+        name = Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
+        return broadcast_object(str(name))
 
     def _build_tracker(self, resumed_step: Optional[int]):
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
@@ -229,7 +227,7 @@ class Trainer:
     def _agree_stop(self) -> bool:
         """True on every rank if any rank got a stop signal (one MAX all-reduce per optimiser step)."""
         flag = torch.tensor([float(self._stop.signum)], device=self.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if is_multi_rank():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
@@ -242,7 +240,7 @@ class Trainer:
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
                        names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
-        if dist.is_initialized() and world > 1:
+        if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]
             dist.all_gather(gathered, mem)
             per_rank = [g.item() for g in gathered]
