@@ -101,3 +101,31 @@ def parameter_count(config: AlbertConfig) -> int:
     projection = E * H + H if E != H else 0
     heads = (H * H + H) + (H * E + E + 2 * E + V) + (2 * H + 2)
     return embeddings + projection + n_attn * attn + n_ffn * ffn + heads
+
+
+def model_param_counts(model) -> dict[str, int]:
+    """Parameter counts of an ``AlbertForPreTraining`` (logged as the run's ``derived.*`` params).
+
+    Returns:
+        ``unique_parameters``: stored, trainable elements (the tied decoder and every shared block counted
+        once); ``total_parameters``: elements as executed, i.e. a shared block counted once per executed
+        block that uses it (what an unshared BERT of the same depth would hold; same rule as
+        `albert_dist.model.unroll.unroll`); ``group_<g>_parameters``: elements of each shared group.
+    """
+    uses: dict[tuple[int, int], int] = {}
+    for _, g, j in executed_blocks(model.config):
+        uses[(g, j)] = uses.get((g, j), 0) + 1
+    counts = {"unique_parameters": 0, "total_parameters": 0}
+    for name, p in model.named_parameters():  # named_parameters() yields a tied/shared tensor once
+        if not p.requires_grad:
+            continue
+        n = getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 leaves a partitioned param empty
+        counts["unique_parameters"] += n
+        shared = shared_block_of(name)
+        if shared is not None:
+            g, j, _ = shared
+            counts[f"group_{g}_parameters"] = counts.get(f"group_{g}_parameters", 0) + n
+            counts["total_parameters"] += n * uses.get((g, j), 0)
+        else:
+            counts["total_parameters"] += n
+    return counts

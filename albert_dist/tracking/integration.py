@@ -74,7 +74,7 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
     """
     if not cfg.tracking.enabled:
         return local
-    from albert_dist.tracking.params import model_param_counts
+    from albert_dist.model.sharing import model_param_counts
     from albert_dist.tracking.tracker import MLflowTracker, parse_run_ref, read_run_id
 
     run_id = parse_run_ref(resume_from) if resume_from else (read_run_id(str(run_dir)) if resuming else None)

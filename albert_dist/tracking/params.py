@@ -27,24 +27,6 @@ MAX_PARAM_VALUE_LEN = 6000
 MAX_KEY_LEN = 250
 
 
-def to_plain(obj: Any) -> Any:
-    """Dataclass / OmegaConf / mapping / sequence -> nested plain dicts and lists (other values unchanged)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    return obj
-
-
 def _param_value(value: Any) -> str:
     if isinstance(value, bool):
         return json.dumps(value)
@@ -57,7 +39,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     """Flatten a nested config into ``{"a.b.c": "value"}`` with secret-named keys masked.
 
     Args:
-        obj: a dataclass (e.g. ``TrainConfig``), an OmegaConf config, or nested dicts/lists.
+        obj: nested dicts/lists (e.g. ``albert_dist.config.to_container(cfg)``) and dataclasses.
         prefix: prepended to every key (``"derived"`` -> ``"derived.world_size"``).
 
     Returns:
@@ -89,7 +71,9 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
                 value = value[:MAX_PARAM_VALUE_LEN]
             out[key] = value
 
-    walk(redact(to_plain(obj)), prefix)
+    # Dataclasses (e.g. TrackingConfig) -> dicts, tuples -> lists, so the key rules see every nested key.
+    plain = json.loads(json.dumps(obj, default=lambda o: dataclasses.asdict(o) if dataclasses.is_dataclass(o) else str(o)))
+    walk(redact(plain), prefix)
     return out
 
 
@@ -142,33 +126,3 @@ def run_tags(hosts: list[str], environ: Optional[Mapping[str, str]] = None) -> d
 def hostname() -> str:
     """This machine's host name (what ``hosts`` is gathered from)."""
     return socket.gethostname()
-
-
-def model_param_counts(model: Any) -> dict[str, int]:
-    """Derived parameter counts of an ``AlbertForPreTraining`` for the run's params.
-
-    Returns:
-        ``unique_parameters``: stored, trainable elements (the tied decoder and every shared block counted
-        once); ``total_parameters``: elements as executed, i.e. a shared block counted once per executed
-        block that uses it (what an unshared BERT of the same depth would hold; same rule as
-        `albert_dist.model.unroll.unroll`); ``group_<g>_parameters``: elements of each shared group.
-    """
-    from albert_dist.model.sharing import executed_blocks, shared_block_of
-
-    uses: dict[tuple[int, int], int] = {}
-    for _, g, j in executed_blocks(model.config):
-        uses[(g, j)] = uses.get((g, j), 0) + 1
-    counts = {"unique_parameters": 0, "total_parameters": 0}
-    for name, p in model.named_parameters():  # named_parameters() yields a tied/shared tensor once
-        if not p.requires_grad:
-            continue
-        n = getattr(p, "ds_numel", None) or p.numel()  # ZeRO-3 leaves a partitioned param empty
-        counts["unique_parameters"] += n
-        shared = shared_block_of(name)
-        if shared is not None:
-            g, j, _ = shared
-            counts[f"group_{g}_parameters"] = counts.get(f"group_{g}_parameters", 0) + n
-            counts["total_parameters"] += n * uses.get((g, j), 0)
-        else:
-            counts["total_parameters"] += n
-    return counts

@@ -101,7 +101,11 @@ class RunSender:
         self.dropped = 0
         """Entries the server rejected permanently (each logged as an error)."""
         self._thread = threading.Thread(target=self._main, name="mlflow-sender", daemon=True)
+
+    def start(self) -> "RunSender":
+        """Start the thread (separately from the constructor: the callbacks may use the sender)."""
         self._thread.start()
+        return self
 
     # ---- producer side: never touches the network ----
     def add_params(self, params: dict[str, str]) -> None:
@@ -128,7 +132,7 @@ class RunSender:
             self._cond.notify_all()
             while self.offset < offset or self._params or self._tags:
                 remaining = None if end is None else end - time.monotonic()
-                if not self._thread.is_alive() or (remaining is not None and remaining <= 0):
+                if not self._thread.is_alive() or (remaining is not None and remaining <= 0):  # ended / timeout
                     return False
                 self._cond.wait(timeout=1.0 if remaining is None else min(remaining, 1.0))
             return True
@@ -146,7 +150,8 @@ class RunSender:
             self._closing = True
             self._deadline = min(self._deadline, time.monotonic() + timeout_s)
             self._cond.notify_all()
-        self._thread.join(timeout=timeout_s + 2.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s + 2.0)
         return self.unsent()
 
     # ---- the thread ----

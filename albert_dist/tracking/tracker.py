@@ -192,6 +192,7 @@ class MLflowTracker(Tracker):
         for job in state.get("pending", []):  # what an earlier attempt could not upload
             if os.path.isdir(job.get("staging", "")):
                 self._uploader.submit({**job, "metrics_offset": self._metrics_size()})
+        self._sender.start()
         self._sender.opened.wait(timeout=cfg.connect_timeout_s)
         if self._sender.run is None and self._sender.error is None:
             log.warning("MLflow at %s did not answer within tracking.connect_timeout_s=%g s; training starts "
@@ -233,6 +234,9 @@ class MLflowTracker(Tracker):
             run = client.create_run(exp.experiment_id, run_name=self._state["run_name"])
             log.info("created MLflow run %s %r in experiment %r (%s)", run.info.run_id, self._state["run_name"],
                      name, self._public_uri())
+        if self.tracking_uri.startswith(("http://", "https://")):  # the ML view; a fresh browser opens on GenAI
+            log.info("MLflow UI: %s/#/experiments/%s/runs/%s?workflowType=machine_learning",
+                     self._public_uri().rstrip("/"), run.info.experiment_id, run.info.run_id)
         self._sender.add_tags(tags)
         return run
 

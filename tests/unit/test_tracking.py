@@ -141,7 +141,7 @@ def make_sender(client, run_dir, run=None, **kw):
         return run or fake_run()
 
     kw = {"flush_interval_s": 0.05, "retry_backoff_s": 0.01, "max_backoff_s": 0.02, **kw}
-    return RunSender(client, str(run_dir), open_run, **kw)
+    return RunSender(client, str(run_dir), open_run, **kw).start()
 
 
 def test_transient_classification():
@@ -278,7 +278,7 @@ def test_model_param_counts_match_closed_form():
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.config import AlbertConfig
     from albert_dist.model.sharing import block_parameter_counts, parameter_count
-    from albert_dist.tracking.params import model_param_counts
+    from albert_dist.model.sharing import model_param_counts
 
     cfg = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=5, num_hidden_groups=2,
                        inner_group_num=2, num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
@@ -321,3 +321,64 @@ def test_best_direction(key, direction):
     from albert_dist.engine.metric_names import best_direction
 
     assert best_direction(key) == direction
+
+
+class HangingServerClient(FakeClient):
+    """An `MlflowClient` stand-in whose server answered at start and then stopped answering: every later
+    call fails with a connection error, ending the run hangs."""
+
+    tracking_uri = "http://127.0.0.1:9"
+
+    def __init__(self, tracking_uri=None):
+        super().__init__()
+        self.down = False
+
+    def get_experiment_by_name(self, name):
+        return SimpleNamespace(experiment_id="1", tags={"mlflow.experimentKind": "custom_model_development"})
+
+    def create_run(self, experiment_id, run_name=None):
+        return SimpleNamespace(info=SimpleNamespace(run_id="f" * 32, experiment_id="1", artifact_uri="x"),
+                               data=SimpleNamespace(params={}, tags={}, _metric_objs=[]))
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
+        if self.down:
+            raise requests.ConnectionError("connection refused")
+        super().log_batch(run_id, metrics, params, tags)
+
+    def log_artifact(self, run_id, local_path, artifact_path=None):
+        raise requests.ConnectionError("connection refused")
+
+    def set_terminated(self, run_id, status=None):
+        time.sleep(3600)
+
+
+def test_stop_signal_close_is_bounded_and_says_what_is_left(tmp_path, monkeypatch, caplog):
+    import mlflow
+
+    from albert_dist.tracking.tracker import MLflowTracker, read_state
+
+    client = HangingServerClient()
+    monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri=None: client)
+    cfg = TrackingConfig(tracking_uri="http://127.0.0.1:9", experiment_name="e", close_timeout_s=600.0,
+                         flush_interval_s=0.05, retry_backoff_s=0.05, max_backoff_s=0.2, log_system_metrics=False)
+    tracker = MLflowTracker(cfg, run_dir=str(tmp_path / "run"))
+    assert tracker.run_id == "f" * 32
+    client.down = True  # the server goes away mid-run
+    for step in range(1, 4):
+        tracker.log_metrics({"train/loss": 1.0 / step}, step)
+    tracker.log_checkpoint(fake_checkpoint_dir(tmp_path), 3)
+    t0 = time.monotonic()
+    left = tracker.close("KILLED")  # SIGTERM: the job must exit within its grace period
+    assert time.monotonic() - t0 < 8.0
+    assert left == {"params": 0, "tags": 0, "metric_records": 3, "uploads": 1, "run": True}
+    assert "3 metric records" in caplog.text and "checkpoints/step_3" in caplog.text and "tracking sync" in caplog.text
+    state = read_state(tmp_path / "run")
+    assert state["status"] == "KILLED" and [j["step"] for j in state["pending"]] == [3]
+    assert os.path.isdir(state["pending"][0]["staging"])  # kept for the next attempt / tracking sync
+
+
+def fake_checkpoint_dir(root):
+    path = root / "ck" / "step_3"
+    path.mkdir(parents=True)
+    (path / "model.pt").write_bytes(b"w" * 64)
+    return str(path)
