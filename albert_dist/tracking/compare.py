@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 MISSING = "-"
 #: Metrics left out of the table: MLflow's system metrics and the per-rank memory series.
 _NOT_IN_TABLE = ("system/", names.MEM + "peak_gib_rank")
+#: Params left out of the PNG's run labels.
+_NOT_IN_LABELS = ("params.derived.", "params.run_dir", "params.checkpoint.dir", "params.tracking.")
 
 
 def _fmt(value: Any) -> str:
@@ -96,8 +98,11 @@ def panel_series(metric: str) -> list[str]:
 
 
 def run_labels(df: Any) -> list[str]:
-    """Run name plus its differing params by their last dotted part (``num_hidden_groups=2``), at most 3."""
-    params = differing_params(df)[:3]
+    """Run name plus its differing config params by their last dotted part (``num_hidden_groups=2``), at most
+    3; ``derived.*`` (counts, config hash: consequences of the config) only when no config param differs, output
+    locations never (the name already says where the run is)."""
+    differing = differing_params(df)
+    params = ([c for c in differing if not c.startswith(_NOT_IN_LABELS)] or differing)[:3]
     labels = []
     for i in range(len(df)):
         name = df["tags.mlflow.runName"][i] if "tags.mlflow.runName" in df else None
@@ -115,21 +120,21 @@ def plot_curves(df: Any, histories: dict[str, dict[str, list]], metrics: Sequenc
     import matplotlib.pyplot as plt
 
     labels = run_labels(df)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 5), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for i, run_id in enumerate(df["run_id"]):
             for key in panel_series(metric):
                 hist = histories[run_id].get(key)
-                if not hist:
-                    continue
-                val = key.startswith(names.VAL)
-                ax.plot([s for s, _ in hist], [v for _, v in hist], "--o" if val else "-", color=f"C{i % 10}",
-                        markersize=6, label=f"{labels[i]} {'val' if val else 'train' if '/' not in metric else ''}".rstrip())
+                if hist:
+                    val = key.startswith(names.VAL)
+                    ax.plot([s for s, _ in hist], [v for _, v in hist], "--o" if val else "-", color=f"C{i % 10}",
+                            markersize=6, label=None if val else labels[i])
         ax.set_xlabel("optimizer step")
-        ax.set_title(metric)
+        ax.set_title(metric if "/" in metric else f"{metric}: train/ line, val/ dashed with markers")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=f"C{i % 10}") for i in range(len(labels))]
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 2), fontsize="small")
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(labels) + 1) // 2), 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

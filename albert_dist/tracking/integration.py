@@ -89,7 +89,7 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
         for name in ("config.yaml", "ds_config.json"):
             if (Path(run_dir) / name).is_file():
                 tracker.log_artifact(str(Path(run_dir) / name), "config")
-        tokenizer = getattr(cfg.data, "tokenizer_path", None)
+        tokenizer = cfg.data.tokenizer_path
         if tokenizer:
             from albert_dist.data.sources import resolve_path
 
@@ -111,7 +111,7 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
 
     out = Path(run_dir) / "final_model"
     try:
-        written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), getattr(cfg.data, "tokenizer_path", None))
+        written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), cfg.data.tokenizer_path)
     except Exception as exc:  # noqa: BLE001
         log.exception("final model export failed")
         tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
