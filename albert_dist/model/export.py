@@ -17,13 +17,16 @@ The YAML is a model preset (configs/model/*.yaml) or a training config with a ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
+import yaml
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from albert_dist.model.albert import AlbertForPreTraining
@@ -169,6 +172,83 @@ def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
         write_transformers_config(output, config.max_position_embeddings)
     logger.info("exported %s to %s", checkpoint, output)
     return output
+
+
+
+def load_consolidated(model_config: AlbertConfig, state: dict[str, torch.Tensor]) -> AlbertForPreTraining:
+    """A fresh ``AlbertForPreTraining`` (eval mode) holding ``state``, checked strictly.
+
+    Raises:
+        ValueError: a parameter missing (e.g. a group lost) or unexpected, or the tied decoder differing
+            from the word embeddings.
+    """
+    # The tied decoder is one tensor in the model; DeepSpeed may store it under either name or both.
+    state = dict(state)
+    (decoder_key, embeddings_key), = TIED_TO.items()
+    decoder, embeddings = state.get(decoder_key), state.get(embeddings_key)
+    if decoder is not None and embeddings is not None and not torch.equal(decoder, embeddings):
+        raise ValueError("consolidated checkpoint: MLM decoder weight differs from the tied word embeddings")
+    if embeddings is None and decoder is not None:
+        state[embeddings_key] = decoder
+    if decoder is None and embeddings is not None:
+        state[decoder_key] = embeddings
+    model = AlbertForPreTraining(model_config)
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(f"consolidated checkpoint does not match the model: missing {result.missing_keys}, "
+                         f"unexpected {result.unexpected_keys}")
+    return model.eval()
+
+
+def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_dir: str,
+                       tokenizer_path: Optional[str]) -> dict[str, str]:
+    """The end-of-training model (logged by the MLflow tracker under the run's ``model/``): consolidate
+    ``<ckpt_dir>/<tag>`` (`consolidate_fp32`), check it (`load_consolidated`: the failure reported for
+    consolidated ZeRO checkpoints elsewhere is a lost tied decoder) and write into ``out_dir``
+    ``fp32/model.safetensors`` + ``fp32/model.yaml`` (its AlbertConfig, a model preset) and ``hf/``
+    (transformers ``save_pretrained`` + ``spiece.model`` + ``tokenizer_config.json``).
+
+    Args:
+        model_config: the run's ``AlbertConfig``.
+        ckpt_dir, tag: the final DeepSpeed checkpoint.
+        out_dir: receives ``fp32/`` and (when transformers can represent the model) ``hf/``.
+        tokenizer_path: the sentencepiece model copied into ``hf/spiece.model`` (None: no tokenizer).
+
+    Returns:
+        ``{"fp32": dir, "hf": dir}`` for what was written; ``hf`` is absent when the model has no transformers
+        equivalent (sharing != "all", or a layer->group map transformers computes differently: logged).
+
+    Raises:
+        as `consolidate_fp32` and `load_consolidated`.
+    """
+    state = consolidate_fp32(ckpt_dir, tag)
+    model = load_consolidated(model_config, state)
+    written = {}
+    fp32_dir = os.path.join(out_dir, "fp32")
+    os.makedirs(fp32_dir, exist_ok=True)
+    # safetensors: no pickle to trust on load; the tied decoder alias is left out (export restores it)
+    save_state_dict(model.state_dict(), os.path.join(fp32_dir, "model.safetensors"))
+    with open(os.path.join(fp32_dir, "model.yaml"), "w") as f:
+        yaml.safe_dump(dataclasses.asdict(model_config), f, sort_keys=False)
+    written["fp32"] = fp32_dir
+    try:
+        from albert_dist.model.hf import to_transformers
+
+        hf_model = to_transformers(model)
+    except (ImportError, ValueError) as exc:
+        logger.warning("no transformers export: %s", exc)
+        return written
+    hf_dir = os.path.join(out_dir, "hf")
+    hf_model.save_pretrained(hf_dir)
+    if tokenizer_path:
+        from albert_dist.data.sources import resolve_path
+        from albert_dist.data.tokenizer import write_transformers_config
+
+        shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
+        write_transformers_config(hf_dir, model_config.max_position_embeddings)
+    written["hf"] = hf_dir
+    logger.info("final model exported to %s", out_dir)
+    return written
 
 
 def cli(argv: list[str]) -> int:

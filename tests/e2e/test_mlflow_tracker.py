@@ -256,6 +256,7 @@ def test_requeued_attempt_continues_recorded_run_and_resends_spooled_metrics(mlf
     run_dir = str(tmp_path / "run")
     never = TrackingConfig(tracking_uri=mlflow_server.uri, experiment_name="requeue", flush_interval_s=3600.0)
     first = MLflowTracker(never, run_dir=run_dir)
+    assert first._sender.wait_sent(0, timeout_s=30)  # its first send (the tags) is over; the next is in an hour
     for step in range(1, 6):
         first.log_metrics({"loss": 10.0 / step}, step)  # buffered, never flushed: the job is killed
     client = MlflowClient(mlflow_server.uri)
