@@ -64,8 +64,20 @@ class JsonlTracker:
             os.replace(tmp, self.path)
 
     def log_params(self, params: dict) -> None:
-        """Write `params` to <run_dir>/params.json (what `albert-dist tracking sync` sends as params)."""
-        (self.run_dir / PARAMS_FILE).write_text(json.dumps(params, indent=1, sort_keys=True, default=str))
+        """Merge `params` into <run_dir>/params.json (what `albert-dist tracking sync` sends as params): the
+        trainer logs the config and, separately, derived counts; nested sections are merged, not replaced."""
+        path = self.run_dir / PARAMS_FILE
+        merged = json.loads(path.read_text()) if path.is_file() else {}
+
+        def merge(into: dict, new: dict) -> None:
+            for key, value in new.items():
+                if isinstance(value, dict) and isinstance(into.get(key), dict):
+                    merge(into[key], value)
+                else:
+                    into[key] = value
+
+        merge(merged, json.loads(json.dumps(params, default=str)))
+        path.write_text(json.dumps(merged, indent=1, sort_keys=True))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Append one record (with the wall-clock time in ms, as MLflow stores it). The console line is the

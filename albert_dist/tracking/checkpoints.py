@@ -44,21 +44,19 @@ def checkpoint_artifact_path(step: int) -> str:
     return f"{CHECKPOINTS_ARTIFACT_DIR}/{tag_for(int(step))}"
 
 
-def snapshot(src: str, dst_dir: str) -> None:
-    """Mirror a file or directory ``src`` into ``dst_dir`` with hard links (a copy where links are impossible).
+def snapshot(src_dir: str, dst_dir: str) -> None:
+    """Mirror ``src_dir`` into ``dst_dir`` with hard links (a copy where links are impossible).
 
     DeepSpeed writes each checkpoint file once and never rewrites it in place, so a link is an immutable
     view of the finished file.
     """
-    files = list_files(src) if os.path.isdir(src) else {os.path.basename(src): 0}
-    for rel in files:
-        s = os.path.join(src, rel) if os.path.isdir(src) else src
-        d = os.path.join(dst_dir, rel)
-        os.makedirs(os.path.dirname(d), exist_ok=True)
+    for rel in list_files(src_dir):
+        src, dst = os.path.join(src_dir, rel), os.path.join(dst_dir, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
         try:
-            os.link(s, d)
+            os.link(src, dst)
         except OSError:  # another file system, or links not permitted
-            shutil.copy2(s, d)
+            shutil.copy2(src, dst)
 
 
 class Uploader:
@@ -113,15 +111,6 @@ class Uploader:
         snapshot(local_dir, staging)
         self.submit({"staging": staging, "dest": checkpoint_artifact_path(step), "step": int(step),
                      "tag": os.path.basename(local_dir), "metrics_offset": int(metrics_offset)})
-
-    def submit_files(self, local_path: str, artifact_path: Optional[str], staging_root: str) -> None:
-        """Snapshot a file or directory (into a fresh folder under ``staging_root``) and queue its upload to
-        ``artifact_path/``. Raises ValueError when ``local_path`` does not exist."""
-        if not os.path.exists(local_path):
-            raise ValueError(f"artifact {local_path!r} does not exist")
-        staging = tempfile.mkdtemp(prefix=".mlflow_upload_", dir=staging_root)
-        snapshot(local_path, staging)
-        self.submit({"staging": staging, "dest": (artifact_path or "").strip("/")})
 
     def submit(self, job: dict) -> None:
         """Queue a job (``{"staging", "dest"[, "step", "tag", "metrics_offset"]}``; the staging folder is the

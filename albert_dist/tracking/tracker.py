@@ -163,9 +163,9 @@ class MLflowTracker(Tracker):
         from albert_dist.tracking.sender import RunSender
 
         # The background sender (tenacity) is the one retry layer: MLflow's own HTTP retries would keep one
-        # request going for minutes while the server is down, hiding that it is back.
+        # request going for minutes while the server is down, hiding that it is back. (The request timeout
+        # stays MLflow's 120 s: a large checkpoint upload may legitimately wait that long for its answer.)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         cfg = self.cfg
         self.local = local if local is not None else JsonlTracker(self.run_dir)
         state = read_state(self.run_dir)

@@ -4,6 +4,7 @@ outage) and the uploader's final errors (against an in-memory fake client that f
 snapshots, the comparison table, and the parameter counts."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -227,6 +228,10 @@ def test_jsonl_tracker_cuts_back_to_the_resumed_step(tmp_path):
     assert [r["step"] for r in read_metric_log(tmp_path)] == [1, 2, 3]
     JsonlTracker(tmp_path, resumed_step=0)  # a fresh job in an old run directory
     assert list(read_metric_log(tmp_path)) == []
+    local.log_params({"derived": {"unique_parameters": 10}})  # build_tracker's counts, then the trainer's config
+    local.log_params({"model": {"a": 1}, "derived": {"world_size": 2}})
+    assert json.loads((tmp_path / "params.json").read_text()) == {
+        "model": {"a": 1}, "derived": {"unique_parameters": 10, "world_size": 2}}
 
 
 def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, caplog):
@@ -242,7 +247,7 @@ def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, c
     model.mkdir()
     (model / "weights.bin").write_bytes(b"z" * 500)
     uploader.submit_checkpoint(str(ck), 2, metrics_offset=0)
-    uploader.submit_files(str(model), "model/hf", str(tmp_path))
+    uploader.submit({"staging": str(model), "dest": "model/hf"})
     t0 = time.monotonic()
     assert uploader.close(timeout_s=30) == []  # nothing left pending: the 413 is not retried
     assert time.monotonic() - t0 < 10
