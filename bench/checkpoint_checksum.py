@@ -64,14 +64,14 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     """Save `repeats` checkpoints of `preset`; per repeat the save time and each checksum's time and share."""
     import deepspeed
 
-    from albert_dist.config import TrainConfig, config_hash, to_container
+    from albert_dist.config import TrainConfig, config_hash, load_model_config, to_container
     from albert_dist.engine import checkpoint as ckpt
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.optim import build_optimizer
-    from albert_dist.model import AlbertConfig, AlbertForPreTraining
+    from albert_dist.model import AlbertForPreTraining
 
     torch.manual_seed(0)
-    cfg = TrainConfig(model=AlbertConfig.from_yaml(MODEL_DIR / f"{preset}.yaml"))
+    cfg = TrainConfig(model=load_model_config(preset))
     cfg.engine.train_micro_batch_size_per_gpu, cfg.engine.zero_stage = 2, 2
     model = AlbertForPreTraining(cfg.model)
     model.universal_checkpoint_info = ckpt.UNIVERSAL_CHECKPOINT_INFO

@@ -29,11 +29,11 @@ DATA = dict(max_seq_length=64, eval_examples=37)
 
 
 def _model():
+    from albert_dist.config import load_model_config
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.model.config import AlbertConfig
 
     torch.manual_seed(0)
-    return AlbertForPreTraining(AlbertConfig.from_yaml(REPO / "configs" / "model" / "albert-tiny.yaml")).eval()
+    return AlbertForPreTraining(load_model_config("albert-tiny")).eval()
 
 
 def _evaluator(rank: int, world: int):
