@@ -174,6 +174,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                 s.load_state_dict(st)
             mix.bit_generator.state = snap["mix"]
 
+        single_warned: set[int] = set()  # sources already reported as a single repeating document
         barren: list[int] = []  # epochs of every source when the current run of example-less documents began
 
         def next_document() -> None:
@@ -183,6 +184,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             text, (epoch, index) = streams[i].next_document()
             rng = np.random.default_rng([self.cfg.seed, i, slot, epoch, index])
             pending, consumed = self._builder.build(text, rng), 0
+            if streams[i].single_document and i not in single_warned and self.split == "train":
+                single_warned.add(i)
+                logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
+                               "examples repeat about every %d batches of this slot (new masks and SOP pairs each "
+                               "time): add documents, or split this one at blank lines", i, slot, num_slots,
+                               len(pending), max(1, -(-len(pending) // self.micro_batch_size)))
             if pending:
                 barren = []
             elif not barren:

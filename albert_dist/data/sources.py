@@ -200,13 +200,14 @@ def plan_pieces(source: SourceConfig, where: str, piece_bytes: int) -> tuple[lis
 
 
 def split_records(
-    read: Callable[[int], bytes], separator: str, start: int, end: float, max_bytes: int
-) -> Iterator[tuple[Optional[bytes], int]]:
+    read: Callable[[int], bytes], separator: str, start: int, end: float, max_bytes: int, offsets: bool = False
+) -> Iterator[tuple]:
     """Records (between separators) that begin in the byte range [start, end) of a stream.
 
     ``read`` must return the stream from offset ``max(0, start - len_sep)`` on (the caller seeks there). Yields
-    ``(record, nbytes)``; ``record`` is None when ``nbytes > max_bytes`` (then the record was never held in memory
-    beyond ``max_bytes`` + one block). Memory: O(max_bytes + 1 MiB).
+    ``(record, nbytes)`` (with `offsets`: ``(record, nbytes, offset of the record's first byte)``); ``record`` is
+    None when ``nbytes > max_bytes`` (then the record was never held in memory beyond ``max_bytes`` + one
+    block). Memory: O(max_bytes + 1 MiB).
     """
     sep_re, min_sep = _SEPARATORS[separator]
     # Bytes before offset 0 count as newlines, so the file's first record starts a record like any other.
@@ -244,7 +245,8 @@ def split_records(
         m, overflowed, p = next_match(p, max_bytes)
         stop = len(buf) if m is None else m.start()
         nbytes = base + stop - rec_start
-        yield (None if overflowed or nbytes > max_bytes else buf[p:stop]), nbytes
+        record = None if overflowed or nbytes > max_bytes else buf[p:stop]
+        yield (record, nbytes, rec_start) if offsets else (record, nbytes)
         if m is None:
             return
         p = m.end()
@@ -291,19 +293,42 @@ def _json_record(raw: Optional[bytes], nbytes: int, text_field: str) -> dict[str
 
 
 def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int) -> Iterator[dict]:
-    """Records ``{"text", "skip", "nbytes"}`` of one piece in file order; ``skip`` names why a record is unusable."""
+    """Records ``{"text", "skip", "nbytes", "path", "pos"}`` of one piece in file order; ``skip`` names why a
+    record is unusable, ``pos`` is where it starts (`record_location` turns it into file:line for a message)."""
+    for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes):
+        yield {**record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
+
+
+def record_location(piece_kind: str, compression: str, path: str, pos: int, row_group: int = -1) -> str:
+    """Where a record is, for a message: "file:line" for uncompressed txt/jsonl (`pos` a byte offset; the line is
+    counted now, so call it for the few records that are reported), "file, byte N of the decompressed stream",
+    or "file, row group g row i" for parquet."""
+    if piece_kind == "parquet":
+        return f"{path}, row group {row_group} row {pos}"
+    if compression:
+        return f"{path}, byte {pos} of the decompressed stream"
+    lines, left = 0, pos
+    with open(path, "rb") as fh:
+        while left > 0 and (block := fh.read(min(_BLOCK_BYTES, left))):
+            lines += block.count(b"\n")
+            left -= len(block)
+    return f"{path}:{lines + 1}"
+
+
+def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int):
     kind, path = piece["kind"], piece["path"]
     if kind == "parquet":
         import pyarrow.parquet as pq
 
         table = pq.ParquetFile(path).read_row_group(piece["row_group"], columns=[text_field])
-        for value in table.column(0).to_pylist():
+        for row, value in enumerate(table.column(0).to_pylist()):
             if not isinstance(value, str):
-                yield {"text": "", "skip": "missing_field", "nbytes": 0}
+                yield {"text": "", "skip": "missing_field", "nbytes": 0}, row
                 continue
             nbytes = len(value.encode("utf-8"))
             text = value.strip() if nbytes <= max_bytes else ""
-            yield {"text": text, "skip": "too_long" if nbytes > max_bytes else ("" if text else "empty"), "nbytes": nbytes}
+            skip = "too_long" if nbytes > max_bytes else ("" if text else "empty")
+            yield {"text": text, "skip": skip, "nbytes": nbytes}, row
         return
     if kind == "txt" and txt_documents == "file":
         with _open_stream(path, piece["compression"], 0) as f:
@@ -311,15 +336,15 @@ def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_b
             nbytes = len(raw)
             while len(chunk := f.read(_BLOCK_BYTES)) > 0:  # count the rest of an oversized file without holding it
                 nbytes += len(chunk)
-        yield _text_record(raw if nbytes <= max_bytes else None, nbytes)
+        yield _text_record(raw if nbytes <= max_bytes else None, nbytes), 0
         return
     separator = "line" if kind == "jsonl" else "blank_line"
     start = piece["start"]
     end = piece["end"] if not piece["compression"] else float("inf")
     lead = _SEPARATORS[separator][1]
     with _open_stream(path, piece["compression"], max(0, start - lead)) as f:
-        for raw, nbytes in split_records(f.read, separator, start, end, max_bytes):
-            yield _json_record(raw, nbytes, text_field) if kind == "jsonl" else _text_record(raw, nbytes)
+        for raw, nbytes, pos in split_records(f.read, separator, start, end, max_bytes, offsets=True):
+            yield (_json_record(raw, nbytes, text_field) if kind == "jsonl" else _text_record(raw, nbytes)), pos
 
 
 def _generate_records(pieces: list[dict], text_field: str, txt_documents: str, max_bytes: int, order_seed: int):
@@ -363,6 +388,7 @@ class SourceStream:
         self.seed, self.shuffle, self.max_document_bytes = seed, shuffle, max_document_bytes
         self.epoch = 0
         self.docs_in_epoch = 0
+        self.single_document = False  # the last finished epoch of this slot held exactly one document
         self.records_in_epoch = 0
         self.counters: Counter = Counter()
         self._ds = None
@@ -441,10 +467,13 @@ class SourceStream:
             if rec["skip"]:
                 name = f"skipped_{rec['skip']}"
                 self.counters[name] += 1
-                # the first few of each kind loudly, the rest in the per-epoch and periodic summaries
-                log = logger.warning if self.counters[name] <= _LOUD_SKIPS else logger.debug
-                log("%s slot %d: skipped a record (%s, %d bytes, record %d of epoch %d; %d such so far)", self.where,
-                    self.slot, rec["skip"], rec["nbytes"], self.records_in_epoch - 1, self.epoch, self.counters[name])
+                # the first few of each kind loudly (with file:line), the rest in the epoch and periodic summaries
+                if self.counters[name] <= _LOUD_SKIPS:
+                    logger.warning("%s slot %d: skipped the record at %s (%s, %d bytes; %d such so far)", self.where,
+                                   self.slot, self._location(rec), rec["skip"], rec["nbytes"], self.counters[name])
+                else:
+                    logger.debug("%s slot %d: skipped a record (%s, %d bytes, record %d of epoch %d)", self.where,
+                                 self.slot, rec["skip"], rec["nbytes"], self.records_in_epoch - 1, self.epoch)
                 continue
             key = (self.epoch, self.docs_in_epoch)
             self.docs_in_epoch += 1
@@ -454,6 +483,14 @@ class SourceStream:
                             self.num_slots, self.counters["documents"], self.counters["bytes"],
                             {k: v for k, v in self.counters.items() if k.startswith("skipped_")} or "none")
             return rec["text"], key
+
+    def _location(self, rec: dict) -> str:
+        """Where a record is: file:line (local sources), else its number in this slot's epoch (hub)."""
+        path = rec.get("path")
+        if not path:
+            return f"record {self.records_in_epoch - 1} of epoch {self.epoch} of {self.source.paths[0]}"
+        kind, compression = file_format(path, self.source.format)
+        return record_location(kind, compression, path, int(rec["pos"]), int(rec.get("group", -1)))
 
     def _end_epoch(self) -> None:
         skipped = {k: v for k, v in self.counters.items() if k.startswith("skipped_")}
@@ -468,6 +505,8 @@ class SourceStream:
                 f"document in a whole epoch ({self.records_in_epoch} records, skipped {skipped or 'none'}); "
                 "the source is empty or too small for this many ranks x workers"
             )
+        # one document in this slot's share: the loader warns once how often it repeats (it knows the batches)
+        self.single_document = self.docs_in_epoch == 1
         self.epoch += 1
         self.docs_in_epoch = 0
         self.records_in_epoch = 0

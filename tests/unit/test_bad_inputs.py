@@ -89,3 +89,39 @@ def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert out.count("Traceback (most recent call last)") == 1 and out.count("RuntimeError: setup exploded") == 1
+
+
+def test_skipped_records_are_named_by_file_and_line(tmp_path, caplog):
+    from albert_dist.data.sources import SourceStream
+
+    path = tmp_path / "c.jsonl"
+    rows = [json.dumps({"text": f"document number {i} with words"}) for i in range(6)]
+    rows[3] = "{not json"
+    rows[5] = json.dumps({"text": "   "})
+    path.write_text("\n".join(rows) + "\n")
+    src = SourceConfig(paths=[str(path)])
+    pieces, _ = plan_pieces(src, "data.train[0]", 1 << 20)
+    stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
+    with caplog.at_level(logging.WARNING):
+        while stream.epoch == 0:
+            stream.next_document()
+    assert f"skipped the record at {path}:4 (malformed_json, 9 bytes" in caplog.text
+    assert f"skipped the record at {path}:6 (empty" in caplog.text
+
+
+def test_a_single_document_corpus_warns_how_often_it_repeats(tmp_path, caplog):
+    from albert_dist.data.config import DataConfig
+    from albert_dist.data.loader import build_train_loader
+
+    path = tmp_path / "one.txt"
+    path.write_text(" ".join(f"Sentence number {i} is here." for i in range(60)) + "\n")  # no blank line: one document
+    cfg = DataConfig(train=[SourceConfig(paths=[str(path)])], validation=[], max_seq_length=32, num_workers=0,
+                     tokenizer_path=str(REPO / "data/sample/spiece.model"))
+    it = iter(build_train_loader(cfg, 4, 0, 1))
+    with caplog.at_level(logging.WARNING):
+        for _ in range(60):
+            next(it)
+    warnings = [r.getMessage() for r in caplog.records if "holds a single document" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("data.train[0]: slot 0 of 1 (rank x workers) holds a single document; its ")
+    assert "examples repeat about every" in warnings[0]
