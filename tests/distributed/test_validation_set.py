@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import traceback
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from albert_dist.engine.distributed import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -77,16 +78,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("valset")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
