@@ -633,10 +633,15 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
 
     When the world size differs (`point.needs_universal`), the engine must have been built with
     `checkpoint.load_universal=true` in its DeepSpeed config (`CheckpointManager.deepspeed_overrides`). RNG
-    states are not restored here: the caller does it last. Raises `CheckpointError` naming the checkpoint when
-    DeepSpeed loads nothing or fails.
+    states are not restored here: the caller does it last. Every load ends with
+    `albert_dist.engine.optim.repair_optimizer_after_load` (param-group hyper-parameters from the config, Adam
+    step counters unshared), which repairs DeepSpeed's ZeRO-3 universal load. Raises `CheckpointError` naming
+    the checkpoint when DeepSpeed loads nothing or fails.
     """
+    from albert_dist.engine.optim import group_hyperparameters, repair_optimizer_after_load
+
     tag = to_universal(point) if point.needs_universal(world_size()) else point.tag
+    hyperparameters = group_hyperparameters(engine.optimizer)  # the config's, before DeepSpeed overwrites them
     try:
         load_path, client_state = engine.load_checkpoint(point.ckpt_dir, tag=tag)
     except (OSError, RuntimeError, KeyError, ValueError) as err:
@@ -644,6 +649,9 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
                               f"{type(err).__name__}: {err}") from err
     if load_path is None or not client_state or CLIENT_KEY not in client_state:
         raise CheckpointError(f"DeepSpeed loaded no checkpoint from {point.ckpt_dir}/{tag}")
+    # DeepSpeed 0.19.8's ZeRO-3 universal load gives every param group group 0's hyper-parameters and one shared
+    # Adam step counter (runtime/zero/stage3.py::load_hp_checkpoint_state_from_checkpoint_dir_stage3).
+    repair_optimizer_after_load(engine, hyperparameters)
     state = client_state[CLIENT_KEY]
     logger.info("resumed from %s/%s at step %d (saved by %d ranks, loaded on %d)", point.ckpt_dir, tag,
                 state["step"], state["world_size"], world_size())

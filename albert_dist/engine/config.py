@@ -54,6 +54,23 @@ class ZeroOptimizationConfig:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+OFFLOAD_DEVICES = ("none", "cpu")
+
+
+@dataclass
+class OffloadConfig:
+    """ZeRO-Offload of optimiser states (`engine.offload_optimizer`) or parameters (`engine.offload_param`).
+
+    DeepSpeed's `zero_optimization.offload_optimizer` / `offload_param` (only `device` and `pin_memory`; NVMe is
+    not offered). Validated by `EngineConfig`, which knows the dotted path.
+    """
+
+    device: str = "none"
+    """"none" (stay on the accelerator) or "cpu" (keep them in host memory; the optimiser steps there)."""
+    pin_memory: bool = False
+    """Page-locked host buffers: faster host<->GPU copies, costs pinned memory (no effect on a CPU-only run)."""
+
+
 @dataclass
 class EngineConfig:
     """DeepSpeed engine settings (the `engine:` section of a recipe); names follow DeepSpeed's JSON keys."""
@@ -71,9 +88,13 @@ class EngineConfig:
     precision: Precision = "fp32"
     """"fp32", "bf16" (bf16 weights/activations, fp32 master weights) or "fp16" (dynamic loss scaling, GPU only)."""
     grad_accum_dtype: GradAccumDtype = "fp32"
-    """bf16 only: dtype gradients are accumulated and reduced in, "fp32" (needs ZeRO >= 1) or "bf16"."""
+    """bf16 only: dtype gradients are accumulated and reduced across ranks in, "fp32" (needs ZeRO >= 1) or "bf16"."""
     zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
     """Extra DeepSpeed `zero_optimization` options, passed through when set."""
+    offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
+    """ZeRO-Offload of the fp32 master weights and optimiser states (needs zero_stage >= 1)."""
+    offload_param: OffloadConfig = field(default_factory=OffloadConfig)
+    """ZeRO-Infinity parameter offload of the partitioned parameters (needs zero_stage 3)."""
     peak_tflops_per_device: Optional[float] = None
     """Peak dense TFLOP/s of one device for MFU; None: $ALBERT_DIST_PEAK_TFLOPS, else a matmul measured at start."""
 
@@ -98,14 +119,17 @@ class EngineConfig:
             raise ValueError("engine.precision=bf16 with engine.grad_accum_dtype=fp32 needs engine.zero_stage >= 1 "
                              "(DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers); "
                              "got zero_stage=0. Use zero_stage>=1, or grad_accum_dtype=bf16")
-        if self.precision == "bf16" and self.zero_stage == 1 and self.gradient_accumulation_steps > 1:
-            # Measured by tests/distributed/test_grad_matrix.py on DeepSpeed 0.19.8: bf16 at ZeRO-1 (DeepSpeed's
-            # BF16_Optimizer) with gradient accumulation > 1 gives shared-parameter gradients ~100 % off the
-            # unrolled reference, in every sharing mode; GA 1 and ZeRO-2/3 agree. Refuse rather than train wrong.
-            raise ValueError("engine.precision=bf16 with engine.zero_stage=1 and engine.gradient_accumulation_steps="
-                             f"{self.gradient_accumulation_steps} is refused: DeepSpeed 0.19's bf16 ZeRO-1 optimiser "
-                             "accumulates wrong gradients when gradient_accumulation_steps > 1. Use zero_stage=2 "
-                             "(same memory for parameters, less for gradients) or gradient_accumulation_steps=1")
+        for name in ("offload_optimizer", "offload_param"):
+            device = getattr(self, name).device
+            if device not in OFFLOAD_DEVICES:
+                raise ValueError(f"engine.{name}.device must be one of {OFFLOAD_DEVICES}, got {device!r}")
+        # DeepSpeed offloads only what ZeRO partitions: optimiser states from stage 1, parameters at stage 3.
+        if self.offload_optimizer.device != "none" and self.zero_stage < 1:
+            raise ValueError(f"engine.offload_optimizer.device={self.offload_optimizer.device} needs "
+                             f"engine.zero_stage >= 1, got zero_stage={self.zero_stage}")
+        if self.offload_param.device != "none" and self.zero_stage != 3:
+            raise ValueError(f"engine.offload_param.device={self.offload_param.device} needs engine.zero_stage=3, "
+                             f"got zero_stage={self.zero_stage}")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 PEAK_TFLOPS_ENV = "ALBERT_DIST_PEAK_TFLOPS"
 
 #: Order of the summed quantities in the accumulator's vector.
-_FIELDS = ("loss", "mlm_loss", "sop_loss", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
+_FIELDS = ("mlm_loss_sum", "sop_loss_sum", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
            "sop_count", "tokens", "samples", "positions", "grad_norm", "steps")
 
 
@@ -45,40 +45,43 @@ class MetricAccumulator:
         self._start += seconds
 
     def add_micro_step(self, output: Any, attention_mask: torch.Tensor) -> None:
-        """Add one micro-step: `output` a `PreTrainingOutput` (fp32 scalar losses, int64 counts) and the
+        """Add one micro-step: `output` a `PreTrainingOutput` (fp32 scalar loss sums, int64 counts) and the
         (B, S) int64 `attention_mask` of its batch (1 = real token)."""
         values = torch.stack([
-            output.loss.detach().double(), output.mlm_loss.detach().double(), output.sop_loss.detach().double(),
+            output.mlm_loss_sum.detach().double(), output.sop_loss_sum.detach().double(),
             torch.ones((), dtype=torch.float64, device=self.device),
             output.mlm_correct.double(), output.mlm_count.double(), output.sop_correct.double(),
             output.sop_count.double(), attention_mask.sum().double(),
         ]).to(self.device)
-        self._sums[:9] += values
+        self._sums[:8] += values
         self._samples += attention_mask.shape[0]
         self._positions += attention_mask.numel()
 
     def add_step(self, grad_norm: Any) -> None:
         """Add one optimiser step and its global gradient norm (tensor, float or None when unavailable)."""
         if grad_norm is not None:
-            self._sums[11] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
-        self._sums[12] += 1
+            self._sums[10] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
+        self._sums[11] += 1
 
     def reduce(self) -> dict[str, float]:
         """Sum over ranks (collective when a process group is up) and return the interval's record:
-        loss, mlm_loss, sop_loss (mean over micro-steps of all ranks), mlm_accuracy, sop_accuracy, grad_norm
+        mlm_loss (cross-entropy per masked token of the interval, all ranks: the training loss's own
+        normalisation, `albert_dist.engine.loss`), sop_loss (per labelled sequence), loss (their sum),
+        mlm_accuracy, sop_accuracy (per masked token / labelled sequence), grad_norm
         (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
         (padded positions, what the FLOPs count). Resets the accumulator."""
         sums = self._sums.clone()
-        sums[9], sums[10] = float(self._samples), float(self._positions)
+        sums[8], sums[9] = float(self._samples), float(self._positions)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # grad_norm and steps are already global; sum only the per-rank quantities.
             dist.all_reduce(sums)
-            sums[11:] /= dist.get_world_size()
+            sums[10:] /= dist.get_world_size()
         s = dict(zip(_FIELDS, sums.tolist()))
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        micro = max(s["micro_steps"], 1.0)
+        mlm_loss = s["mlm_loss_sum"] / max(s["mlm_count"], 1.0)
+        sop_loss = s["sop_loss_sum"] / max(s["sop_count"], 1.0)
         record = {
-            "loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro, "sop_loss": s["sop_loss"] / micro,
+            "loss": mlm_loss + sop_loss, "mlm_loss": mlm_loss, "sop_loss": sop_loss,
             "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1.0),
             "sop_accuracy": s["sop_correct"] / max(s["sop_count"], 1.0),
             "grad_norm": s["grad_norm"] / max(s["steps"], 1.0),
@@ -100,24 +103,37 @@ def peak_memory_bytes(device: torch.device) -> int:
 def measure_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> float:
     """Best achieved dense-matmul TFLOP/s on `device` in `dtype` (2 n^3 FLOPs per n x n matmul; the fastest of
     the matmuls run in `seconds`, so a busy machine does not lower it), a stand-in for the datasheet peak when
-    none is configured; MFU against it reads as "fraction of the achievable matmul speed"."""
+    none is configured; MFU against it reads as "fraction of the achievable matmul speed".
+
+    Both `torch.matmul` and `F.linear` (x @ W^T, what `nn.Linear` runs) are timed, taking turns: on CPU they
+    reach different kernels (measured on a 2-core AMD EPYC, fp32 n=512: 20 vs 45 GFLOP/s), and the peak must
+    bound the layers' matmuls."""
     n = 512 if device.type == "cpu" else 8192
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)  # warm-up
+    ops = (torch.matmul, torch.nn.functional.linear)
+    for op in ops:  # warm-up
+        op(a, b)
     best, deadline = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        for op in ops:
+            start = time.perf_counter()
+            op(a, b)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best / 1e12
 
 
 def resolve_peak_tflops(configured: Optional[float], device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
     """Peak TFLOP/s per device for MFU and where it came from: the config, $ALBERT_DIST_PEAK_TFLOPS, or a
-    measured matmul (`measure_peak_tflops`). Raises `ValueError` for a non-positive environment value."""
+    measured matmul (`measure_peak_tflops`) in `dtype`. Raises `ValueError` for a non-positive environment value.
+
+    On CPU a low-precision run is measured in both `dtype` and fp32 and the faster is the peak: whether a
+    bf16 matmul runs natively (AVX512-BF16, AMX) or through fp32 depends on the CPU and the kernel, and a
+    bf16 peak from a slow kernel path made a bf16 run log mfu=7.70 (its layers ran faster than the measured
+    "peak"). The faster of the two bounds what the model's matmuls can reach, so MFU stays in (0, 1].
+    """
     if configured is not None:
         return float(configured), "engine.peak_tflops_per_device"
     env = os.environ.get(PEAK_TFLOPS_ENV)
@@ -129,7 +145,11 @@ def resolve_peak_tflops(configured: Optional[float], device: torch.device, dtype
         if not value > 0:
             raise ValueError(f"${PEAK_TFLOPS_ENV} must be a positive number of TFLOP/s, got {env!r}")
         return value, f"${PEAK_TFLOPS_ENV}"
-    return measure_peak_tflops(device, dtype), "measured matmul"
+    if device.type == "cpu" and dtype != torch.float32:
+        low, fp32 = measure_peak_tflops(device, dtype), measure_peak_tflops(device, torch.float32)
+        name = str(dtype).removeprefix("torch.")
+        return max(low, fp32), f"measured matmul, the faster of {name} ({low:.3g}) and float32 ({fp32:.3g}) on CPU"
+    return measure_peak_tflops(device, dtype), f"measured {str(dtype).removeprefix('torch.')} matmul"
 
 
 def mfu(flops_per_position: float, positions_per_s: float, world_size: int, peak_tflops: float) -> float:

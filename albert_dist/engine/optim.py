@@ -14,6 +14,7 @@ once per optimiser step (at the gradient-accumulation boundary) and saves it in 
 """
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Callable, NamedTuple
 
@@ -73,8 +74,93 @@ class BuiltOptimizer(NamedTuple):
     DeepSpeed's flat partitions; AdamW: nothing)."""
 
 
-def _nothing(engine: Any) -> None:  # noqa: ARG001 - the after_initialize hook of optimisers that need none
-    return None
+def undo_state_creation_step(engine: Any) -> None:
+    """`after_initialize` of AdamW: take back the step DeepSpeed's FP16_UnfusedOptimizer takes on creation.
+
+    Without ZeRO, bf16 and fp16 run through DeepSpeed 0.19.8's `runtime/fp16/unfused_optimizer.py::
+    FP16_UnfusedOptimizer`, whose constructor calls `initialize_optimizer_states()`: one `optimizer.step()` with
+    all-zero gradients on its fp32 copies of the parameters. For AdamW that step is not empty: it applies the
+    decoupled weight decay once (w *= 1 - lr * weight_decay) and counts as step 1, so the first real update
+    uses step-2 bias corrections (measured by the bf16 ZeRO-0 cells of tests/distributed/test_grad_matrix.py:
+    update 47 % off). The fp32 copies were cloned from the low-precision weights, so copying those back and
+    dropping the optimiser state restores the state before that step; AdamW recreates its moments at the
+    first real step. A no-op for every other DeepSpeed optimiser wrapper (ZeRO, BF16_Optimizer, none).
+    """
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    wrapper = getattr(engine, "optimizer", None)
+    if not isinstance(wrapper, FP16_UnfusedOptimizer):
+        return
+    with torch.no_grad():
+        for low, high in zip(wrapper.fp16_groups, wrapper.fp32_groups):
+            for lp, hp in zip(low, high):
+                hp.copy_(lp.to(hp.dtype))
+    wrapper.optimizer.state.clear()
+
+
+#: Param-group keys that are the lr schedule's state (restored with the scheduler) or the parameters themselves.
+_NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr")
+
+
+def group_hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
+    """Every param group's hyper-parameters (weight_decay, betas, eps, LAMB's layer_adaptation, the group's
+    "names"/"no_decay" tags, ...), i.e. everything but the parameters and the lr schedule's "lr"/"initial_lr".
+
+    Take it from the engine's optimiser right after `deepspeed.initialize` (the values the config asked for)
+    and hand it to `repair_optimizer_after_load` after every checkpoint load. Values are deep copies.
+    """
+    return [{k: copy.deepcopy(v) for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
+            for group in optimizer.param_groups]
+
+
+def repair_optimizer_after_load(engine: Any, expected: list[dict[str, Any]]) -> list[str]:
+    """Undo what DeepSpeed's checkpoint load gets wrong in the optimiser; returns what was repaired.
+
+    Call it after *every* `engine.load_checkpoint` (the checkpoint load path, `albert_dist.engine.checkpoint`),
+    with `expected = group_hyperparameters(engine.optimizer)` taken before the load. A no-op when the load was
+    right (same-size resumes, ZeRO 0-2). Why: DeepSpeed 0.19.8
+    `runtime/zero/stage3.py::DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3`
+    (ZeRO-3 universal checkpoint, i.e. every ZeRO-3 resume on another world size)
+
+    * copies the checkpoint's `param_groups[0]` into *every* group, so ALBERT's no-decay group (LayerNorm
+      weights, biases) resumes with group 0's `weight_decay` (0.01) and, under LAMB, `layer_adaptation=True`:
+      every group's hyper-parameters are re-applied from `expected` (the config). The lr schedule's state
+      ("lr", "initial_lr") is left to the scheduler DeepSpeed restores;
+    * stores one and the same `step` tensor in the state of every sub-group, and torch's AdamW increments it
+      in place once per group: the second group's bias correction then runs a step ahead (measured: biases and
+      LayerNorm weights 1e-3 of an update off after one step). Each state gets its own copy.
+
+    Parameters and moments load exactly (tests/distributed/test_zero3_reshard.py). Returns one line per
+    repair ("group i key: loaded -> expected", "step counter of ... unshared"), each logged as a warning.
+    Raises `ValueError` when the number of groups differs (the optimiser does not match the config).
+    """
+    groups = engine.optimizer.param_groups
+    if len(groups) != len(expected):
+        raise ValueError(f"the optimiser has {len(groups)} param groups after the checkpoint load, the config "
+                         f"builds {len(expected)}")
+    changed = []
+    for i, (group, want) in enumerate(zip(groups, expected)):
+        for key, value in want.items():
+            if key not in group or group[key] != value:
+                changed.append(f"group {i} {key}: {_short(group.get(key, '(missing)'))} -> {_short(value)}")
+                group[key] = copy.deepcopy(value)
+    basic = getattr(engine, "basic_optimizer", None) or engine.optimizer  # the client optimiser (its state)
+    counters: set[int] = set()
+    for state in basic.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            if id(step) in counters:
+                state["step"] = step.clone()
+                changed.append(f"step counter {float(step):g} shared with another state: unshared")
+            counters.add(id(state["step"]))
+    for line in changed:
+        logger.warning("checkpoint load repaired (DeepSpeed ZeRO-3 universal load): %s", line)
+    return changed
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> BuiltOptimizer:
@@ -88,7 +174,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> BuiltOptimizer:
     groups = param_groups(model, cfg.weight_decay)
     if cfg.type == "adamw":
         return BuiltOptimizer(torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                                                weight_decay=cfg.weight_decay, foreach=False), _nothing)
+                                                weight_decay=cfg.weight_decay, foreach=False),
+                              undo_state_creation_step)
     if cfg.type == "lamb":
         return BuiltOptimizer(build_lamb(groups, cfg), attach_zero_partition_map)
     raise ValueError(f"optimizer.type must be one of {OPTIMIZERS}, got {cfg.type!r}")

@@ -3,8 +3,9 @@
 One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
 `engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
 The backward pass of step s takes `mlm_loss + sop_weight_at(cfg.objective, s) * sop_loss`
-(`albert_dist.engine.objective`). Every `log_interval_steps`: losses (``train/loss`` = mlm_loss + sop_loss,
-unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm
+(`albert_dist.engine.objective`), each normalised over the whole global batch: MLM per masked token, SOP per
+labelled sequence (`albert_dist.engine.loss`). Every `log_interval_steps`: losses (``train/loss`` = mlm_loss +
+sop_loss, unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm
 (``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to the tracker (rank 0).
 Every `eval_interval_steps` and after the last step: validation on the fixed validation set (``val/``); names
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
@@ -32,6 +33,7 @@ from albert_dist.config import TrainConfig, check_derived, config_hash, to_conta
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import broadcast_object, is_multi_rank, setup_logging
+from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.reshard import ReshardedLoader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
 from albert_dist.engine import console, metric_names as names
@@ -195,11 +197,9 @@ class Trainer:
                 while self.step < cfg.max_steps:
                     lr = engine.get_lr()[0]  # the lr this step's update uses
                     sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
-                    for _ in range(self.ga_steps):
-                        batch = self._to_device(next(self._train_iter))
-                        out = engine(**batch)
-                        engine.backward(out.mlm_loss + sop_weight * out.sop_loss)
-                        engine.step()
+                    # All micro-batches first: the loss is normalised by the step's label counts (engine/loss.py).
+                    batches = [self._to_device(next(self._train_iter)) for _ in range(self.ga_steps)]
+                    for out, batch in zip(optimizer_step(engine, batches, sop_weight), batches):
                         acc.add_micro_step(out, batch["attention_mask"])
                     self.step += 1
                     last = self.step == cfg.max_steps

@@ -10,7 +10,7 @@ Parameter, as in transformers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,17 +39,24 @@ def activation(name: str):
     raise ValueError(f"model.hidden_act: unknown activation {name!r}")
 
 
-@dataclass
-class PreTrainingOutput:
-    """Losses and accuracy counts of one forward pass.
+class PreTrainingOutput(NamedTuple):
+    """Losses, loss sums and accuracy counts of one forward pass.
+
+    A `NamedTuple`, not a dataclass: DeepSpeed finds the output tensors to hook by walking tensors, tuples,
+    lists and dicts only (0.19.8 `runtime/utils.py::OutputBackwardHookManager._traverse_and_register_hooks`,
+    and ZeRO-3's `runtime/zero/utils.py::apply_to_tensors_only`, which rebuilds namedtuples). Without those
+    hooks `engine._backward_prologue()` never runs: bf16 at ZeRO-1 (BF16_Optimizer) then never clears its
+    bf16 gradients between micro-steps and accumulates 3 g1 + 2 g2 + g3 at GA 3
+    (tests/distributed/test_backward_prologue.py counts the prologue calls).
 
     `loss = mlm_loss + sop_loss`; each loss is the mean cross-entropy over its labelled positions / examples
-    (fp32 scalars; 0 when nothing is labelled). Counts are int64 scalars, so accuracies can be summed over
-    micro-steps and ranks before dividing.
+    of this micro-batch (fp32 scalars; 0 when nothing is labelled). The sums let the trainer normalise over a
+    whole optimiser step instead (`albert_dist.engine.loss.micro_step_loss`). Counts are int64 scalars, so
+    losses and accuracies can be summed over micro-steps and ranks before dividing.
     """
 
     loss: torch.Tensor
-    """MLM + SOP loss, fp32 scalar."""
+    """MLM + SOP loss, fp32 scalar (per-micro-batch means)."""
     mlm_loss: torch.Tensor
     """Mean MLM cross-entropy over positions with a label != -100, fp32 scalar (nats)."""
     sop_loss: torch.Tensor
@@ -62,6 +69,10 @@ class PreTrainingOutput:
     """Examples whose SOP argmax equals the label, int64 scalar."""
     sop_count: torch.Tensor
     """Labelled SOP examples, int64 scalar."""
+    mlm_loss_sum: torch.Tensor
+    """Sum of the MLM cross-entropy over the labelled positions, fp32 scalar (nats)."""
+    sop_loss_sum: torch.Tensor
+    """Sum of the SOP cross-entropy over the labelled examples, fp32 scalar (nats)."""
 
 
 class AlbertEmbeddings(nn.Module):
@@ -331,18 +342,21 @@ class AlbertForPreTraining(nn.Module):
         targets = picked[picked_labelled]  # (M,) the M labelled positions
         mlm_logits = self.predictions(seq[picked_labelled]).float()  # (M, V)
         mlm_count = labelled.sum()
-        mlm_loss = F.cross_entropy(mlm_logits, targets, reduction="sum") / mlm_count.clamp(min=1)
+        mlm_loss_sum = F.cross_entropy(mlm_logits, targets, reduction="sum")
+        mlm_loss = mlm_loss_sum / mlm_count.clamp(min=1)
         mlm_correct = (mlm_logits.argmax(-1) == targets).sum()
 
         sop_logits = self.sop_classifier(pooled).float()  # (B, 2)
         sop_valid = sop_labels != IGNORE_INDEX
         sop_count = sop_valid.sum()
-        sop_loss = F.cross_entropy(sop_logits, sop_labels, reduction="sum") / sop_count.clamp(min=1)
+        sop_loss_sum = F.cross_entropy(sop_logits, sop_labels, reduction="sum")
+        sop_loss = sop_loss_sum / sop_count.clamp(min=1)
         sop_correct = ((sop_logits.argmax(-1) == sop_labels) & sop_valid).sum()
 
         return PreTrainingOutput(loss=mlm_loss + sop_loss, mlm_loss=mlm_loss, sop_loss=sop_loss,
                                  mlm_correct=mlm_correct, mlm_count=mlm_count,
-                                 sop_correct=sop_correct, sop_count=sop_count)
+                                 sop_correct=sop_correct, sop_count=sop_count,
+                                 mlm_loss_sum=mlm_loss_sum, sop_loss_sum=sop_loss_sum)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

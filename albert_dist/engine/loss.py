@@ -1,0 +1,76 @@
+"""The pretraining loss of one optimiser step, normalised over the whole global batch, and the step itself.
+
+MLM: sum of the cross-entropy over every masked token of the global batch (all micro-steps, all ranks) / the
+number of those tokens. SOP: sum over the labelled sequences of the global batch / their number. A mean per
+micro-batch instead weights a token by 1 / (its micro-batch's masked count), so gradient accumulation, the
+micro-batch size and the number of ranks would change the gradient whenever micro-batches hold different
+numbers of masked tokens (short sequences, the 20-prediction cap); transformers fixed the same bug for
+gradient accumulation in 2024 (huggingface/transformers PR #34191).
+
+The counts are known before the first forward: the labels are in the batches. `label_counts` sums them over
+the step's micro-batches and all-reduces them once; each micro-step's backward then uses
+`micro_step_loss`, scaled for what DeepSpeed does to it (`engine.backward` divides by the accumulation steps,
+the gradient reduction averages over the data-parallel ranks).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from albert_dist.model.albert import IGNORE_INDEX
+
+
+def label_counts(batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Masked tokens and labelled SOP sequences of a whole optimiser step: (2,) float64 on the batches' device.
+
+    `batches` are this rank's micro-batches of the step (the loader's dicts with (B, S) `mlm_labels` and (B,)
+    `sop_labels`, -100 = no label). Collective: one SUM all-reduce over the process group when one is up with
+    more than one rank, so every rank returns the global counts.
+    """
+    mlm = sum((b["mlm_labels"] != IGNORE_INDEX).sum() for b in batches)
+    sop = sum((b["sop_labels"] != IGNORE_INDEX).sum() for b in batches)
+    counts = torch.stack([torch.as_tensor(mlm), torch.as_tensor(sop)]).to(torch.float64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(counts)
+    return counts
+
+
+def micro_step_loss(output: Any, counts: torch.Tensor, micro_steps: int, sop_weight: float = 1.0) -> torch.Tensor:
+    """This micro-step's share of the step loss, as `engine.backward` must receive it (fp32 scalar).
+
+    step loss = sum_CE_MLM / counts[0] + sop_weight * sum_CE_SOP / counts[1] over the global batch; this
+    micro-step contributes its own sums (`output.mlm_loss_sum`, `output.sop_loss_sum` of a
+    `PreTrainingOutput`). `micro_steps` = gradient_accumulation_steps x data-parallel world size: DeepSpeed
+    divides the loss by the first and averages the gradients over the second, and multiplying by both makes
+    the reduced gradient that of the step loss. A zero count gives that term 0 (nothing was labelled).
+    """
+    mlm = output.mlm_loss_sum / counts[0].clamp(min=1).to(output.mlm_loss_sum.dtype)
+    sop = output.sop_loss_sum / counts[1].clamp(min=1).to(output.sop_loss_sum.dtype)
+    return micro_steps * (mlm + sop_weight * sop)
+
+
+def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> list:
+    """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
+
+    `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
+    count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). Returns the
+    micro-steps' `PreTrainingOutput`s (detached), for metrics. Raises `ValueError` when the number of batches differs
+    from the engine's accumulation steps.
+    """
+    ga = engine.gradient_accumulation_steps()
+    if len(batches) != ga:
+        raise ValueError(f"{len(batches)} micro-batches for an engine with gradient_accumulation_steps={ga}")
+    counts = label_counts(batches)
+    world = engine.dp_world_size
+    outputs = []
+    for batch in batches:
+        out = engine(**batch)
+        engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
+        engine.step()
+        outputs.append(type(out)(*(t.detach() for t in out)))  # metrics only: keep no autograd graph alive
+    return outputs
+
+
+__all__ = ["label_counts", "micro_step_loss", "optimizer_step"]
