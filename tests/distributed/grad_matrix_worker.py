@@ -77,11 +77,24 @@ class Cell:
     gradient_checkpointing: bool
     precision: str = "fp32"
     control: str = ""
+    world_size: int = WORLD_SIZE
+    offload: bool = False
+    """CPU offload of the optimiser (ZeRO >= 1) and, at ZeRO-3, of the parameters."""
+    steps: int = 1
+    """Optimiser steps; the parameters are compared after each (gradients after the first)."""
+    optimizer: str = "adamw"
+    """`optimizer.type`: "adamw" or "lamb" (`albert_dist.engine.lamb`)."""
 
     @property
     def id(self) -> str:
         ckpt = "ckpt" if self.gradient_checkpointing else "nockpt"
         base = f"{self.precision}-{self.sharing}-zero{self.zero_stage}-ga{self.gradient_accumulation_steps}-{ckpt}"
+        if self.world_size != WORLD_SIZE:
+            base += f"-w{self.world_size}"
+        if self.offload:
+            base += f"-offload-{self.steps}steps"
+        if self.optimizer != "adamw":
+            base += f"-{self.optimizer}"
         return f"{base}-{self.control}" if self.control else base
 
 
@@ -91,16 +104,25 @@ def fp32_cells() -> list[Cell]:
 
 
 def bf16_cells() -> list[Cell]:
-    """bf16 subset (17 cells): every sharing x ZeRO 1/2/3 with GA 3 and checkpointing on; sharing "all" x
-    ZeRO 1/2/3 with GA 1 and checkpointing off; sharing "all" at ZeRO-1 with (GA 3, no checkpointing) and
-    (GA 1, checkpointing), which separate accumulation from checkpointing for DeepSpeed's BF16_Optimizer.
+    """The 64 bf16 cells; ZeRO-0 accumulates in bf16 (`engine.grad_accum_dtype=bf16`: DeepSpeed keeps fp32
+    accumulation inside its ZeRO optimisers), ZeRO 1-3 in fp32."""
+    return [Cell(s, z, ga, ck, "bf16") for s in SHARINGS for z in STAGES for ga in GAS for ck in CHECKPOINTING]
 
-    ZeRO-0 is left out because the project's config refuses bf16 with fp32 gradient accumulation without ZeRO
-    (DeepSpeed keeps the fp32 accumulator inside its ZeRO optimisers).
-    """
-    cells = [Cell(s, z, 3, True, "bf16") for s in SHARINGS for z in (1, 2, 3)]
-    cells += [Cell("all", z, 1, False, "bf16") for z in (1, 2, 3)]
-    return cells + [Cell("all", 1, 3, False, "bf16"), Cell("all", 1, 1, True, "bf16")]
+
+def wide_cells(world_size: int = 4) -> list[Cell]:
+    """The `world_size`-rank subset: sharing "all" x ZeRO 0-3 x GA 3, no checkpointing, fp32 and bf16."""
+    return [Cell("all", z, 3, False, p, world_size=world_size) for p in ("fp32", "bf16") for z in STAGES]
+
+
+def offload_cells() -> list[Cell]:
+    """CPU offload, fp32, sharing "all": ZeRO-2 x GA 1/4 and ZeRO-3 (optimiser + parameters) x GA 3 with AdamW,
+    ZeRO-2 x GA 4 and ZeRO-3 x GA 3 with LAMB, each checked after steps 1 and 2 (a public DeepSpeed offload bug
+    hit only the first step)."""
+    adamw = [Cell("all", 2, ga, False, offload=True, steps=2) for ga in (1, 4)] + \
+        [Cell("all", 3, 3, False, offload=True, steps=2)]
+    lamb = [Cell("all", 2, 4, False, offload=True, steps=2, optimizer="lamb"),
+            Cell("all", 3, 3, False, offload=True, steps=2, optimizer="lamb")]
+    return adamw + lamb
 
 
 def control_cells() -> list[Cell]:
@@ -113,15 +135,18 @@ def train_config(cell: Cell):
     """The project's `TrainConfig` for `cell`, through the strict loader (as a recipe + overrides would be)."""
     from albert_dist.config import load_config
 
-    overrides = MODEL_OVERRIDES + OPTIM_OVERRIDES + [
+    overrides = MODEL_OVERRIDES + OPTIM_OVERRIDES + [f"optimizer.type={cell.optimizer}"] + [
         f"model.sharing={cell.sharing}",
         f"model.gradient_checkpointing={str(cell.gradient_checkpointing).lower()}",
         f"engine.zero_stage={cell.zero_stage}",
         f"engine.train_micro_batch_size_per_gpu={MICRO_BATCH}",
         f"engine.gradient_accumulation_steps={cell.gradient_accumulation_steps}",
         f"engine.precision={cell.precision}",
+        f"engine.grad_accum_dtype={'bf16' if cell.precision == 'bf16' and cell.zero_stage == 0 else 'fp32'}",
         # DeepSpeed leaves parameters below 1e5 elements unpartitioned under ZeRO-3; 0 partitions every one.
         "engine.zero_optimization.stage3_param_persistence_threshold=0",
+        f"engine.offload_optimizer.device={'cpu' if cell.offload else 'none'}",
+        f"engine.offload_param.device={'cpu' if cell.offload and cell.zero_stage == 3 else 'none'}",
         f"seed={SEED}",
     ]
     return load_config(None, overrides)
@@ -160,17 +185,24 @@ def initial_state(model_cfg) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
+def reference(cfg, batches, precision: str = "fp32", world_size: int = WORLD_SIZE,
+              second_batches: list | None = None) -> dict[str, Any]:
     """Single-process references for a cell's config: (a) unrolled gradients, (b) one plain optimiser step.
 
-    Returns ``grads`` (sum over copies), ``first_copy_grads`` (only the first copy: a deliberately wrong
+    With ``second_batches`` (fp32 only) the plain loop takes a second step on them: ``params`` are then the
+    parameters after step 2 and ``step1_params`` those after step 1.
+
+    Returns ``grads`` (sum over copies), ``first_copy_grads``  (only the first copy: a deliberately wrong
     reference for the control), ``n_copies``, ``init`` and ``params`` (after the step), ``grad_norm``.
 
     With ``precision="bf16"`` the references mirror DeepSpeed's bf16 arithmetic instead of fp32 (otherwise
     the bf16 rounding of 14 blocks of forward and backward, ~1.5 % here, would be what the comparison
-    measures): (a) the unrolled model in bf16, each micro-batch's gradient (of loss / number of micro-batches)
-    accumulated in fp32 as `grad_accum_dtype: fp32` does; (b) the fp32 master weights stepped (clipping,
-    AdamW) with the shared parameters' sums of those gradients.
+    measures), starting from the bf16-rounded initial weights as DeepSpeed does: (a) the unrolled model in
+    bf16, each micro-batch's gradient (of loss / number of micro-batches) accumulated in fp32 and the copies
+    summed in fp32; (b) the fp32 master weights stepped (clipping, AdamW) with those gradients. Also
+    ``plain_grads`` / ``plain_params``: plain PyTorch bf16 on the *shared* model with DeepSpeed's scaling
+    (loss / GA per micro-batch, fp32 sums over micro-batches and the `world_size` ranks), i.e. the same
+    arithmetic DeepSpeed does with fp32 accumulation, where autograd sums a shared parameter's copies in bf16.
     """
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
@@ -199,10 +231,31 @@ def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
         copy_grads = {n: p.grad for n, p in unrolled_params.items()}
     grads = {name: torch.stack([copy_grads[c] for c in names]).sum(0) for name, names in copies.items()}
     first_copy = {name: copy_grads[names[0]].clone() for name, names in copies.items()}
+    extra: dict[str, Any] = {}
+    if precision == "bf16":
+        # Plain PyTorch bf16 on the *shared* model: autograd sums a shared parameter's copies in bf16 inside
+        # each backward, as it must under DeepSpeed too; the micro-batches are accumulated in fp32.
+        plain = AlbertForPreTraining(model_cfg)
+        plain.load_state_dict(init)
+        plain.to(torch.bfloat16)
+        plain_params = dict(plain.named_parameters())
+        # DeepSpeed's scaling: each micro-batch's loss / GA backward in bf16, fp32 sums, mean over the ranks
+        # (a power of two: exact).
+        pacc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in plain_params.items()}
+        for b in batches:
+            plain.zero_grad()
+            (plain(**b).loss / (len(batches) // world_size)).backward()
+            for n, p in plain_params.items():
+                pacc[n] += p.grad.float()
+        extra["plain_grads"] = {n: g / world_size for n, g in pacc.items()}
 
     # (b) the shared model trained one step by plain PyTorch on the same global batch.
+    # bf16: DeepSpeed casts the module to bf16 before it makes the fp32 master copy, so bf16 training starts
+    # from the bf16-rounded initial weights; so do the bf16 references, and their updates count from there.
+    start = {k: (v.bfloat16().float() if precision == "bf16" and v.is_floating_point() else v)
+             for k, v in init.items()}
     model = AlbertForPreTraining(model_cfg)
-    model.load_state_dict(init)
+    model.load_state_dict(start)
     optimizer = build_optimizer(model, cfg.optimizer).optimizer
     if precision == "bf16":
         for name, p in model.named_parameters():
@@ -213,14 +266,30 @@ def reference(cfg, batches, precision: str = "fp32") -> dict[str, Any]:
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.engine.gradient_clipping))
     optimizer.step()
     named = dict(model.named_parameters())
+    if second_batches is not None:  # a second plain step (fp32), on the next global batch
+        extra["step1_params"] = {name: p.detach().clone() for name, p in named.items()}
+        optimizer.zero_grad()
+        torch.stack([model(**b).loss for b in second_batches]).mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.engine.gradient_clipping)
+        optimizer.step()
+    if precision == "bf16":  # the fp32 master weights stepped with the plain bf16 gradients
+        pmodel = AlbertForPreTraining(model_cfg)
+        pmodel.load_state_dict(start)
+        poptimizer = build_optimizer(pmodel, cfg.optimizer).optimizer
+        for name, p in pmodel.named_parameters():
+            p.grad = extra["plain_grads"][name].clone()
+        torch.nn.utils.clip_grad_norm_(pmodel.parameters(), cfg.engine.gradient_clipping)
+        poptimizer.step()
+        extra["plain_params"] = {name: p.detach().clone() for name, p in pmodel.named_parameters()}
     return {
         "grads": grads,
         "first_copy_grads": first_copy,
         "n_copies": {name: len(names) for name, names in copies.items()},
         "state": init,
-        "init": {name: init[name].clone() for name in named},
+        "init": {name: start[name].clone() for name in named},
         "params": {name: p.detach().clone() for name, p in named.items()},
         "grad_norm": grad_norm,
+        **extra,
     }
 
 
@@ -253,6 +322,40 @@ def global_l2_error(xs: dict[str, torch.Tensor], refs: dict[str, torch.Tensor]) 
     return float((diff / total).sqrt()) if total > 0 else 0.0
 
 
+def bf16_figures(ref: dict, ref32: dict, grads: dict[str, torch.Tensor],
+                 update: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A bf16 cell's errors against fp32 arithmetic, and the same errors of the ideal bf16 computations.
+
+    ``fp32_*``: DeepSpeed's gradients and master-weight update against the fp32 reference; ``ideal_fp32_*``:
+    the bf16 reference (unrolled bf16, exact fp32 accumulation) against the same fp32 reference - what bf16
+    arithmetic costs by itself; ``floor_*``: plain-PyTorch bf16 on the shared model against the bf16
+    reference - the difference two correct bf16 computations of the same step have (the shared copies are
+    summed in bf16 by autograd, in another order than the unrolled reference's fp32 sum).
+    """
+    names = list(grads)
+    upd32 = {n: ref32["params"][n] - ref32["init"][n] for n in names}
+    upd16 = {n: ref["params"][n] - ref["init"][n] for n in names}
+    plain_upd = {n: ref["plain_params"][n] - ref["init"][n] for n in names}
+    return {
+        "fp32_grad_error": _worst(scaled_errors(grads, ref32["grads"])),
+        "fp32_grad_global_l2_error": (global_l2_error(grads, ref32["grads"]), "all parameters"),
+        "fp32_update_global_l2_error": (global_l2_error(update, upd32), "all parameters"),
+        "ideal_fp32_grad_error": _worst(scaled_errors({n: ref["grads"][n] for n in names}, ref32["grads"])),
+        "ideal_fp32_grad_global_l2_error": (global_l2_error({n: ref["grads"][n] for n in names}, ref32["grads"]),
+                                            "all parameters"),
+        "ideal_fp32_update_global_l2_error": (global_l2_error(upd16, upd32), "all parameters"),
+        "floor_grad_error": _worst(scaled_errors({n: ref["plain_grads"][n] for n in names}, ref["grads"])),
+        "floor_master_param_error": _worst(scaled_errors({n: ref["plain_params"][n] for n in names},
+                                                         ref["params"])),
+        "floor_update_global_l2_error": (global_l2_error(plain_upd, upd16), "all parameters"),
+        "plain_grad_error": _worst(scaled_errors(grads, ref["plain_grads"])),
+        "plain_master_param_error": _worst(scaled_errors({n: ref["init"][n] + update[n] for n in names},
+                                                         ref["plain_params"])),
+        "plain_update_error": _worst(scaled_errors(update, plain_upd)),
+        "plain_update_global_l2_error": (global_l2_error(update, plain_upd), "all parameters"),
+    }
+
+
 def _worst(errors: dict[str, float]) -> tuple[float, str]:
     name = max(errors, key=errors.get)
     return errors[name], name
@@ -274,17 +377,28 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model import albert as albert_module
 
+    if cell.world_size != world_size:
+        raise ValueError(f"cell {cell.id} needs {cell.world_size} ranks, this process group has {world_size}")
     t_setup = time.perf_counter()
     cfg = train_config(cell)
     ga = cell.gradient_accumulation_steps
     batches = global_batch(cfg.model, ga * world_size, seed=SEED + ga)
-    key = (cell.sharing, ga, cell.precision)
+    second_batches = global_batch(cfg.model, ga * world_size, seed=SEED + ga + 1000) if cell.steps == 2 else None
+    key = (cell.sharing, ga, cell.precision, world_size, cell.steps, cell.optimizer)
     ref_s = 0.0
     if key not in ref_cache:  # the reference depends on neither the stage nor checkpointing
         ref_s = time.perf_counter()
-        ref_cache[key] = reference(cfg, batches, cell.precision)
+        ref_cache[key] = reference(cfg, batches, cell.precision, world_size, second_batches)
         ref_s = time.perf_counter() - ref_s
     ref = ref_cache[key]
+    ref32 = None
+    if cell.precision == "bf16":  # the fp32 reference too: bf16 is also judged against fp32 arithmetic
+        key32 = (cell.sharing, ga, "fp32", world_size, cell.steps, cell.optimizer)
+        if key32 not in ref_cache:
+            t_ref = time.perf_counter()
+            ref_cache[key32] = reference(cfg, batches, "fp32", world_size)
+            ref_s += time.perf_counter() - t_ref
+        ref32 = ref_cache[key32]
 
     ds_config = build_deepspeed_config(cfg.engine, world_size)
     model = AlbertForPreTraining(cfg.model)
@@ -293,27 +407,55 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     t0 = time.perf_counter()
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     after_initialize(engine)
+    # Count DeepSpeed's backward prologue (ZeRO bookkeeping, BF16_Optimizer clearing its bf16 gradients): it
+    # runs only from hooks DeepSpeed puts on the output tensors it can find, i.e. only if it can walk our
+    # output type. The hook closure looks the method up on the engine at call time, so an instance attribute
+    # sees every call.
+    prologue_calls = [0]
+    real_prologue = engine._backward_prologue
+
+    def counting_prologue():
+        prologue_calls[0] += 1
+        return real_prologue()
+
+    engine._backward_prologue = counting_prologue
     named = dict(engine.module.named_parameters())
     result: dict[str, Any] = {"ds_config": ds_config, "grad_norm_ref": ref["grad_norm"]}
     if cell.zero_stage == 3:
         # Evidence that partitioning is exercised: each rank holds about half of every parameter.
         result["unpartitioned"] = sorted(n for n, p in named.items() if p.ds_tensor.numel() >= p.ds_numel)
+    def snapshot() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The module's parameters (gathered under ZeRO-3) and, where DeepSpeed keeps them, the fp32 masters."""
+        if cell.zero_stage == 3:
+            with deepspeed.zero.GatheredParameters(list(named.values())):
+                module = {n: p.detach().float().clone() for n, p in named.items()}
+        else:
+            module = {n: p.detach().float().clone() for n, p in named.items()}
+        if cell.zero_stage >= 1:
+            masters = {n: safe_get_full_fp32_param(p).detach().float().clone() for n, p in named.items()}
+        elif cell.precision == "bf16":  # ZeRO-0 bf16: DeepSpeed's FP16_UnfusedOptimizer has fp32 copies per group
+            fp32_of = {id(lp): hp for lps, hps in zip(engine.optimizer.fp16_groups, engine.optimizer.fp32_groups)
+                       for lp, hp in zip(lps, hps)}
+            masters = {n: fp32_of[id(p)].detach().clone() for n, p in named.items()}
+        else:
+            masters = {}
+        return module, masters
+
     grads: dict[str, torch.Tensor] = {}
+    after: list[tuple[dict, dict]] = []  # (module, master) parameters after each step
     with ExitStack() as stack:
         if cell.control == "reentrant":
             stack.enter_context(mock.patch.object(albert_module, "checkpoint", _reentrant_checkpoint))
-        for micro in range(ga):
-            out = engine(**batches[micro * world_size + rank])
-            engine.backward(out.loss)
-            if micro == ga - 1:  # grads exist between the boundary backward and the step that consumes them
-                grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in named.items()}
-            engine.step()
-    if cell.zero_stage == 3:
-        with deepspeed.zero.GatheredParameters(list(named.values())):
-            module_params = {n: p.detach().float().clone() for n, p in named.items()}
-    else:
-        module_params = {n: p.detach().float().clone() for n, p in named.items()}
-    master = {n: safe_get_full_fp32_param(p) for n, p in named.items()} if cell.zero_stage >= 1 else {}
+        for step, step_batches in enumerate([batches, second_batches][:cell.steps]):
+            for micro in range(ga):
+                out = engine(**step_batches[micro * world_size + rank])
+                engine.backward(out.loss)
+                if step == 0 and micro == ga - 1:  # grads exist between the boundary backward and the step
+                    grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in named.items()}
+                engine.step()
+            after.append(snapshot())
+    module_params, master = after[0]
+    result["prologue_calls"] = prologue_calls[0]
     engine.destroy()
     result["seconds"] = time.perf_counter() - t_setup
 
@@ -322,14 +464,22 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     if shared_names:  # control: a reference that forgets to sum over the reuses must disagree
         wrong = scaled_errors({n: grads[n] for n in shared_names}, ref["first_copy_grads"])
         result["first_copy_grad_error"] = _worst(wrong)
-    ref_update = {n: ref["params"][n] - ref["init"][n] for n in named}
+    ref_step1 = ref.get("step1_params", ref["params"])
+    ref_update = {n: ref_step1[n] - ref["init"][n] for n in named}
     # The parameters the module computes with (bf16 copies in bf16 cells) and, at ZeRO >= 1, the fp32
     # master weights; updates (after - before) too, since an update is ~1e-3 of a weight.
     for prefix, values in (("", module_params), ("master_", master)):
         if values:
-            result[f"{prefix}param_error"] = _worst(scaled_errors(values, ref["params"]))
+            result[f"{prefix}param_error"] = _worst(scaled_errors(values, ref_step1))
             result[f"{prefix}update_error"] = _worst(
                 scaled_errors({n: values[n] - ref["init"][n] for n in named}, ref_update))
+    if cell.steps == 2:  # step 2 from step 1's reference parameters
+        ref_update2 = {n: ref["params"][n] - ref_step1[n] for n in named}
+        for prefix, values in zip(("step2_", "step2_master_"), after[1]):
+            if values:
+                result[f"{prefix}param_error"] = _worst(scaled_errors(values, ref["params"]))
+                result[f"{prefix}update_error"] = _worst(
+                    scaled_errors({n: values[n] - ref_step1[n] for n in named}, ref_update2))
     # Norm-wise view (bf16): per-tensor relative L2 error (same floor rule) and the whole-model relative L2 error.
     result["grad_l2_error"] = _worst(scaled_errors(grads, ref["grads"], norm=2))
     result["grad_global_l2_error"] = (global_l2_error(grads, ref["grads"]), "all parameters")
@@ -337,6 +487,8 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     upd = {n: upd[n] - ref["init"][n] for n in named}
     result["update_l2_error"] = _worst(scaled_errors(upd, ref_update, norm=2))
     result["update_global_l2_error"] = (global_l2_error(upd, ref_update), "all parameters")
+    if ref32 is not None:
+        result.update(bf16_figures(ref, ref32, grads, upd))
     result["timing"] = {"reference_s": ref_s, "setup_s": t0 - t_setup, "engine_s": time.perf_counter() - t0}
     return result
 
