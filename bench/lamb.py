@@ -20,7 +20,10 @@ Figures per repeat (one repeat = one block of each), min / median / max over rep
   alone (gradient partition flattening, clipping, the client optimiser, the parameter all-gather), i.e. the
   part LAMB changes.
 
-    python bench/lamb.py [--repeats 3] [--model albert-base] [--micro-batch 1] [--seq 128] [--steps 1]
+    python bench/lamb.py [--repeats 3] [--model albert-base] [--micro-batch 1] [--seq 128] [--steps 1] [--offload]
+
+`--offload` adds `zero_optimization.offload_optimizer: {device: cpu}` (the project's `engine.offload_optimizer`):
+the client optimiser (torch AdamW or LAMB) then steps DeepSpeed's fp32 partitions in host memory.
 
 The default micro-batch (1 x 128 tokens) keeps the suite within its time limit on 2 CPU cores; it is also the
 least favourable case for LAMB, whose extra cost is per parameter and not per token.
@@ -81,7 +84,9 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
     ds_config = {
         "train_micro_batch_size_per_gpu": args["micro_batch"], "gradient_accumulation_steps": 1,
         "train_batch_size": args["micro_batch"] * WORLD, "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": 2, **({"offload_optimizer": {"device": "cpu", "pin_memory": False}}
+                                             if args["offload"] else {})},
+        "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False, "steps_per_print": 2**31 - 1,
     }
     engines = {}
@@ -140,7 +145,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq: int = 128,
-        steps: int = 1) -> dict[str, Any]:
+        steps: int = 1, offload: bool = False) -> dict[str, Any]:
     """Time LAMB vs AdamW under ZeRO-2 on 2 gloo ranks; returns per-repeat lists, their ratios and summaries.
 
     Keys: the per-repeat lists named in the module docstring, ``ratio_lamb_over_adamw``,
@@ -152,7 +157,7 @@ def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq:
             raise ValueError(f"{key} must be >= 1, got {value!r}")
     import torch.multiprocessing as mp
 
-    args = dict(repeats=repeats, model=model, micro_batch=micro_batch, seq=seq, steps=steps)
+    args = dict(repeats=repeats, model=model, micro_batch=micro_batch, seq=seq, steps=steps, offload=offload)
     with tempfile.TemporaryDirectory(prefix="bench-lamb-") as tmp:
         out = os.path.join(tmp, "rows.pt")
         mp.spawn(_worker, args=(free_port(), args, out), nprocs=WORLD, join=True)
@@ -164,7 +169,7 @@ def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq:
     result["ratio_optimizer_step"] = [a / b for a, b in zip(rows["lamb_optimizer_s"], rows["adamw_optimizer_s"])]
     result["summary"] = {k: _stats(v) for k, v in result.items() if isinstance(v, list)}
     result.update(model=model, micro_batch=micro_batch, seq=seq, steps_per_block=steps, world_size=WORLD,
-                  zero_stage=2)
+                  zero_stage=2, offload_optimizer="cpu" if offload else "none")
     return result
 
 
@@ -175,10 +180,13 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=1, help="optimiser steps per timed block")
+    parser.add_argument("--offload", action="store_true",
+                        help="ZeRO-Offload: optimiser states and the client optimiser's step on the CPU")
     a = parser.parse_args()
-    r = run(repeats=a.repeats, model=a.model, micro_batch=a.micro_batch, seq=a.seq, steps=a.steps)
+    r = run(repeats=a.repeats, model=a.model, micro_batch=a.micro_batch, seq=a.seq, steps=a.steps, offload=a.offload)
     s = r["summary"]
-    print(f"{a.model}, ZeRO-2, {WORLD} gloo ranks x 1 thread, B={a.micro_batch} S={a.seq}, {a.repeats} repeats")
+    print(f"{a.model}, ZeRO-2{' + CPU offload' if a.offload else ''}, {WORLD} gloo ranks x 1 thread, "
+          f"B={a.micro_batch} S={a.seq}, {a.repeats} repeats")
     for key, label in (("step_s", "step CPU s"), ("wall_step_s", "step wall s"),
                        ("optimizer_s", "engine.step() CPU s")):
         for name in ("lamb", "adamw"):
