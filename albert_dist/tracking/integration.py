@@ -107,7 +107,7 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
     """
     if not (cfg.tracking.enabled and cfg.tracking.log_final_model):
         return None
-    from albert_dist.model.export import export_final_model
+    from albert_dist.export import export_final_model
 
     out = Path(run_dir) / "final_model"
     try:

@@ -326,7 +326,7 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
     from safetensors import safe_open
 
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.model.export import cli as export_cli, load_config as load_model_config, load_state_dict
+    from albert_dist.export import cli as export_cli, load_config as load_model_config, load_state_dict
 
     run_dir, dump = tmp_path / "run", tmp_path / "live.pt"
     run_ok(2, config, run_dir, ["--dump", str(dump), "--dump-at-end"],

@@ -56,7 +56,7 @@ def test_model_package_imports_no_distributed_stack():
     import subprocess
     import sys
 
-    code = ("import sys, albert_dist.model, albert_dist.model.hf, albert_dist.model.export, albert_dist.model.flops; "
+    code = ("import sys, albert_dist.model, albert_dist.model.hf, albert_dist.model.flops; "
             "print(sorted(m for m in ('deepspeed', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

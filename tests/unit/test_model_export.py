@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.model.export import cli
+from albert_dist.export import cli
 
 transformers = pytest.importorskip("transformers")
 

@@ -205,7 +205,7 @@ def test_transformers_gives_sentencepiece_ids_from_train_and_export(tmp_path, lo
     import torch
 
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
-    from albert_dist.model.export import cli as export_cli
+    from albert_dist.export import cli as export_cli
 
     corpus = [f"{line} number {i}." for i in range(40) for line in MIXED] + SAMPLE_TEXT.split("\n") * 20
     (tmp_path / "c.txt").write_text("\n\n".join(corpus) + "\n")

@@ -1,4 +1,5 @@
-"""`albert-dist export`: a checkpoint -> a transformers `save_pretrained` directory.
+"""`albert-dist export`: a checkpoint -> a transformers `save_pretrained` directory (an app, beside train.py:
+it reads DeepSpeed checkpoints, so it lives outside the pure-PyTorch `albert_dist.model`).
 
     albert-dist export CHECKPOINT --config MODEL_OR_TRAIN_YAML --output DIR [--tokenizer spiece.model]
                        [--fp32 FILE.safetensors|FILE.pt]
