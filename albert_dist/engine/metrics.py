@@ -16,14 +16,21 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from albert_dist.engine.distributed import is_multi_rank
+
 logger = logging.getLogger(__name__)
 
 #: Environment variable with a device's peak dense TFLOP/s, read when engine.peak_tflops_per_device is unset.
 PEAK_TFLOPS_ENV = "ALBERT_DIST_PEAK_TFLOPS"
 
-#: Order of the summed quantities in the accumulator's vector.
-_FIELDS = ("mlm_loss_sum", "sop_loss_sum", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
-           "sop_count", "tokens", "samples", "positions", "grad_norm", "steps")
+#: The accumulator's vector, slot by name: sums added every micro-step (on the device), counts kept on the host
+#: (shapes are known without a sync), and per-step values that are already global (equal on every rank).
+_MICRO_FIELDS = ("mlm_loss_sum", "sop_loss_sum", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
+                 "sop_count", "tokens")
+_HOST_FIELDS = ("samples", "positions")
+_GLOBAL_FIELDS = ("grad_norm", "steps")
+_FIELDS = _MICRO_FIELDS + _HOST_FIELDS + _GLOBAL_FIELDS
+_SLOT = {name: i for i, name in enumerate(_FIELDS)}
 
 
 class MetricAccumulator:
@@ -47,21 +54,21 @@ class MetricAccumulator:
     def add_micro_step(self, output: Any, attention_mask: torch.Tensor) -> None:
         """Add one micro-step: `output` a `PreTrainingOutput` (fp32 scalar loss sums, int64 counts) and the
         (B, S) int64 `attention_mask` of its batch (1 = real token)."""
-        values = torch.stack([
-            output.mlm_loss_sum.detach().double(), output.sop_loss_sum.detach().double(),
-            torch.ones((), dtype=torch.float64, device=self.device),
-            output.mlm_correct.double(), output.mlm_count.double(), output.sop_correct.double(),
-            output.sop_count.double(), attention_mask.sum().double(),
-        ]).to(self.device)
-        self._sums[:8] += values
+        values = {
+            "mlm_loss_sum": output.mlm_loss_sum.detach(), "sop_loss_sum": output.sop_loss_sum.detach(),
+            "micro_steps": torch.ones((), device=self.device), "mlm_correct": output.mlm_correct,
+            "mlm_count": output.mlm_count, "sop_correct": output.sop_correct, "sop_count": output.sop_count,
+            "tokens": attention_mask.sum(),
+        }
+        self._sums[:len(_MICRO_FIELDS)] += torch.stack([values[f].double() for f in _MICRO_FIELDS]).to(self.device)
         self._samples += attention_mask.shape[0]
         self._positions += attention_mask.numel()
 
     def add_step(self, grad_norm: Any) -> None:
         """Add one optimiser step and its global gradient norm (tensor, float or None when unavailable)."""
         if grad_norm is not None:
-            self._sums[10] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
-        self._sums[11] += 1
+            self._sums[_SLOT["grad_norm"]] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
+        self._sums[_SLOT["steps"]] += 1
 
     def reduce(self) -> dict[str, float]:
         """Sum over ranks (collective when a process group is up) and return the interval's record:
@@ -71,11 +78,11 @@ class MetricAccumulator:
         (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
         (padded positions, what the FLOPs count). Resets the accumulator."""
         sums = self._sums.clone()
-        sums[8], sums[9] = float(self._samples), float(self._positions)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # grad_norm and steps are already global; sum only the per-rank quantities.
+        sums[_SLOT["samples"]], sums[_SLOT["positions"]] = float(self._samples), float(self._positions)
+        if is_multi_rank():
+            # one all-reduce for all slots; the global ones were equal on every rank, so their sum / world
             dist.all_reduce(sums)
-            sums[10:] /= dist.get_world_size()
+            sums[_SLOT[_GLOBAL_FIELDS[0]]:] /= dist.get_world_size()
         s = dict(zip(_FIELDS, sums.tolist()))
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         mlm_loss = s["mlm_loss_sum"] / max(s["mlm_count"], 1.0)
