@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from albert_dist.model.albert import IGNORE_INDEX
+from albert_dist.engine.distributed import is_multi_rank
+from albert_dist.model.config import IGNORE_INDEX
 
 
 def label_counts(batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -32,7 +33,7 @@ def label_counts(batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
     mlm = sum((b["mlm_labels"] != IGNORE_INDEX).sum() for b in batches)
     sop = sum((b["sop_labels"] != IGNORE_INDEX).sum() for b in batches)
     counts = torch.stack([torch.as_tensor(mlm), torch.as_tensor(sop)]).to(torch.float64)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if is_multi_rank():
         dist.all_reduce(counts)
     return counts
 
