@@ -68,13 +68,13 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
         # (PreTrainingOutput is a NamedTuple DeepSpeed hooks), the 16 bf16 ZeRO-1 cells of the gradient matrix
         # give the same errors to every digit with true and false, and equal cell times.
         ds["bf16"] = {"enabled": True}
-        ds["data_types"] = {"grad_accum_dtype": engine.grad_accum_dtype}
+        ds["data_types"] = {"grad_accum_dtype": engine.accumulation_dtype}
         # DeepSpeed reduces bf16 models' gradients in bf16 unless told otherwise (engine.communication_data_type),
         # i.e. it rounds the fp32-accumulated gradients to bf16 for the reduction. Reducing in the accumulation
         # dtype makes bf16 + fp32 accumulation at ZeRO 1-3 equal a single-process bf16 step with fp32 sums
         # (measured: gradients 1.4e-8 apart on every such cell of tests/distributed/test_grad_matrix.py, against
         # 0.2 % of the update with bf16 reduction), for twice the gradient bytes on the wire.
-        ds["communication_data_type"] = engine.grad_accum_dtype
+        ds["communication_data_type"] = engine.accumulation_dtype
     elif engine.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return ds

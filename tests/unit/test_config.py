@@ -131,6 +131,12 @@ def test_precision_rules():
     ds = build_deepspeed_config(load_config(None, ["engine.zero_stage=0", "engine.precision=bf16",
                                                    "engine.grad_accum_dtype=bf16"]).engine, 1, accelerator="cpu")
     assert ds["data_types"] == {"grad_accum_dtype": "bf16"}
+    # Left unset, bf16 accumulates in fp32 where DeepSpeed can (ZeRO >= 1) and in bf16 at ZeRO-0: bf16 is never
+    # refused on CPU for want of a second setting; an explicit fp32 at ZeRO-0 still is (above).
+    for stage, accum in ((0, "bf16"), (1, "fp32"), (3, "fp32")):
+        ds = build_deepspeed_config(load_config(None, [f"engine.zero_stage={stage}", "engine.precision=bf16"]).engine,
+                                    1, accelerator="cpu")
+        assert ds["data_types"] == {"grad_accum_dtype": accum} and ds["communication_data_type"] == accum, stage
     # bf16 + ZeRO-1 + gradient accumulation is accepted: it was wrong only because DeepSpeed never ran its backward
     # prologue on our output type (tests/distributed/test_grad_matrix.py checks every bf16 cell).
     cfg = EngineConfig(zero_stage=1, precision="bf16", gradient_accumulation_steps=3)
