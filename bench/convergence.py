@@ -378,6 +378,26 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
     return result
 
 
+#: bench/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
+ABLATION_CELLS = {"peer": "peer", "matched": "matched", "albert": "shipped", "albert_mlm_only": "sop0"}
+
+
+def reuse(ablations_dir: str, seed: int, report_steps: Sequence[int]) -> dict[str, Any]:
+    """The figures from bench/ablations.py runs of the same recipes (same trainer/peer/scoring code, curve points
+    every 100 steps there) instead of training again: `ABLATION_CELLS` maps this benchmark's curves to cells."""
+    result: dict[str, Any] = {"report_steps": list(report_steps), "curves": {}, "reused_from": ablations_dir,
+                              "seed": seed}
+    for name, cell in ABLATION_CELLS.items():
+        path = Path(ablations_dir, f"{cell}-seed{seed}.json")
+        if path.exists():
+            rec = json.loads(path.read_text())
+            result["curves"][name] = rec["curve"]
+            result.update(predictions=rec["predictions"], unigram=rec["unigram"], steps=rec["steps"])
+            result.setdefault("overrides", {})[name] = rec["overrides"]
+    result.update(figures(result["curves"], report_steps))
+    return result
+
+
 def _print(result: dict[str, Any]) -> None:
     rs = result["report_steps"]
     print(f"held-out set: {result['predictions']} masked tokens; unigram floor "
@@ -410,12 +430,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", default=None, help="keep the runs here (default: a temporary directory)")
     p.add_argument("--peer-full-logits", action="store_true",
                    help="peer computes run_mlm's full (B, S, V) logits (same learning, its true wall time)")
+    p.add_argument("--reuse", default=None, metavar="DIR",
+                   help="take the curves from bench/ablations.py results in DIR instead of training")
+    p.add_argument("--seed", type=int, default=1, help="with --reuse: the ablation seed to read")
     p.add_argument("--json", default=None, help="write the result dict here")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer overrides for every run")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    result = run(args.steps, args.report_steps, args.curve_every, args.recipes, args.out, args.overrides,
-                 peer_full_logits=args.peer_full_logits)
+    if args.reuse:
+        result = reuse(args.reuse, args.seed, args.report_steps)
+    else:
+        result = run(args.steps, args.report_steps, args.curve_every, args.recipes, args.out, args.overrides,
+                     peer_full_logits=args.peer_full_logits)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     _print(result)
