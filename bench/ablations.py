@@ -58,41 +58,67 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def _path(out: Path, cell: str, seed: int) -> Path:
-    return out / f"{cell}-seed{seed}.json"
+def _parse(item: str, default_steps: int) -> tuple[str, int]:
+    """"cell" or "cell@steps" -> (cell, steps)."""
+    cell, _, steps = item.partition("@")
+    return cell, int(steps) if steps else default_steps
+
+
+def _name(cell: str, steps: int) -> str:
+    return cell if steps == 1000 else f"{cell}@{steps}"
+
+
+def _path(out: Path, cell: str, seed: int, steps: int = 1000) -> Path:
+    return out / f"{_name(cell, steps)}-seed{seed}.json"
 
 
 def run_cell(cell: str, seed: int, steps: int, every: int, out: Path) -> dict:
     """Train and score one (cell, seed); writes and returns its JSON record."""
     from albert_dist.config import load_config
 
+    # BASE's warmup is 10% of 1,000 steps; a shorter run keeps 10% (a cell's own warmup scales the same way)
     overrides = [*BASE, *CELLS[cell][0], f"seed={seed}", f"data.seed={12344 + seed}"]
+    if steps != 1000:
+        overrides = [f"optimizer.warmup_steps={int(o.split('=')[1]) * steps // 1000}"
+                     if o.startswith("optimizer.warmup_steps=") else o for o in overrides]
     cfg = load_config(conv.RECIPE, [*conv.COMMON, f"max_steps={steps}", *overrides])
     scoring = conv.scoring_set(cfg)
     t0 = time.perf_counter()
     if cell == "peer":
         curve = conv.train_peer(cfg, steps, every, scoring)
     else:
-        run_dir = out / f"{cell}-seed{seed}"
-        conv.train_ours(overrides, str(run_dir), steps, every, timeout_s=4 * 3600)
+        run_dir = out / f"{_name(cell, steps)}-seed{seed}"
+        # the trainer's own validation (2,000 SOP pairs) at 300, 600, 900 and the end: SOP accuracy at 300/1,000
+        conv.train_ours(overrides, str(run_dir), steps, every, timeout_s=4 * 3600, eval_every=min(300, steps))
         curve = conv.score_run(cfg, str(run_dir), scoring)
     rec = {"cell": cell, "seed": seed, "steps": steps, "overrides": overrides, "what": CELLS[cell][1],
            "predictions": scoring["predictions"], "unigram": conv.unigram_floor(cfg, scoring), "curve": curve,
            "wall_s": time.perf_counter() - t0}
-    _path(out, cell, seed).write_text(json.dumps(rec, indent=1))
+    _path(out, cell, seed, steps).write_text(json.dumps(rec, indent=1))
     return rec
 
 
-def schedule(cells: list[str], seeds: list[int], steps: int, every: int, out: Path, jobs: int) -> int:
-    """Run the missing (cell, seed) pairs, at most ``jobs`` child processes at a time; returns failures."""
-    todo = [(c, s) for s in seeds for c in cells if not _path(out, c, s).exists()]
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def schedule(cells: list[str], seeds: list[int], steps: int, every: int, out: Path, jobs: int,
+             busy_pids: tuple[int, ...] = ()) -> int:
+    """Run the missing (cell[@steps], seed) pairs, at most ``jobs`` child processes at a time; returns failures."""
+    todo = [(c, s) for s in seeds for c in cells
+            if not _path(out, _parse(c, steps)[0], s, _parse(c, steps)[1]).exists()]
     running: list[tuple[subprocess.Popen, str, int]] = []
     failed = 0
     while todo or running:
-        while todo and len(running) < jobs:
+        while todo and len(running) + sum(map(_alive, busy_pids)) < jobs:
             c, s = todo.pop(0)
-            logf = open(out / f"{c}-seed{s}.log", "w")
-            cmd = [sys.executable, __file__, "_one", c, str(s), "--steps", str(steps), "--every", str(every),
+            cell, n = _parse(c, steps)
+            logf = open(out / f"{_name(cell, n)}-seed{s}.log", "w")
+            cmd = [sys.executable, __file__, "_one", cell, str(s), "--steps", str(n), "--every", str(every),
                    "--out", str(out)]
             running.append((subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT), c, s))
             log.info("started %s seed %d", c, s)
@@ -110,7 +136,7 @@ def load(out: Path) -> dict[str, list[dict]]:
     recs: dict[str, list[dict]] = {}
     for p in sorted(out.glob("*-seed*.json")):
         rec = json.loads(p.read_text())
-        recs.setdefault(rec["cell"], []).append(rec)
+        recs.setdefault(_name(rec["cell"], rec["steps"]), []).append(rec)
     return recs
 
 
@@ -123,27 +149,24 @@ def _cell_fmt(values: list[float], digits: int = 3) -> str:
 
 
 def table(out: Path, report_steps=(300, 1000)) -> str:
-    """Markdown: per cell, loss / accuracy at the report steps (mean ± half the seed spread), SOP accuracy,
-    steps to the peer's 300-step accuracy."""
+    """Markdown: per cell and run length, loss / accuracy at the report steps (mean ± half the spread of two
+    seeds), val SOP accuracy at the end, steps to the peer's first-report-step accuracy."""
     recs = load(out)
     peer = recs.get("peer", [])
     target = statistics.mean(conv.at_step(r["curve"], report_steps[0])["mlm_accuracy"] for r in peer) if peer else None
-    head = ("| cell | what | seeds | " + " | ".join(f"{s} steps: MLM loss | MLM acc" for s in report_steps) +
-            f" | val SOP acc ({report_steps[-1]}) | steps to peer's {report_steps[0]}-step acc |")
-    lines = [head, "|" + "---|" * (3 + 2 * len(report_steps) + 2)]
+    head = ("| cell | what | run steps | seeds | " + " | ".join(f"{s} steps: MLM loss | MLM acc" for s in report_steps)
+            + " | val SOP acc (end) | steps to peer's %d-step acc |" % report_steps[0])
+    lines = [head, "|" + "---|" * (4 + 2 * len(report_steps) + 2)]
     first = next(iter(recs.values()))[0] if recs else None
-    for cell in CELLS:
-        if cell not in recs:
-            continue
-        rs = recs[cell]
-        cells = [cell, CELLS[cell][1], ",".join(str(r["seed"]) for r in rs)]
+    keys = sorted(recs, key=lambda k: (int(k.partition("@")[2] or 1000) != 1000, list(CELLS).index(k.partition("@")[0])))
+    for key in keys:
+        rs, cell = recs[key], key.partition("@")[0]
+        cells = [cell, CELLS[cell][1], str(rs[0]["steps"]), ",".join(str(r["seed"]) for r in rs)]
         for s in report_steps:
-            pts = [conv.at_step(r["curve"], s) for r in rs]
-            pts = [p for p in pts if p]
+            pts = [p for p in (conv.at_step(r["curve"], s) for r in rs) if p]
             cells += [_cell_fmt([p["mlm_loss"] for p in pts]), _cell_fmt([p["mlm_accuracy"] for p in pts])]
-        sops = [p["val_sop_accuracy"] for r in rs for p in [conv.at_step(r["curve"], report_steps[-1])]
-                if p and "val_sop_accuracy" in p]
-        cells.append(_cell_fmt(sops) if sops else "")
+        sops = [r["curve"][-1]["val_sop_accuracy"] for r in rs if "val_sop_accuracy" in r["curve"][-1]]
+        cells.append(_cell_fmt(sops) if sops and cell != "peer" else "")
         tta = [conv.time_to(r["curve"], target)["steps"] for r in rs] if target else []
         cells.append(", ".join(str(t) if t else "—" for t in tta))
         lines.append("| " + " | ".join(cells) + " |")
@@ -163,6 +186,8 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out", default="runs/ablations")
+    p.add_argument("--busy-pids", type=int, nargs="*", default=[],
+                   help="processes (earlier runs) that hold a job slot while they live")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
@@ -178,10 +203,11 @@ def main(argv=None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         run_cell(args.cells[0], int(args.cells[1]), args.steps, args.every, out)
         return 0
-    unknown = sorted(set(args.cells) - set(CELLS))
+    unknown = sorted({_parse(c, args.steps)[0] for c in args.cells} - set(CELLS))
     if unknown:
         p.error(f"unknown cells {unknown}")
-    return 1 if schedule(args.cells, args.seeds, args.steps, args.every, out, args.jobs) else 0
+    return 1 if schedule(args.cells, args.seeds, args.steps, args.every, out, args.jobs,
+                                tuple(args.busy_pids)) else 0
 
 
 if __name__ == "__main__":

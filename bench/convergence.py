@@ -190,11 +190,13 @@ def score_checkpoint(cfg, ckpt_dir: str, tag: str, scoring: dict[str, Any]) -> d
 
 # ------------------------------------------------------------------------------------------------ ours
 def train_ours(overrides: Sequence[str], run_dir: str, steps: int, curve_every: int, timeout_s: float,
-               recipe: Path = RECIPE) -> subprocess.CompletedProcess:
-    """Run the real trainer as a child process (one rank); raises RuntimeError when it fails."""
+               recipe: Path = RECIPE, eval_every: Optional[int] = None) -> subprocess.CompletedProcess:
+    """Run the real trainer as a child process (one rank), a checkpoint every ``curve_every`` steps and its own
+    validation (SOP accuracy) every ``eval_every`` (default: ``curve_every``) and at the end; raises
+    RuntimeError when it fails."""
     cmd = [sys.executable, "-m", "albert_dist.cli", "train", "--config", str(recipe), f"run_dir={run_dir}",
            f"max_steps={steps}", f"checkpoint.save_interval_steps={curve_every}",
-           f"checkpoint.keep_last={steps // curve_every + 1}", f"eval_interval_steps={curve_every}",
+           f"checkpoint.keep_last={steps // curve_every + 1}", f"eval_interval_steps={eval_every or curve_every}",
            f"log_interval_steps={math.gcd(curve_every, 10)}", *COMMON, *overrides]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("OMP_NUM_THREADS", "1")
