@@ -53,6 +53,11 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "lr1e-3": (("objective.sop_weight=0.0", "optimizer.lr=0.001"), "sop0, lr 1e-3"),
     "lr5e-3_w300": (("objective.sop_weight=0.0", "optimizer.lr=0.005", "optimizer.warmup_steps=300"),
                     "sop0, lr 5e-3 with 300 warmup steps"),
+    # corpus written by `python bench/sop_synthetic.py --corpus-only` (its MLM score on WikiText means nothing)
+    "sop_numbered": (("objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0",
+                      "data.train=[{paths: [runs/sop_synthetic/corpus/train.txt]}]",
+                      "data.validation=[{paths: [runs/sop_synthetic/corpus/validation.txt]}]"),
+                     "SOP weight 1 on numbered sentences ('( 1 ) ... ( 2 ) ...'), where order is easy"),
     "mask30": (("objective.sop_weight=0.0", "data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40"),
                "sop0, 30% masking (ModernBERT)"),
 }

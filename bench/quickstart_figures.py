@@ -7,8 +7,8 @@ configs/pretrain/albert-tiny-wikitext.yaml, copied from its run directory with t
 ``docs/quickstart-reference/README.md``). Prints a markdown block: training wall time (sum of the logged
 ``interval_s``, evaluation and checkpoints excluded) and wall time of the whole run when the run directory
 holds ``wall_s``, first/last train loss, and the last validation record: MLM loss and accuracy, SOP accuracy,
-and the unigram baseline of the same validation set (``val_mlm_unigram_accuracy`` or
-``val_mlm_accuracy_over_unigram`` when the trainer logs them; else computed here the way bench/convergence.py
+and the unigram baseline of the same validation set (``val_unigram_mlm_accuracy`` or
+``val_mlm_accuracy_over_unigram``, logged by the trainer; else computed here the way bench/convergence.py
 computes it: training-corpus token frequencies over the masked tokens of the trainer's validation batches).
 With ``--readme``/``--doc`` the block replaces what is between ``<!-- quickstart figures start -->`` and
 ``<!-- quickstart figures end -->`` in those files.
@@ -31,15 +31,18 @@ def read(path: Path) -> tuple[list[dict], list[dict], Optional[dict]]:
     """(train records, validation records, run facts) of a metrics.jsonl (or a run directory holding one)."""
     if path.is_dir():
         path = path / "metrics.jsonl"
-    train, val = [], []
+    train, val, baseline = [], [], {}
     for line in path.read_text().splitlines():
         rec = json.loads(line)
+        if "val_unigram_mlm_accuracy" in rec:  # logged once by the trainer with the set's size
+            baseline = rec
         if "val_mlm_accuracy" in rec:
             val.append(rec)
         elif "loss" in rec:
             train.append(rec)
     facts_path = path.parent / "run.json"
-    facts = json.loads(facts_path.read_text()) if facts_path.exists() else None
+    facts = json.loads(facts_path.read_text()) if facts_path.exists() else {}
+    facts.update({k: v for k, v in baseline.items() if k != "step"})
     return train, val, facts
 
 
@@ -75,10 +78,10 @@ def figures(path: Path) -> dict[str, Any]:
         "val_mlm_loss": last["val_mlm_loss"], "val_mlm_accuracy": last["val_mlm_accuracy"],
         "val_sop_accuracy": last["val_sop_accuracy"], "curve": [(r["step"], r["val_mlm_accuracy"]) for r in val],
     }
-    if facts:
-        out.update({k: facts[k] for k in ("wall_s", "command", "machine") if k in facts})
-    if "val_mlm_unigram_accuracy" in last:
-        out["unigram_accuracy"] = last["val_mlm_unigram_accuracy"]
+    out.update({k: facts[k] for k in ("wall_s", "command", "machine", "val_masked_tokens", "val_sop_pairs")
+                if k in facts})
+    if "val_unigram_mlm_accuracy" in facts:
+        out["unigram_accuracy"] = facts["val_unigram_mlm_accuracy"]
     elif "val_mlm_accuracy_over_unigram" in last:
         out["unigram_accuracy"] = last["val_mlm_accuracy"] / last["val_mlm_accuracy_over_unigram"]
     else:
@@ -101,6 +104,9 @@ def render(fig: dict[str, Any]) -> str:
     if uni:
         lines.append(f"| unigram baseline (token frequencies) | {uni:.3f} (model: {fig['val_mlm_accuracy'] / uni:.2f}×) |")
     lines.append(f"| validation SOP accuracy (chance 0.5) | {fig['val_sop_accuracy']:.3f} |")
+    if "val_masked_tokens" in fig:
+        lines.append(f"| fixed validation set | {fig['val_masked_tokens']:.0f} masked tokens, "
+                     f"{fig.get('val_sop_pairs', 0):.0f} SOP pairs |")
     lines += ["", "Validation MLM accuracy by step: " +
               ", ".join(f"{s}: {a:.3f}" for s, a in fig["curve"]) + ".",
               "(`python bench/quickstart_figures.py` prints this block from the reference run; "

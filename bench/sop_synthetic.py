@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--out", default="runs/sop_synthetic")
+    p.add_argument("--corpus-only", action="store_true", help="write the corpus to OUT/corpus and stop")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args(argv)
     from albert_dist.config import load_config
@@ -57,6 +58,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     cfg = load_config(conv.RECIPE, list(conv.COMMON))
     train, val = numbered_corpus(conv.train_files(cfg), out / "corpus")
+    if args.corpus_only:
+        print(train, val)
+        return 0
     overrides = [f"data.train=[{{paths: [{train}]}}]", f"data.validation=[{{paths: [{val}]}}]",
                  "optimizer.warmup_steps=30", "data.eval_batches=32", *args.overrides]
     run_dir = out / "run"
