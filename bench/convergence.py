@@ -19,9 +19,11 @@ predicted from the training corpus' token frequencies (add-one smoothed for the 
 Recipes of ours (trainer overrides on top of the quickstart recipe, see ``RECIPES``):
 
 * ``matched``: single-token masking (``data.max_ngram=1``, ``data.whole_word_masking=false``) and no SOP loss
-  (``objective.sop_weight=0``): the peer's objective on ALBERT's examples.
-* ``albert``: the recipe as shipped (n-gram whole-word masking + SOP with its schedule).
-* ``albert_mlm_only``: the shipped recipe with the SOP loss off, the reference of ALBERT's SOP cost.
+  (``objective.sop_weight=0``): the peer's objective on ALBERT's examples (short sequences as ALBERT).
+* ``albert``: ALBERT's masking (n-gram whole words, ``short_seq_prob`` 0.1) + SOP with the shipped schedule
+  (weight 0 until step 300, ramped to 1 by step 500).
+* ``albert_mlm_only``: the same with the SOP loss off, the reference of ALBERT's SOP cost.
+* ``shipped``: the quickstart recipe as it is (single pieces, no short sequences, the SOP schedule).
 
 Figures per recipe: val MLM loss / accuracy at each ``report_steps`` (300 and 1,000 standalone), the ratio
 ours / peer of the accuracy there, the whole curve, and **time-to-accuracy**: the first curve step (and the
@@ -60,11 +62,15 @@ log = logging.getLogger("bench.convergence")
 #: (= a curve point) every `curve_every` steps, all of them kept.
 COMMON = ("engine.zero_stage=2", "engine.train_micro_batch_size_per_gpu=16", "engine.gradient_accumulation_steps=1", "tracking.enabled=false",
           "progress_bar=false", "data.num_workers=1")
+#: ALBERT's masking (n-gram whole words, short sequences), the quickstart recipe's SOP schedule.
+_ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1")
 #: Trainer overrides per recipe of ours (see the module docstring).
 RECIPES: dict[str, tuple[str, ...]] = {
-    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "objective.sop_weight=0"),
-    "albert": (),
-    "albert_mlm_only": ("objective.sop_weight=0",),
+    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.1",
+                "objective.sop_weight=0"),
+    "albert": (*_ALBERT, "objective.sop_weight=1", "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
+    "albert_mlm_only": (*_ALBERT, "objective.sop_weight=0"),
+    "shipped": (),
 }
 SCORE_SEED = 1234
 SCORE_MLM_PROBABILITY = 0.15
@@ -207,16 +213,30 @@ def train_ours(overrides: Sequence[str], run_dir: str, steps: int, curve_every: 
     return proc
 
 
-def read_metrics(run_dir: str) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
-    """(cumulative training seconds at each logged step, trainer validation records by step)."""
-    train_s, val, total = {}, {}, 0.0
+def flat_record(rec: dict) -> dict:
+    """A metrics.jsonl record with the trainer's grouped names ("train/loss", "val/mlm_accuracy",
+    "perf/samples_per_s") as the flat ones ("loss", "val_mlm_accuracy", "samples_per_s"); flat names pass."""
+    return {("val_" + k[4:] if k.startswith("val/") else k.split("/", 1)[-1]): v for k, v in rec.items()}
+
+
+def read_metrics(run_dir: str, batch: int = 16) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
+    """(cumulative training seconds at each logged step, trainer validation records by step).
+
+    Training seconds per log interval: ``interval_s`` when logged, else sequences / ``samples_per_s`` (both
+    leave evaluation and checkpointing out); ``batch`` is the global batch (sequences per step)."""
+    train_s, val, total, last_step = {}, {}, 0.0, 0
     for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+        rec = flat_record(json.loads(line))
         if "interval_s" in rec:
             total += rec["interval_s"]
-            train_s[rec["step"]] = total
+        elif "samples_per_s" in rec:
+            total += (rec["step"] - last_step) * batch / rec["samples_per_s"]
         elif "val_mlm_accuracy" in rec:
             val[rec["step"]] = rec
+            continue
+        else:
+            continue
+        train_s[rec["step"]], last_step = total, rec["step"]
     return train_s, val
 
 
@@ -224,7 +244,7 @@ def score_run(cfg, run_dir: str, scoring: dict[str, Any]) -> list[dict[str, floa
     """Curve of one trainer run: every kept checkpoint scored, with its training seconds and trainer val."""
     from albert_dist.engine.checkpoint_dir import step_of
 
-    train_s, val = read_metrics(run_dir)
+    train_s, val = read_metrics(run_dir, cfg.engine.train_micro_batch_size_per_gpu)
     ckpt_dir = Path(run_dir, "checkpoints")
     curve = []
     for tag in sorted((p.name for p in ckpt_dir.iterdir() if step_of(p.name) is not None), key=step_of):
@@ -329,7 +349,7 @@ def figures(curves: dict[str, list[dict]], report_steps: Sequence[int]) -> dict[
 
 
 def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_every: int = 50,
-        recipes: Sequence[str] = ("matched", "albert", "albert_mlm_only"), out_dir: Optional[str] = None,
+        recipes: Sequence[str] = ("matched", "albert", "albert_mlm_only", "shipped"), out_dir: Optional[str] = None,
         overrides: Sequence[str] = (), timeout_s: float = 3600.0, peer_full_logits: bool = False,
         score_blocks: int = SCORE_BLOCKS) -> dict[str, Any]:
     """Train the peer and each recipe of ours for ``steps``, score every ``curve_every`` steps, return figures.
@@ -381,7 +401,8 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
 
 
 #: bench/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
-ABLATION_CELLS = {"peer": "peer", "matched": "matched", "albert": "shipped", "albert_mlm_only": "sop0"}
+ABLATION_CELLS = {"peer": "peer", "matched": "matched", "albert": "sop_ramp", "albert_mlm_only": "sop0",
+                  "shipped": "shipped"}
 
 
 def reuse(ablations_dir: str, seed: int, report_steps: Sequence[int]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import convergence as conv  # noqa: E402
 DEFAULT = ROOT / "docs" / "quickstart-reference" / "metrics.jsonl"
 START, END = "<!-- quickstart figures start -->", "<!-- quickstart figures end -->"
 
@@ -33,7 +35,7 @@ def read(path: Path) -> tuple[list[dict], list[dict], Optional[dict]]:
         path = path / "metrics.jsonl"
     train, val, baseline = [], [], {}
     for line in path.read_text().splitlines():
-        rec = json.loads(line)
+        rec = conv.flat_record(json.loads(line))
         if "val_unigram_mlm_accuracy" in rec:  # logged once by the trainer with the set's size
             baseline = rec
         if "val_mlm_accuracy" in rec:
@@ -54,9 +56,6 @@ def unigram_of_val(config_path: Path) -> dict[str, float]:
     from albert_dist.data.loader import build_eval_loader
     from albert_dist.data.tokenizer import FIRST_NORMAL_ID
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import convergence as conv
-
     cfg = load_config(config_path)
     train = conv.grouped_blocks(conv.train_files(cfg), cfg.data.tokenizer_path, 1).flatten()
     counts = torch.bincount(train, minlength=cfg.model.vocab_size).double()
@@ -73,7 +72,8 @@ def figures(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: no validation records")
     last = val[-1]
     out: dict[str, Any] = {
-        "steps": last["step"], "train_s": sum(r.get("interval_s", 0.0) for r in train),
+        "steps": last["step"], "train_s": max(conv.read_metrics(str(path if path.is_dir() else path.parent),
+                                                                   facts.get("global_batch", 16))[0].values()),
         "first_loss": train[0]["loss"], "first_loss_step": train[0]["step"], "last_loss": train[-1]["loss"],
         "val_mlm_loss": last["val_mlm_loss"], "val_mlm_accuracy": last["val_mlm_accuracy"],
         "val_sop_accuracy": last["val_sop_accuracy"], "curve": [(r["step"], r["val_mlm_accuracy"]) for r in val],

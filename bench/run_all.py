@@ -59,7 +59,8 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "checkpoint_io": {"repeats": 3},
     "resume": {"repeats": 3},
     # the same comparison as the standalone 1,000-step run (bench/convergence.py), on fewer steps and blocks
-    "convergence": {"steps": 120, "report_steps": [60, 120], "curve_every": 30, "score_blocks": 300},
+    "convergence": {"steps": 120, "report_steps": [60, 120], "curve_every": 30, "score_blocks": 300,
+                    "recipes": ["matched", "shipped"]},
 }
 DEFAULT_ARGS: dict[str, Any] = {"repeats": 3}
 #: Seconds a benchmark may run before it is killed (its entry then says "timed out").

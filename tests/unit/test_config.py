@@ -218,7 +218,7 @@ def test_config_errors_name_the_dotted_yaml_path(args, fragments):
 
 def test_warmup_ratio():
     cfg = load_config(MAIN_RECIPE)
-    assert cfg.optimizer.warmup_ratio == 0.1 and cfg.optimizer.warmup_steps_for(cfg.max_steps) == 30
+    assert cfg.optimizer.warmup_ratio == 0.1 and cfg.optimizer.warmup_steps_for(cfg.max_steps) == 100
     assert load_config(MAIN_RECIPE, ["max_steps=5"]).optimizer.warmup_steps_for(5) == 1  # 0.5 rounds up
     lamb = load_config(REPO / "configs" / "pretrain" / "albert-base-lamb.yaml")
     assert lamb.optimizer.warmup_steps_for(lamb.max_steps) == 3125  # the paper's, from 0.025 x 125000
@@ -231,8 +231,8 @@ def test_warmup_ratio():
         load_config(MAIN_RECIPE, ["optimizer={warmup_steps: 7, warmup_ratio: 0.1}"])
     with pytest.raises(ValueError, match=r"optimizer\.warmup_ratio must be in \[0, 1\]"):
         load_config(MAIN_RECIPE, ["optimizer.warmup_ratio=1.5"])
-    with pytest.raises(ValueError, match=r"optimizer\.warmup_steps \(400\) must be <= max_steps \(300\)"):
-        load_config(MAIN_RECIPE, ["optimizer.warmup_steps=400"])
+    with pytest.raises(ValueError, match=r"optimizer\.warmup_steps \(1400\) must be <= max_steps \(1000\)"):
+        load_config(MAIN_RECIPE, ["optimizer.warmup_steps=1400"])
 
 
 def test_offload_options():
