@@ -270,13 +270,13 @@ def train_peer(cfg, steps: int, curve_every: int, scoring: dict[str, Any],
     from transformers import DataCollatorForLanguageModeling
 
     from albert_dist.engine.optim import build_optimizer, build_scheduler
-    from albert_dist.engine.trainer import _seed_all
+    from albert_dist.engine.checkpoint import seed_all
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.hf import to_transformers
 
-    _seed_all(cfg.seed)  # the trainer's initial weights
+    seed_all(cfg.seed)  # the trainer's initial weights
     model = to_transformers(AlbertForPreTraining(cfg.model)).train()
-    optimizer = build_optimizer(model, cfg.optimizer)
+    optimizer, _ = build_optimizer(model, cfg.optimizer)  # (optimizer, hook after deepspeed.initialize)
     scheduler = build_scheduler(optimizer, cfg.optimizer, steps)
     blocks = grouped_blocks(train_files(cfg), cfg.data.tokenizer_path, cfg.data.max_seq_length)
     collator = DataCollatorForLanguageModeling(_hf_tokenizer(cfg.data.tokenizer_path), mlm_probability=0.15,
