@@ -14,7 +14,7 @@ the gradient reduction averages over the data-parallel ranks).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,13 +52,38 @@ def micro_step_loss(output: Any, counts: torch.Tensor, micro_steps: int, sop_wei
     return micro_steps * (mlm + sop_weight * sop)
 
 
-def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> list:
+class StepResult(NamedTuple):
+    """What `optimizer_step` returns."""
+
+    outputs: list
+    """The micro-steps' `PreTrainingOutput`s (detached), for metrics."""
+    grad_norm: Optional[float]
+    """The global gradient 2-norm of the step before clipping (None if DeepSpeed reports none and it could
+    not be computed)."""
+
+
+def _unpartitioned_fp32(engine: Any) -> bool:
+    """ZeRO-0 without a mixed-precision optimiser: full fp32 gradients sit in `param.grad` on every rank after
+    the boundary backward, and DeepSpeed 0.19 reports no norm (`engine.clip_fp32_gradients` drops
+    `clip_grad_norm_`'s return value, so `get_global_grad_norm()` stays None)."""
+    return (engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled()
+            and not engine.fp16_enabled())
+
+
+def _grad_norm(module: torch.nn.Module) -> float:
+    """2-norm over every `param.grad` of `module` (already reduced over ranks: the same on every rank)."""
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> StepResult:
     """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
-    count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). Returns the
-    micro-steps' `PreTrainingOutput`s (detached), for metrics. Raises `ValueError` when the number of batches differs
-    from the engine's accumulation steps.
+    count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). Returns the detached
+    outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`, or, at fp32 ZeRO-0
+    where DeepSpeed keeps none, the norm of the reduced gradients just before the last `engine.step()`).
+    Raises `ValueError` when the number of batches differs from the engine's accumulation steps.
     """
     ga = engine.gradient_accumulation_steps()
     if len(batches) != ga:
@@ -66,12 +91,16 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     counts = label_counts(batches)
     world = engine.dp_world_size
     outputs = []
-    for batch in batches:
+    own_norm = None
+    for i, batch in enumerate(batches):
         out = engine(**batch)
         engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
+        if i == ga - 1 and _unpartitioned_fp32(engine):
+            own_norm = _grad_norm(engine.module)  # before step() clips and zeroes the gradients
         engine.step()
         outputs.append(type(out)(*(t.detach() for t in out)))  # metrics only: keep no autograd graph alive
-    return outputs
+    reported = engine.get_global_grad_norm()
+    return StepResult(outputs, float(reported) if reported is not None else own_norm)
 
 
-__all__ = ["label_counts", "micro_step_loss", "optimizer_step"]
+__all__ = ["StepResult", "label_counts", "micro_step_loss", "optimizer_step"]

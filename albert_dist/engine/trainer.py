@@ -199,11 +199,12 @@ class Trainer:
                     sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
                     # All micro-batches first: the loss is normalised by the step's label counts (engine/loss.py).
                     batches = [self._to_device(next(self._train_iter)) for _ in range(self.ga_steps)]
-                    for out, batch in zip(optimizer_step(engine, batches, sop_weight), batches):
+                    result = optimizer_step(engine, batches, sop_weight)
+                    for out, batch in zip(result.outputs, batches):
                         acc.add_micro_step(out, batch["attention_mask"])
                     self.step += 1
                     last = self.step == cfg.max_steps
-                    acc.add_step(engine.get_global_grad_norm())
+                    acc.add_step(result.grad_norm)
                     if ckpt.every(self.step, cfg.log_interval_steps, last):
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)

@@ -124,7 +124,7 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                           config=build_deepspeed_config(cfg.engine, world))
         after_initialize(engine)
-        outputs = optimizer_step(engine, rank_batches(global_batch(), rank, world, ga, micro))
+        outputs = optimizer_step(engine, rank_batches(global_batch(), rank, world, ga, micro)).outputs
         if rank == 0:
             torch.save({"params": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
                         "mlm_count": sum(int(o.mlm_count) for o in outputs)}, os.path.join(out_dir, f"{name}.pt"))
