@@ -1,11 +1,15 @@
 """One rank of a checkpoint test job: the real `Trainer`, plus what the tests need to look inside.
 
-    python tests/distributed/ckpt_worker.py --config C [--dump PATH] [--crash-save-step N --crash-rank R] [k=v ...]
+    python tests/distributed/ckpt_worker.py --config C [--dump PATH [--dump-at-end]] [--dump-end PATH] [--no-guard]
+                                            [--crash-save-step N --crash-rank R] [k=v ...]
 
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from the environment (as torchrun sets them).
 --dump PATH: after setup (i.e. right after a resume) every rank joins DeepSpeed's collective gathers and rank 0
 saves {name: fp32 parameter, exp_avg, exp_avg_sq} + step + lr to PATH; with --dump-at-end the same is done
-after training instead. --crash-save-step N: rank R dies (os._exit(CRASH_EXIT)) inside the save of step N,
+after training instead; --dump-end PATH dumps after training as well (both in one job). The dump also holds
+"groups": every param group's hyper-parameters. --no-guard: skip
+`albert_dist.engine.optim.repair_optimizer_after_load` (the ZeRO-3 reshard control: DeepSpeed's own load).
+--crash-save-step N: rank R dies (os._exit(CRASH_EXIT)) inside the save of step N,
 after DeepSpeed wrote its files and before the ranks agree the checkpoint is complete. --enospc-step N: on rank
 --enospc-rank, DeepSpeed's writer raises OSError(ENOSPC) for the first file of the save of step N (a full disk
 as `write` reports it, after the first bytes), so the save protocol's error handling runs for real.
@@ -23,8 +27,11 @@ CRASH_EXIT = 17
 
 
 def dump_state(trainer, path: str) -> None:
-    """Full (unpartitioned) fp32 parameters and Adam moments, gathered by DeepSpeed (collective)."""
+    """Full (unpartitioned) fp32 parameters and Adam moments, gathered by DeepSpeed (collective), and every param
+    group's hyper-parameters."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    from albert_dist.engine.optim import group_hyperparameters
 
     optimizer = trainer.engine.optimizer
     if hasattr(optimizer, "_lazy_init_hp_params_optimizer_state"):
@@ -33,7 +40,8 @@ def dump_state(trainer, path: str) -> None:
         # safe_get_full_optimizer_state fails for them; link again now that every group has its state.
         optimizer._hp_optimizer_states_linked = False
         optimizer._lazy_init_hp_params_optimizer_state()
-    out = {"step": trainer.step, "lr": trainer.engine.get_lr()[0], "params": {}}
+    out = {"step": trainer.step, "lr": trainer.engine.get_lr()[0], "params": {},
+           "groups": group_hyperparameters(optimizer)}
     for name, param in trainer.engine.module.named_parameters():
         out["params"][name] = (safe_get_full_fp32_param(param).clone(),
                                safe_get_full_optimizer_state(param, "exp_avg").clone(),
@@ -47,6 +55,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--dump")
     parser.add_argument("--dump-at-end", action="store_true")
+    parser.add_argument("--dump-end")
+    parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--run", action="store_true", help="Trainer.run() (the app's exit codes) instead of setup/train")
@@ -91,6 +101,10 @@ def main(argv: list[str]) -> int:
                 return save(self, state_dict, path)
 
             mp.setattr(TorchCheckpointEngine, "save", full_disk_save)
+        if args.no_guard:
+            from albert_dist.engine import optim
+
+            mp.setattr(optim, "repair_optimizer_after_load", lambda engine, expected: [])
         if args.run:
             return trainer.run()
         try:
@@ -100,6 +114,8 @@ def main(argv: list[str]) -> int:
             code = trainer.train()
             if args.dump and args.dump_at_end:
                 dump_state(trainer, args.dump)
+            if args.dump_end:
+                dump_state(trainer, args.dump_end)
         finally:
             trainer.close("FINISHED")
     return code

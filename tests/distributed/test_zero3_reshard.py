@@ -32,7 +32,7 @@ from grad_matrix_worker import scaled_errors
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("reshard_worker.py")
+WORKER = Path(__file__).with_name("ckpt_worker.py")
 TOL = 1e-6
 
 CONFIG = """
@@ -106,12 +106,12 @@ def runs(tmp_path_factory) -> dict:
     run_job(2, config, root / "ref", ["--dump-end", str(root / "ref_end.pt")], [])
     step8 = root / "ref" / "checkpoints" / "step_8"
     resume = [f"checkpoint.resume={step8}"]
-    run_job(2, config, root / "same", ["--dump-load", str(root / "same_load.pt")], resume)
+    run_job(2, config, root / "same", ["--dump", str(root / "same_load.pt")], resume)
     for world in (1, 4):
         run_job(world, config, root / f"w{world}",
-                ["--dump-load", str(root / f"w{world}_load.pt"), "--dump-end", str(root / f"w{world}_end.pt")],
+                ["--dump", str(root / f"w{world}_load.pt"), "--dump-end", str(root / f"w{world}_end.pt")],
                 resume)
-    run_job(1, config, root / "noguard", ["--dump-load", str(root / "noguard_load.pt"), "--no-guard"],
+    run_job(1, config, root / "noguard", ["--dump", str(root / "noguard_load.pt"), "--no-guard"],
             resume + ["max_steps=8"])
     for name in ("ref_end", "same_load", "w1_load", "w1_end", "w4_load", "w4_end", "noguard_load"):
         out[name] = torch.load(root / f"{name}.pt", weights_only=False)
