@@ -123,7 +123,10 @@ def check_inputs(cfg: TrainConfig) -> None:
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
-    pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
+    try:
+        pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
+    except ValueError as exc:  # the loader knows the file, not the config field that named it
+        raise ValueError(f"data.tokenizer_path: {exc}") from None
     if pieces > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")

@@ -175,7 +175,9 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
 
     p = resolve_path(path)
     if not p.is_file():
-        raise ValueError(f"tokenizer_path {path!r} (resolved to {str(p)!r}) is not a file")
+        # The config has usually resolved the path already; repeat it only when resolving changed it.
+        shown = repr(path) if str(p) == str(path) else f"{path!r} (resolved to {str(p)!r})"
+        raise ValueError(f"tokenizer {shown} is not a file")
     sp = spm.SentencePieceProcessor(model_file=str(p))
     check_special_ids(sp)
     return sp

@@ -63,6 +63,13 @@ def test_train_refuses_a_missing_text_field_with_exit_2(tmp_path, capsys, no_pro
     assert code == 2 and "data.train[0].text_field='text' is not a key" in err and "['content']" in err
 
 
+def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, capsys, no_process_group):
+    missing = tmp_path / "nope.model"
+    assert train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"albert-dist train: data.tokenizer_path: tokenizer {str(missing)!r} is not a file\n"
+
+
 def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_process_group):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text("model:\n  hidden_size: 32\ndata:\n  train: [{paths: [a.txt]}\n  max_seq_length: 64\n")
