@@ -31,11 +31,31 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
 PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"
+# Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
+# the ranks too (on SIGTERM they finish their step, checkpoint and exit 75; SIGINT interrupts them, the last
+# interval checkpoint stays), but `deepspeed`'s runner exits at once (130 or 143). The shell notes the signal instead of dying with it (SIGTERM) or calling it a failure, waits for the
+# ranks (they carry this run's `run_dir=` on their command line) and then prints the command that continues.
+SIGNAL=""
+trap 'SIGNAL=SIGINT' INT
+trap 'SIGNAL=SIGTERM' TERM
 set +e
 deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --module albert_dist.cli \
     train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@"
 status=$?
 set -e
+if [[ -n ${SIGNAL} ]]; then
+    ranks_alive() {
+        ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
+            '$1 != "awk" && index($0 " ", s) { n++ } END { exit n == 0 }'
+    }
+    for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
+    ranks_alive && echo "${SIGNAL}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
+fi
+trap - INT TERM
+if [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && -f ${RUN_DIR}/checkpoints/latest ]]; then
+    echo "(${SIGNAL} received, the launcher exited ${status}; newest complete checkpoint: $(cat "${RUN_DIR}/checkpoints/latest"))"
+    status=75
+fi
 OUT="$(realpath -m "${RUN_DIR}")"
 # The command that continues this run: same ranks, recipe and overrides, the same RUN_DIR, --resume auto
 # (added once). Words other than plain ones are single-quoted (as Python's shlex.quote does), so the line

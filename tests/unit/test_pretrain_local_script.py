@@ -19,16 +19,16 @@ DEFAULT = "configs/pretrain/albert-tiny-wikitext.yaml"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 
 
-def _run(tmp_path: Path, *args: str, exit_code: int = 0) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "deepspeed"
-    fake.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@"\nexit {exit_code}\n')
+    fake.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@"\n{before_exit}\nexit {exit_code}\n')
     fake.chmod(0o755)
     # python for the free-port helper comes from this interpreter's directory
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(tmp_path / "run")}
     return subprocess.run(["bash", str(REPO / "launch/pretrain_local.sh"), *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=env, timeout=60, start_new_session=True)
 
 
 def _launch(tmp_path: Path, *args: str) -> list[str]:
@@ -81,3 +81,16 @@ def test_after_a_config_error_there_is_no_resume_hint(tmp_path):
     assert proc.returncode == 2
     after = proc.stdout.split("max_steps=50\n", 1)[1]
     assert "exit 2" in after and "resume" not in after and "continue" not in after
+
+
+@pytest.mark.parametrize("signal_name", ["INT", "TERM"])
+def test_ctrl_c_or_sigterm_to_the_group_prints_the_command_to_continue(tmp_path, signal_name):
+    # The signal reaches the whole group: the ranks checkpoint, `deepspeed`'s runner exits non-zero. The
+    # stand-in signals the script itself (its parent), writes a checkpoint's `latest` and exits 1.
+    checkpoints = tmp_path / "run" / "checkpoints"
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=1,
+                before_exit=f"kill -{signal_name} $PPID; sleep 0.5; mkdir -p {checkpoints}; echo step_7 > {checkpoints}/latest")
+    assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"(SIG{signal_name} received, the launcher exited 1; newest complete checkpoint: step_7)" in proc.stdout
+    assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
+                                              "max_steps=50", "--resume", "auto"]
