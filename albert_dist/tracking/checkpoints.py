@@ -176,7 +176,9 @@ class Uploader:
     def _upload(self, job: dict) -> None:
         run_id = self._sender.run.info.run_id
         files, failed, t0 = list_files(job["staging"]), [], time.monotonic()
-        what = f"checkpoint step {job['step']}" if job.get("step") is not None else f"artifacts {job['dest'] or '/'}"
+        # A few plain files are named (config.yaml and ds_config.json both go to `config/`: one line each).
+        what = (f"checkpoint step {job['step']}" if job.get("step") is not None else
+                f"artifact {', '.join(sorted(files))}" if 0 < len(files) <= 3 else f"artifacts {job['dest'] or '/'}")
         try:
             for rel, size in files.items():
                 dest = "/".join(p for p in (job["dest"], os.path.dirname(rel)) if p) or None

@@ -235,6 +235,7 @@ def test_jsonl_tracker_cuts_back_to_the_resumed_step(tmp_path):
 
 
 def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, caplog):
+    caplog.set_level("INFO", logger="albert_dist")
     client = FakeClient()
     client.max_artifact_bytes = 1000
     sender = make_sender(client, tmp_path)
@@ -255,6 +256,7 @@ def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, c
     assert client.artifacts == ["checkpoints/step_2/small.pt", "model/hf/weights.bin"]  # no COMPLETE.json
     assert uploader.completed == [] and uploader.failed == ["checkpoints/step_2/big.pt"]
     assert "checkpoints/step_2/big.pt (5000 bytes)" in caplog.text
+    assert "artifact weights.bin uploaded to model/hf (1 files, 0.0 MB" in caplog.text  # a few files are named
 
 
 @pytest.mark.parametrize("uri,expected", [
