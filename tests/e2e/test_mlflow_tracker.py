@@ -155,7 +155,7 @@ def test_server_outage_loses_no_metric_step_and_never_stalls(mlflow_server_facto
     for _ in range(3):
         train_step()
     tracker.close("FINISHED")
-    assert outage_s >= 15, outage_s
+    assert outage_s >= 8, outage_s  # the server was down for the 8 s before its restart, at least
     assert slowest < 1.0, f"a tracker call blocked training for {slowest:.2f} s"
     history = client.get_metric_history(tracker.run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(s, 10.0 / s) for s in range(1, step + 1)]
@@ -248,15 +248,22 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
     assert png2.stat().st_size > 1000
 
 
-def test_requeued_attempt_continues_recorded_run_and_resends_spooled_metrics(mlflow_server, tmp_path):
+def test_requeued_attempt_continues_recorded_run_and_resends_spooled_metrics(mlflow_server, tmp_path, monkeypatch):
     """A Slurm requeue: attempt 1 dies with metrics it never sent; attempt 2 (same run directory, `--resume
     auto`) continues the run recorded there and re-sends them from the local spool."""
     from albert_dist.tracking.tracker import read_run_id
 
     run_dir = str(tmp_path / "run")
+    from albert_dist.tracking.sender import RunSender
+
+    # Attempt 1 is killed before its sender sends anything: no timing can promise that (its first send may
+    # still be under way when metrics are logged), so the dying attempt's sender never sends, for certain;
+    # every later sender (attempt 2's) sends as usual.
+    real_drain, dying = RunSender._drain, []
+    monkeypatch.setattr(RunSender, "_drain", lambda self: None if not dying or self is dying[0] else real_drain(self))
     never = TrackingConfig(tracking_uri=mlflow_server.uri, experiment_name="requeue", flush_interval_s=3600.0)
     first = MLflowTracker(never, run_dir=run_dir)
-    assert first._sender.wait_sent(0, timeout_s=30)  # its first send (the tags) is over; the next is in an hour
+    dying.append(first._sender)
     for step in range(1, 6):
         first.log_metrics({"loss": 10.0 / step}, step)  # buffered, never flushed: the job is killed
     client = MlflowClient(mlflow_server.uri)

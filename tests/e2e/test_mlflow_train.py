@@ -108,7 +108,8 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     cfg = load_config(str(RECIPE), OVERRIDES)
     params = run.data.params
     assert params["model.num_hidden_groups"] == "2" and params["engine.zero_stage"] == "2"
-    assert params["derived.world_size"] == "2" and params["derived.train_batch_size"] == "16"
+    global_batch = cfg.engine.train_micro_batch_size_per_gpu * cfg.engine.gradient_accumulation_steps * 2
+    assert params["derived.world_size"] == "2" and params["derived.train_batch_size"] == str(global_batch)
     assert params["derived.unique_parameters"] == str(parameter_count(cfg.model))
     attn, ffn = block_parameter_counts(cfg.model)
     groups, layers = cfg.model.num_hidden_groups, cfg.model.num_hidden_layers
