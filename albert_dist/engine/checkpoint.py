@@ -405,6 +405,9 @@ class Drift:
 
     changes: dict
     """Dotted key -> (value in the checkpoint, value now)."""
+    global_batch: Optional[tuple] = None
+    """(sequences per step in the checkpoint, now, ranks then, ranks now) when only the number of ranks changed
+    it (allowed, warned by `log_drift`); None when it is unchanged."""
 
     @property
     def streams_restart(self) -> bool:
@@ -429,19 +432,26 @@ def check_drift(point: ResumePoint, current: dict, world_size: int) -> Drift:
     if model:
         raise ConfigDriftError(f"checkpoint {point.path} has {'; '.join(model)} (the model cannot change on resume: "
                                f"start a new run, or resume with the checkpoint's model config)")
+    micro = lambda c: c["engine"]["train_micro_batch_size_per_gpu"] * c["engine"]["gradient_accumulation_steps"]
+    before, after = micro(point.config) * point.world_size, micro(current) * world_size
     if "engine.gradient_accumulation_steps" in changes or "engine.train_micro_batch_size_per_gpu" in changes:
-        micro = lambda c: c["engine"]["train_micro_batch_size_per_gpu"] * c["engine"]["gradient_accumulation_steps"]
-        before, after = micro(point.config) * point.world_size, micro(current) * world_size
         if before != after:
             raise ConfigDriftError(f"checkpoint {point.path} was trained with a global batch of {before} sequences "
                                    f"({point.world_size} ranks), the config gives {after} on {world_size} ranks; "
                                    f"choose engine.gradient_accumulation_steps to keep {before}")
-    return Drift(changes)
+    # Only the number of ranks changed the global batch: allowed (elastic), warned by log_drift.
+    return Drift(changes, (before, after, point.world_size, world_size) if before != after else None)
 
 
 def log_drift(point: ResumePoint, drift: Drift) -> None:
     """One warning per changed field: what the resumed run does (`RESUMABLE_FIELDS`), or that it is not a
-    continuation of the checkpoint's run (any other field)."""
+    continuation of the checkpoint's run (any other field); and a global batch changed by the number of ranks."""
+    if drift.global_batch is not None:
+        before, after, ranks_before, ranks_now = drift.global_batch
+        logger.warning("checkpoint %s was trained with a global batch of %d sequences (%d ranks); on %d ranks it "
+                       "continues with %d (the learning rate is not rescaled); to keep %d set "
+                       "engine.gradient_accumulation_steps", point.path, before, ranks_before, ranks_now, after,
+                       before)
     for key, (old, new) in drift.changes.items():
         rule = _rule_for(key)
         if rule is not None:

@@ -152,6 +152,20 @@ def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
         ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=2)
 
 
+def test_a_new_number_of_ranks_that_changes_the_global_batch_is_warned(tmp_path, caplog):
+    base = _config()
+    batch = base["engine"]["train_micro_batch_size_per_gpu"] * base["engine"]["gradient_accumulation_steps"]
+    point = ckpt._point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=2))  # same ranks: nothing to say
+        assert caplog.records == []
+        ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=1))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"checkpoint {tmp_path / 'step_8'} was trained with a global batch of {2 * batch} sequences (2 ranks); on 1 "
+        f"ranks it continues with {batch} (the learning rate is not rescaled); to keep {2 * batch} set "
+        "engine.gradient_accumulation_steps"]
+
+
 def test_every_is_the_one_cadence_rule():
     assert [s for s in range(1, 11) if ckpt.every(s, 3)] == [3, 6, 9]
     assert [s for s in range(1, 11) if ckpt.every(s, 3, last=s == 10)] == [3, 6, 9, 10]
