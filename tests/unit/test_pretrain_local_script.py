@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,15 @@ def test_after_a_config_error_there_is_no_resume_hint(tmp_path):
     assert "exit 2" in after and "resume" not in after and "continue" not in after
 
 
-@pytest.mark.parametrize("signal_name", ["INT", "TERM"])
+# A process started in the background by a non-interactive shell (a CI runner, nohup ... &) inherits SIGINT
+# ignored, and bash cannot trap a signal that was ignored when it started: the INT case cannot run there.
+_SIGINT_IGNORED = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+@pytest.mark.parametrize("signal_name", [
+    pytest.param("INT", marks=pytest.mark.skipif(_SIGINT_IGNORED, reason="SIGINT is ignored in this process tree "
+                                                                          "(started in the background); bash cannot trap it")),
+    "TERM"])
 def test_ctrl_c_or_sigterm_to_the_group_prints_the_command_to_continue(tmp_path, signal_name):
     # The signal reaches the whole group: the ranks checkpoint, `deepspeed`'s runner exits non-zero. The
     # stand-in signals the script itself (its parent), writes a checkpoint's `latest` and exits 1.
