@@ -36,23 +36,21 @@ def _checksummers() -> dict[str, Callable[[Path], Any]]:
                 value = zlib.crc32(block, value)
         return value
 
-    def blake2b(path: Path) -> str:
-        h = hashlib.blake2b()
+    def streamed(h, path: Path) -> str:  # hashlib-style objects: update() per block, hexdigest() at the end
         with open(path, "rb") as fh:
             while block := fh.read(BLOCK):
                 h.update(block)
         return h.hexdigest()
+
+    def blake2b(path: Path) -> str:
+        return streamed(hashlib.blake2b(), path)
 
     out = {"crc32": crc32, "blake2b": blake2b}
     try:
         import xxhash
 
         def xxh64(path: Path) -> str:
-            h = xxhash.xxh64()
-            with open(path, "rb") as fh:
-                while block := fh.read(BLOCK):
-                    h.update(block)
-            return h.hexdigest()
+            return streamed(xxhash.xxh64(), path)
 
         out["xxh64"] = xxh64
     except ImportError:
