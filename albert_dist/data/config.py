@@ -96,6 +96,13 @@ class DataConfig:
     """Seed of the training stream: shard order, document order, example lengths, SOP swaps and masks."""
     shuffle: bool = True
     """Shuffle the order of shard pieces and of documents inside each piece, with a new seed every epoch."""
+    shuffle_documents: int = 32
+    """Training examples are built from this many consecutive documents of a slot at a time and shuffled together
+    before batching (only when ``shuffle``), so that a micro batch mixes documents. With 1, a batch holds
+    consecutive examples of one document: a WikiText article gives ~35 examples at length 128, so every batch of
+    16 came from one article and learning per token was slower (docs/convergence.md). Google's
+    create_pretraining_data shuffles all instances of its input; a window keeps memory and the re-reading on
+    resume bounded (``shuffle_documents`` x ``max_document_bytes``)."""
     eval_examples: int = 2000
     """Examples (= SOP pairs) in the fixed validation set: the first this many of one pass over ``validation``
     (fewer, with a warning, when the pass ends first). Built once per job, identical for every world size; each
@@ -128,6 +135,8 @@ class DataConfig:
             raise ValueError(f"data.random_token_prob must be in [0, 0.5], got {self.random_token_prob}")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.shuffle_documents < 1:
+            raise ValueError(f"data.shuffle_documents must be >= 1, got {self.shuffle_documents}")
         if self.eval_examples < 1:
             raise ValueError(f"data.eval_examples must be >= 1, got {self.eval_examples}")
         if self.shard_piece_bytes < 1024:

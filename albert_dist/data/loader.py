@@ -39,8 +39,11 @@ class PretrainingStream(torch.utils.data.IterableDataset):
     Inside a DataLoader worker the slot is ``rank * num_workers + worker``; torchdata's ``StatefulDataLoader``
     calls ``state_dict()`` in the worker after each batch and ``load_state_dict()`` before iterating.
 
-    State (JSON-able): the source positions and mixing RNG *before* the document whose examples are being
-    drained, plus how many of its examples were consumed. On resume that document is re-read and its examples
+    Examples are drawn from a *window* of ``cfg.shuffle_documents`` consecutive documents, shuffled together
+    (one document when ``shuffle`` is off), so a batch mixes documents as run_mlm's shuffled blocks do.
+
+    State (JSON-able): the source positions and mixing RNG *before* the window whose examples are being
+    drained, plus how many of its examples were consumed. On resume that window is re-read and its examples
     regenerated (the per-document RNG is seeded by the document key), and the consumed ones skipped.
     """
 
@@ -77,7 +80,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
         that do not change the batches (num_workers: checked per slot; eval_examples, eval_seed) are left out."""
         keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
-                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shard_piece_bytes", "max_document_bytes")
+                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shuffle_documents", "shard_piece_bytes", "max_document_bytes")
         pieces = [
             None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
             for plan in self.plans
@@ -174,23 +177,23 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                 s.load_state_dict(st)
             mix.bit_generator.state = snap["mix"]
 
+        window = self.cfg.shuffle_documents if self.shuffle else 1
         single_warned: set[int] = set()  # sources already reported as a single repeating document
         barren: list[int] = []  # epochs of every source when the current run of example-less documents began
 
-        def next_document() -> None:
-            nonlocal pending, consumed, before, barren
-            before = snapshot()
+        def read_document() -> list[Example]:
+            nonlocal barren
             i = int(mix.choice(len(streams), p=self.weights)) if len(streams) > 1 else 0
             text, (epoch, index) = streams[i].next_document()
             rng = np.random.default_rng([self.cfg.seed, i, slot, epoch, index])
-            pending, consumed = self._builder.build(text, rng), 0
+            examples = self._builder.build(text, rng)
             if streams[i].single_document and i not in single_warned and self.split == "train":
                 single_warned.add(i)
                 logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
                                "examples repeat about every %d batches of this slot (new masks and SOP pairs each "
                                "time): add documents, or split this one at blank lines", i, slot, num_slots,
-                               len(pending), max(1, -(-len(pending) // self.micro_batch_size)))
-            if pending:
+                               len(examples), max(1, -(-len(examples) // self.micro_batch_size)))
+            if examples:
                 barren = []
             elif not barren:
                 barren = [s.epoch for s in streams]
@@ -200,6 +203,22 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                     f"data.{self.split}: slot {slot} of {num_slots} read a whole epoch of every source without "
                     "one example (documents shorter than 2 tokens?)"
                 )
+            return examples
+
+        def next_document() -> None:
+            """Fill ``pending`` with the next window: the examples of ``window`` documents, shuffled together.
+
+            The window is a pure function of the snapshot taken before it (per-document RNGs are seeded by the
+            document key, the permutation by the window's start), so resume re-reads it and skips ``consumed``."""
+            nonlocal pending, consumed, before
+            before = snapshot()
+            pending, consumed = [], 0
+            for _ in range(window):
+                pending.extend(read_document())
+            if window > 1 and pending:
+                start = [s.epoch for s in streams] + [s.docs_in_epoch for s in streams]
+                order = np.random.default_rng([self.cfg.seed, slot, 5, *start]).permutation(len(pending))
+                pending = [pending[j] for j in order]
 
         if before is not None:
             restore(before)

@@ -55,12 +55,14 @@ def test_exact_resume_twice_in_a_row(workers):
     _assert_same(_take(iter(third), 4), reference[8:12])
 
 
-def test_resume_reads_only_the_current_piece(monkeypatch):
-    """Resume cost is bounded by one piece, not by the position in the stream (no replay from the start)."""
-    cfg = _cfg(0)
+@pytest.mark.parametrize("window", [1, 3])
+def test_resume_reads_only_the_current_window(monkeypatch, window):
+    """Resume cost is bounded by the pieces of the current shuffle window (``shuffle_documents`` documents),
+    not by the position in the stream (no replay from the start)."""
+    cfg = _cfg(0, shuffle_documents=window)
     loader = build_train_loader(cfg, 8, rank=0, world_size=1)
     it = iter(loader)
-    _take(it, 60)  # well into the epoch (several pieces consumed)
+    _take(it, 60 * window)  # well into the epoch (several pieces consumed)
     state = loader.state_dict()
     src_state = state["dataset_state"]["before"]["sources"][0]
     assert src_state["datasets"]["examples_iterable"]["shard_idx"] >= 2
@@ -78,8 +80,54 @@ def test_resume_reads_only_the_current_piece(monkeypatch):
     resumed = build_train_loader(cfg, 8, rank=0, world_size=1)
     resumed.load_state_dict(state)
     _assert_same(_take(iter(resumed), 2), expected)
-    assert len(set(records_read)) <= 2  # the current piece (and perhaps the next one), nothing before it
+    # the window's pieces (and perhaps the next one), nothing before them
+    assert len(set(records_read)) <= window + 1
     assert len(records_read) < src_state["records_in_epoch"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_resume_across_shuffle_windows(workers):
+    """Windows of 2 documents: 12 batches cross several windows; resume mid-way gives the same batches."""
+    cfg = _cfg(workers, shuffle_documents=2)
+    reference = _take(iter(build_train_loader(cfg, 8, rank=0, world_size=2)), 12)
+    first = build_train_loader(cfg, 8, rank=0, world_size=2)
+    it = iter(first)
+    _assert_same(_take(it, 5), reference[:5])
+    second = build_train_loader(cfg, 8, rank=0, world_size=2)
+    second.load_state_dict(first.state_dict())
+    _assert_same(_take(iter(second), 7), reference[5:])
+
+
+def test_batches_mix_documents(monkeypatch):
+    """With the default window a micro batch of 16 holds examples of many documents; with a window of 1 it is
+    consecutive examples of one article (the behaviour that slowed learning, docs/convergence.md)."""
+    from albert_dist.data import loader as loader_mod
+
+    doc_of: dict[int, int] = {}
+    real_build = loader_mod.ExampleBuilder.build
+    real_collate = loader_mod.collate
+    batches_docs: list[set[int]] = []
+
+    def build(self, text, rng):
+        examples = real_build(self, text, rng)
+        for e in examples:
+            doc_of[id(e)] = hash(text)
+        return examples
+
+    def collate(examples, max_seq_length):
+        batches_docs.append({doc_of[id(e)] for e in examples})
+        return real_collate(examples, max_seq_length)
+
+    monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
+    monkeypatch.setattr(loader_mod, "collate", collate)
+    distinct = {}
+    for window in (1, DataConfig().shuffle_documents):
+        batches_docs.clear()
+        cfg = DataConfig(max_seq_length=128, num_workers=0, shuffle_documents=window)
+        _take(iter(build_train_loader(cfg, 16, rank=0, world_size=1)), 4)
+        distinct[window] = min(len(d) for d in batches_docs)
+    assert distinct[1] <= 2  # one article per batch (two where it ends)
+    assert distinct[DataConfig().shuffle_documents] >= 8, distinct
 
 
 def test_resume_with_another_layout_is_refused():
