@@ -7,10 +7,10 @@ RUN is a run id, ``runs:/<id>`` or a run directory (its ``mlflow_run.json`` name
 Prints one table, a column per run: ``run`` (name), ``run_id``, the params whose values differ, then per
 metric ``<name>.final`` (value at the last step; `mlflow.search_runs`) and, where "best" means something
 (`albert_dist.engine.metric_names.best_direction`: losses min, accuracies and throughput max),
-``<name>.best``. System metrics and per-rank memory series are left out. The PNG has one panel per metric
+``<name>.best``; the validation set's constants (size, unigram baseline) are one plain row each. System metrics and per-rank memory series are left out. The PNG has one panel per metric
 (default: loss and MLM accuracy; a bare quantity such as ``loss`` draws ``train/loss`` as a line and
 ``val/loss`` as dashed markers at the validation steps), one colour per run, labelled by run name and its
-differing params (``num_hidden_groups=2``).
+differing params (``num_hidden_groups=2``); the MLM accuracy panel draws each run's unigram baseline dotted.
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ MISSING = "-"
 _NOT_IN_TABLE = ("system/", names.MEM + "peak_gib_rank")
 #: Params left out of the PNG's run labels.
 _NOT_IN_LABELS = ("params.derived.", "params.run_dir", "params.checkpoint.dir", "params.tracking.")
+
+
+UNIGRAM_ACCURACY = names.VAL + "unigram_mlm_accuracy"
 
 
 def _fmt(value: Any) -> str:
@@ -76,6 +79,9 @@ def table_rows(df: Any, histories: dict[str, dict[str, list]]) -> list[list[str]
     rows += [[c[len("params."):]] + [_fmt(v) for v in df[c]] for c in differing_params(df)]
     metrics = sorted(c[len("metrics."):] for c in df.columns if c.startswith("metrics."))
     for key in (k for k in metrics if not k.startswith(_NOT_IN_TABLE)):
+        if key in names.VAL_ONCE:  # a constant of the run's validation set: no final or best
+            rows.append([key] + [_fmt(v) for v in df[f"metrics.{key}"]])
+            continue
         rows.append([f"{key}.final"] + [_fmt(v) for v in df[f"metrics.{key}"]])
         direction = names.best_direction(key)
         if direction:
@@ -113,7 +119,8 @@ def run_labels(df: Any) -> list[str]:
 
 def plot_curves(df: Any, histories: dict[str, dict[str, list]], metrics: Sequence[str], path: str) -> None:
     """PNG: one panel per metric, one colour per run; validation series dashed with a marker at every
-    validation step (a single validation point stays visible)."""
+    validation step (a single validation point stays visible). The MLM accuracy panel also draws each run's
+    unigram baseline (``val/unigram_mlm_accuracy``) as a dotted line, so the learning above frequencies shows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,8 +136,15 @@ def plot_curves(df: Any, histories: dict[str, dict[str, list]], metrics: Sequenc
                     val = key.startswith(names.VAL)
                     ax.plot([s for s, _ in hist], [v for _, v in hist], "--o" if val else "-", color=f"C{i % 10}",
                             markersize=6, label=None if val else labels[i])
+        title = metric if "/" in metric else f"{metric}: train/ line, val/ dashed with markers"
+        baseline_col = f"metrics.{UNIGRAM_ACCURACY}"
+        if metric in ("mlm_accuracy", names.VAL + "mlm_accuracy") and baseline_col in df:
+            for i, value in enumerate(df[baseline_col]):
+                if value == value:  # not NaN: the run logged its validation set's baseline
+                    ax.axhline(value, linestyle=":", linewidth=1.5, color=f"C{i % 10}")
+            title += "\n(dotted: unigram baseline of each run's validation set)"
         ax.set_xlabel("optimizer step")
-        ax.set_title(metric if "/" in metric else f"{metric}: train/ line, val/ dashed with markers")
+        ax.set_title(title, fontsize="medium")
         ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], color=f"C{i % 10}") for i in range(len(labels))]
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 2), fontsize="small")

@@ -308,6 +308,7 @@ def test_compare_table_rows():
                        "params.model.num_hidden_groups": ["1", "2"], "params.same": ["s", "s"],
                        "params.y": [None, "3"], "metrics.train/loss": [2.0, 3.5], "metrics.train/lr": [1e-4, 2e-4],
                        "metrics.val/mlm_accuracy": [0.25, float("nan")], "metrics.mem/peak_gib_rank0": [1.0, 1.0],
+                       "metrics.val/unigram_mlm_accuracy": [0.05, 0.06],
                        "metrics.system/cpu_utilization_percentage": [50.0, 60.0]})
     histories = {a: {"train/loss": [(1, 3.0), (2, 1.0), (3, 2.0)], "val/mlm_accuracy": [(3, 0.25)]},
                  b: {"train/loss": [(1, 4.0), (2, 3.5)]}}
@@ -315,9 +316,40 @@ def test_compare_table_rows():
     assert rows == [["run", "one", "two"], ["run_id", a, b], ["model.num_hidden_groups", "1", "2"], ["y", "-", "3"],
                     ["train/loss.final", "2", "3.5"], ["train/loss.best", "1", "3.5"],
                     ["train/lr.final", "0.0001", "0.0002"],  # no best for a learning rate
-                    ["val/mlm_accuracy.final", "0.25", "-"], ["val/mlm_accuracy.best", "0.25", "-"]]
+                    ["val/mlm_accuracy.final", "0.25", "-"], ["val/mlm_accuracy.best", "0.25", "-"],
+                    ["val/unigram_mlm_accuracy", "0.05", "0.06"]]  # a constant of the set: no final/best
     assert format_table(rows).splitlines()[2].split() == ["model.num_hidden_groups", "1", "2"]
     assert run_labels(df) == ["one (num_hidden_groups=1, y=-)", "two (num_hidden_groups=2, y=3)"]
+
+
+def test_compare_plot_draws_each_runs_unigram_baseline(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from albert_dist.tracking import compare
+
+    a, b = "a" * 32, "b" * 32
+    df = pd.DataFrame({"run_id": [a, b], "tags.mlflow.runName": ["one", "two"],
+                       "metrics.val/unigram_mlm_accuracy": [0.05, float("nan")]})
+    histories = {a: {"val/mlm_accuracy": [(10, 0.1), (20, 0.12)]}, b: {"val/mlm_accuracy": [(10, 0.09)]}}
+    drawn = []
+    real_savefig = plt.Figure.savefig
+
+    def savefig(fig, path, **kw):
+        for ax in fig.axes:
+            drawn.extend((ax.get_title(), tuple(line.get_ydata())) for line in ax.get_lines())
+        return real_savefig(fig, path, **kw)
+
+    monkeypatch.setattr(plt.Figure, "savefig", savefig)
+    compare.plot_curves(df, histories, ["mlm_accuracy"], str(tmp_path / "c.png"))
+    ys = [y for _, y in drawn]
+    assert (0.05, 0.05) in ys  # run one's baseline; run two logged none, so no line for it
+    assert sum(1 for y in ys if len(set(y)) == 1 and len(y) == 2) == 1
+    assert "unigram baseline" in drawn[0][0]
+    assert (tmp_path / "c.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("key,direction", [("train/loss", "min"), ("val/mlm_accuracy", "max"),
