@@ -108,6 +108,10 @@ class DataConfig:
     (fewer, with a warning, when the pass ends first). Built once per job, identical for every world size; each
     rank evaluates a contiguous 1/world of it. The default gives 2000 SOP pairs and ~36k masked tokens at
     max_seq_length 128 on the bundled sample (about ±0.011 SOP and ±0.002 MLM accuracy, one standard error)."""
+    eval_masked_lm_prob: float = 0.15
+    """Fraction of the tokens the fixed validation set masks, whatever ``masked_lm_prob`` training uses (BERT's
+    and ALBERT's 0.15), so runs that differ in masking rate are scored on the same task. The cap
+    ``max_predictions_per_seq`` still applies."""
     eval_seed: int = 1234
     """Seed of the validation set's example lengths, SOP swaps and masks; independent of ``seed``, so runs that
     differ only in ``seed`` are scored on the same set."""
@@ -137,6 +141,8 @@ class DataConfig:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.shuffle_documents < 1:
             raise ValueError(f"data.shuffle_documents must be >= 1, got {self.shuffle_documents}")
+        if not 0.0 < self.eval_masked_lm_prob < 1.0:
+            raise ValueError(f"data.eval_masked_lm_prob must be in (0, 1), got {self.eval_masked_lm_prob}")
         if self.eval_examples < 1:
             raise ValueError(f"data.eval_examples must be >= 1, got {self.eval_examples}")
         if self.shard_piece_bytes < 1024:

@@ -5,7 +5,8 @@ sources, built in one pass by every rank alike, seeded by ``DataConfig.eval_seed
 and SOP pairs at every evaluation, for every world size, number of workers and training seed. Documents are read
 in file order (sources mixed per document by their weights, seeded), each one's examples drawn from a generator
 keyed by ``(eval_seed, source, document index)``, exactly as the training stream builds them (same
-``short_seq_prob``, masking and SOP rules), so the set measures the training objective. Reading stops at
+``short_seq_prob``, masking and SOP rules), so the set measures the training objective, except the masking rate:
+``eval_masked_lm_prob`` (0.15) whatever ``masked_lm_prob`` is, so runs that mask 15% and 30% are scored alike. Reading stops at
 ``eval_examples`` or at the end of a source's first pass, whichever comes first: no document is used twice.
 Rank ``r`` of ``W`` evaluates the contiguous rows ``[r N / W, (r + 1) N / W)``; summing metric *sums and counts*
 over ranks (albert_dist.engine.evaluation) then gives the same figures for any world size.
@@ -19,6 +20,7 @@ how far above it a model is.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -112,7 +114,8 @@ def build_validation_set(cfg: DataConfig, sp=None) -> ValidationSet:
     """
     if not cfg.validation:
         raise ValueError("data.validation lists no source; there is no validation set to build")
-    builder = ExampleBuilder(sp if sp is not None else load_tokenizer(cfg.tokenizer_path), cfg)
+    builder = ExampleBuilder(sp if sp is not None else load_tokenizer(cfg.tokenizer_path),
+                             dataclasses.replace(cfg, masked_lm_prob=cfg.eval_masked_lm_prob))
     streams = _validation_streams(cfg)
     weights = np.array([s.weight for s in cfg.validation], dtype=np.float64)
     weights /= weights.sum()

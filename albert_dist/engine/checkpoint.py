@@ -349,6 +349,7 @@ RESUMABLE_FIELDS: dict[str, str] = {
     "data.validation": "validates on the new sources",
     "data.eval_examples": "validates on the new fixed validation set",
     "data.eval_seed": "validates on the new fixed validation set",
+    "data.eval_masked_lm_prob": "validates on the new fixed validation set",
     "data.num_workers": "loads with the new number of workers (the saved stream positions are dropped)",
     "engine.gradient_accumulation_steps": "accumulates the new number of micro-steps; the global batch must "
                                           "stay the same (checked), so the trajectory continues",
@@ -359,7 +360,8 @@ RESUMABLE_FIELDS: dict[str, str] = {
 DATA_SHAPE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "short_seq_prob", "max_ngram",
                      "random_token_prob", "tokenizer_path")
 #: What the loaders' saved positions depend on: when any differs, the data streams start afresh.
-_STREAM_FIELDS = ("data.train", "data.num_workers", "data.seed", "data.shuffle", "data.shard_piece_bytes",
+_STREAM_FIELDS = ("data.train", "data.num_workers", "data.seed", "data.shuffle", "data.shuffle_documents",
+                  "data.shard_piece_bytes",
                   "data.max_document_bytes", "engine.train_micro_batch_size_per_gpu",
                   *(f"data.{k}" for k in DATA_SHAPE_FIELDS))
 

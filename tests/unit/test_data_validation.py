@@ -52,6 +52,17 @@ def test_set_depends_only_on_its_own_seed(sp, quickstart_set):
     assert not torch.equal(a.batch["mlm_labels"], c.batch["mlm_labels"])
 
 
+def test_set_masks_its_own_rate_whatever_training_masks(sp):
+    """Training at 30% (ModernBERT's rate, the quickstart recipe) is scored on the same 15% set as at 15%."""
+    small = dict(max_seq_length=128, eval_examples=100)
+    a = build_validation_set(DataConfig(**small), sp)
+    b = build_validation_set(DataConfig(**small, masked_lm_prob=0.3, max_predictions_per_seq=40), sp)
+    assert _equal(a.batch, b.batch)
+    c = build_validation_set(DataConfig(**small, eval_masked_lm_prob=0.3, max_predictions_per_seq=40), sp)
+    ratio = c.masked_tokens / a.masked_tokens
+    assert 1.9 < ratio < 2.1, ratio  # twice the masked tokens at twice the rate
+
+
 def test_rank_rows_tile_the_set_for_any_world_size(quickstart_set):
     vset = quickstart_set
     for world in (1, 2, 3, 7):
