@@ -34,6 +34,7 @@ log = logging.getLogger("bench.ablations")
 #: Overrides of every cell: 1,000 steps as the issue's measurement (warmup 10%), ALBERT's masking and SOP
 #: weight 1 from step 0 (the quickstart recipe before issue 11; cells change one thing each).
 BASE = ("optimizer.warmup_steps=100", "data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1",
+        "data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20",
         "objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0")
 #: cell -> (overrides on BASE, what it tests). "peer" is not a trainer run.
 CELLS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -47,7 +48,7 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
                  "SOP weight 0 until step 300, linear ramp to 1 by step 500"),
     "shipped": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
                  "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
-                "the quickstart recipe after issue 11 (single pieces, no short sequences, SOP from step 300)"),
+                "single pieces, no short sequences, SOP from step 300 (the quickstart recipe of session 2)"),
     "noclip": (("objective.sop_weight=0.0", "engine.gradient_clipping=0.0"), "sop0 without gradient clipping"),
     "ngram1": (("objective.sop_weight=0.0", "data.max_ngram=1"), "sop0, single whole words (no n-grams)"),
     "piece": (("objective.sop_weight=0.0", "data.whole_word_masking=false"), "sop0, n-grams of pieces"),
@@ -62,7 +63,7 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "shipped_mask30": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
                         "objective.sop_start_step=300", "objective.sop_ramp_steps=200", "data.masked_lm_prob=0.3",
                         "data.max_predictions_per_seq=40"),
-                       "shipped, 30% masking (ModernBERT)"),
+                       "shipped with 30% masking (ModernBERT): the quickstart recipe"),
     "ssp0": (("objective.sop_weight=0.0", "data.short_seq_prob=0.0"), "sop0, no short sequences"),
     "lr1e-3": (("objective.sop_weight=0.0", "optimizer.lr=0.001"), "sop0, lr 1e-3"),
     "lr5e-3_w300": (("objective.sop_weight=0.0", "optimizer.lr=0.005", "optimizer.warmup_steps=300"),

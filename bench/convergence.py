@@ -64,11 +64,13 @@ log = logging.getLogger("bench.convergence")
 #: (= a curve point) every `curve_every` steps, all of them kept.
 COMMON = ("engine.zero_stage=2", "engine.train_micro_batch_size_per_gpu=16", "engine.gradient_accumulation_steps=1", "tracking.enabled=false",
           "progress_bar=false", "data.num_workers=1")
+#: BERT's and ALBERT's masking rate (the quickstart recipe masks 30%).
+_MASK15 = ("data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20")
 #: ALBERT's masking (n-gram whole words, short sequences), the quickstart recipe's SOP schedule.
-_ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1")
+_ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1", *_MASK15)
 #: Trainer overrides per recipe of ours (see the module docstring).
 RECIPES: dict[str, tuple[str, ...]] = {
-    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
+    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0", *_MASK15,
                 "objective.sop_weight=0"),
     "albert": (*_ALBERT, "objective.sop_weight=1", "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
     "albert_mlm_only": (*_ALBERT, "objective.sop_weight=0"),
@@ -404,7 +406,7 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
 
 #: bench/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
 ABLATION_CELLS = {"peer": "peer", "matched": "matched_ssp0", "albert": "sop_ramp", "albert_mlm_only": "sop0",
-                  "shipped": "shipped"}
+                  "shipped": "shipped_mask30"}
 
 
 def reuse(ablations_dir: str, seed: int, report_steps: Sequence[int]) -> dict[str, Any]:
