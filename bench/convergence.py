@@ -22,10 +22,10 @@ Recipes of ours (trainer overrides on top of the quickstart recipe, see ``RECIPE
   (``objective.sop_weight=0``) and no short sequences (``data.short_seq_prob=0``, the peer's blocks are all full
   length): the peer's objective on ALBERT's two-segment examples (bench/ablations.py cell ``matched_ssp0``;
   cell ``matched`` keeps ALBERT's 10% short sequences).
-* ``albert``: ALBERT's masking (n-gram whole words, ``short_seq_prob`` 0.1) + SOP with the shipped schedule
-  (weight 0 until step 300, ramped to 1 by step 500).
+* ``albert``: ALBERT's recipe: n-gram whole-word masking of 15% of the tokens, ``short_seq_prob`` 0.1, SOP at
+  weight 1 from the first step.
 * ``albert_mlm_only``: the same with the SOP loss off, the reference of ALBERT's SOP cost.
-* ``shipped``: the quickstart recipe as it is (single pieces, no short sequences, the SOP schedule).
+* ``shipped``: the quickstart recipe as it is (30% of single pieces masked, no short sequences, SOP from step 0).
 
 Figures per recipe: val MLM loss / accuracy at each ``report_steps`` (300 and 1,000 standalone), the ratio
 ours / peer of the accuracy there, the whole curve, and **time-to-accuracy**: the first curve step (and the
@@ -66,13 +66,13 @@ COMMON = ("engine.zero_stage=2", "engine.train_micro_batch_size_per_gpu=16", "en
           "progress_bar=false", "data.num_workers=1")
 #: BERT's and ALBERT's masking rate (the quickstart recipe masks 30%).
 _MASK15 = ("data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20")
-#: ALBERT's masking (n-gram whole words, short sequences), the quickstart recipe's SOP schedule.
+#: ALBERT's masking (15% in n-gram whole words, short sequences).
 _ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1", *_MASK15)
 #: Trainer overrides per recipe of ours (see the module docstring).
 RECIPES: dict[str, tuple[str, ...]] = {
     "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0", *_MASK15,
                 "objective.sop_weight=0"),
-    "albert": (*_ALBERT, "objective.sop_weight=1", "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
+    "albert": (*_ALBERT, "objective.sop_weight=1", "objective.sop_start_step=0", "objective.sop_ramp_steps=0"),
     "albert_mlm_only": (*_ALBERT, "objective.sop_weight=0"),
     "shipped": (),
 }
@@ -405,8 +405,8 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
 
 
 #: bench/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
-ABLATION_CELLS = {"peer": "peer", "matched": "matched_ssp0", "albert": "sop_ramp", "albert_mlm_only": "sop0",
-                  "shipped": "shipped_mask30"}
+ABLATION_CELLS = {"peer": "peer", "matched": "matched_ssp0", "albert": "sop1", "albert_mlm_only": "sop0",
+                  "shipped": "shipped_mask30_sop1"}
 
 
 def reuse(ablations_dir: str, seed: int, report_steps: Sequence[int]) -> dict[str, Any]:
