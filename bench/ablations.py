@@ -40,7 +40,7 @@ BASE = ("optimizer.warmup_steps=100", "data.max_ngram=3", "data.whole_word_maski
 CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "peer": ((), "transformers AlbertForPreTraining, run_mlm grouping + DataCollatorForLanguageModeling, MLM only"),
     "sop1": (("objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0"),
-             "n-gram whole-word masking + SOP weight 1 from step 0 (the recipe before issue 11)"),
+             "ALBERT's recipe: n-gram whole-word masking, SOP weight 1 from step 0"),
     "sop0": (("objective.sop_weight=0.0",), "n-gram whole-word masking, no SOP loss"),
     "sop0.1": (("objective.sop_weight=0.1", "objective.sop_start_step=0", "objective.sop_ramp_steps=0"),
                "SOP weight 0.1 from step 0"),
