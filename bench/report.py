@@ -56,7 +56,7 @@ class Headline:
         return value >= self.target if self.target_op == ">=" else value <= self.target
 
 
-#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB) and 8.
+#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB), 8 and 11.
 #: Keys follow what each benchmark's ``run()`` returns; a row whose ratio key is missing is shown as "n/a".
 HEADLINES: tuple[Headline, ...] = (
     Headline("model_step", "train step ALBERT-base B=8 S=128 fp32, 1 thread: ours / transformers (SDPA)",
@@ -89,6 +89,10 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("checkpoint_io", "checkpoint load ALBERT-base: DeepSpeed engine / torch.load",
              "albert-base.ratio_load", None, None,
              "albert-base.deepspeed_load_s", "albert-base.torch_load_s", "s"),
+    Headline("convergence", "val MLM accuracy after 60 steps (suite length, near the floor; 1,000 steps in "
+             "docs/convergence.md): ours (matched) / transformers run_mlm peer",
+             "matched.step_60.ratio_accuracy_over_peer", None, None,
+             "matched.step_60.mlm_accuracy", "peer.step_60.mlm_accuracy", "accuracy"),
     Headline("resume", "loader restore + first batch, 0 workers: far (after 300 batches, as ours) / near (after 1)",
              "workers_0.ratio_far_over_near", "<=", 1.2, "workers_0.far_resume_s", "workers_0.near_resume_s", "s"),
     Headline("resume", "loader restore + first batch, 2 workers: far (after 300 batches, as ours) / near (after 1)",
