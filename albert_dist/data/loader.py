@@ -205,11 +205,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
                 )
             return examples
 
-        def next_document() -> None:
+        def next_window() -> None:
             """Fill ``pending`` with the next window: the examples of ``window`` documents, shuffled together.
 
             The window is a pure function of the snapshot taken before it (per-document RNGs are seeded by the
-            document key, the permutation by the window's start), so resume re-reads it and skips ``consumed``."""
+            document key, the permutation by the stream positions after its last document), so resume re-reads
+            it and skips ``consumed``."""
             nonlocal pending, consumed, before
             before = snapshot()
             pending, consumed = [], 0
@@ -222,13 +223,13 @@ class PretrainingStream(torch.utils.data.IterableDataset):
 
         if before is not None:
             restore(before)
-            next_document()
+            next_window()
             consumed = skip
         while True:
             batch: list[Example] = []
             while len(batch) < self.micro_batch_size:
                 if consumed >= len(pending):
-                    next_document()
+                    next_window()
                     continue
                 take = min(self.micro_batch_size - len(batch), len(pending) - consumed)
                 batch.extend(pending[consumed : consumed + take])
