@@ -34,8 +34,11 @@ log = logging.getLogger("bench.ablations")
 #: Overrides of every cell: 1,000 steps as the issue's measurement (warmup 10%), ALBERT's masking and SOP
 #: weight 1 from step 0 (the quickstart recipe before issue 11; cells change one thing each).
 BASE = ("optimizer.warmup_steps=100", "data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1",
-        "data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20",
-        "objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0")
+        *conv.MASK15, "objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0")
+#: Session 2's quickstart recipe on BASE: single pieces, no short sequences, SOP from step 300.
+_SHIPPED = ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
+            "objective.sop_start_step=300", "objective.sop_ramp_steps=200")
+_PIECES_FULL = _SHIPPED[:3]
 #: cell -> (overrides on BASE, what it tests). "peer" is not a trainer run.
 CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "peer": ((), "transformers AlbertForPreTraining, run_mlm grouping + DataCollatorForLanguageModeling, MLM only"),
@@ -46,8 +49,7 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
                "SOP weight 0.1 from step 0"),
     "sop_ramp": (("objective.sop_weight=1.0", "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
                  "SOP weight 0 until step 300, linear ramp to 1 by step 500"),
-    "shipped": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
-                 "objective.sop_start_step=300", "objective.sop_ramp_steps=200"),
+    "shipped": (_SHIPPED,
                 "single pieces, no short sequences, SOP from step 300 (the quickstart recipe of session 2)"),
     "noclip": (("objective.sop_weight=0.0", "engine.gradient_clipping=0.0"), "sop0 without gradient clipping"),
     "ngram1": (("objective.sop_weight=0.0", "data.max_ngram=1"), "sop0, single whole words (no n-grams)"),
@@ -57,15 +59,11 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "matched_ssp0": (("objective.sop_weight=0.0", "data.max_ngram=1", "data.whole_word_masking=false",
                       "data.short_seq_prob=0.0"),
                      "matched without short sequences: the peer's objective and full-length examples, as the peer"),
-    "shipped_lr5e-3": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
-                        "objective.sop_start_step=300", "objective.sop_ramp_steps=200", "optimizer.lr=0.005"),
+    "shipped_lr5e-3": ((*_SHIPPED, "optimizer.lr=0.005"),
                        "shipped, lr 5e-3"),
-    "shipped_mask30": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
-                        "objective.sop_start_step=300", "objective.sop_ramp_steps=200", "data.masked_lm_prob=0.3",
-                        "data.max_predictions_per_seq=40"),
+    "shipped_mask30": ((*_SHIPPED, *conv.MASK30),
                        "shipped with 30% masking (ModernBERT)"),
-    "shipped_mask30_sop1": (("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0",
-                             "data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40"),
+    "shipped_mask30_sop1": ((*_PIECES_FULL, *conv.MASK30),
                             "shipped_mask30 with SOP weight 1 from step 0 (ALBERT's objective): the quickstart recipe"),
     "ssp0": (("objective.sop_weight=0.0", "data.short_seq_prob=0.0"), "sop0, no short sequences"),
     "lr1e-3": (("objective.sop_weight=0.0", "optimizer.lr=0.001"), "sop0, lr 1e-3"),
@@ -76,7 +74,7 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
                       "data.train=[{paths: [runs/sop_synthetic/corpus/train.txt]}]",
                       "data.validation=[{paths: [runs/sop_synthetic/corpus/validation.txt]}]"),
                      "SOP weight 1 on numbered sentences ('( 1 ) ... ( 2 ) ...'), where order is easy"),
-    "mask30": (("objective.sop_weight=0.0", "data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40"),
+    "mask30": (("objective.sop_weight=0.0", *conv.MASK30),
                "sop0, 30% masking (ModernBERT)"),
 }
 

@@ -65,13 +65,14 @@ log = logging.getLogger("bench.convergence")
 #: (= a curve point) every `curve_every` steps, all of them kept.
 COMMON = ("engine.zero_stage=2", "engine.train_micro_batch_size_per_gpu=16", "engine.gradient_accumulation_steps=1", "tracking.enabled=false",
           "progress_bar=false", "data.num_workers=1")
-#: BERT's and ALBERT's masking rate (the quickstart recipe masks 30%).
-_MASK15 = ("data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20")
+#: BERT's and ALBERT's masking rate, and ModernBERT's (the quickstart recipe's); shared with bench/ablations.py.
+MASK15 = ("data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20")
+MASK30 = ("data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40")
 #: ALBERT's masking (15% in n-gram whole words, short sequences).
-_ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1", *_MASK15)
+_ALBERT = ("data.max_ngram=3", "data.whole_word_masking=true", "data.short_seq_prob=0.1", *MASK15)
 #: Trainer overrides per recipe of ours (see the module docstring).
 RECIPES: dict[str, tuple[str, ...]] = {
-    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0", *_MASK15,
+    "matched": ("data.max_ngram=1", "data.whole_word_masking=false", "data.short_seq_prob=0.0", *MASK15,
                 "objective.sop_weight=0"),
     "albert": (*_ALBERT, "objective.sop_weight=1", "objective.sop_start_step=0", "objective.sop_ramp_steps=0"),
     "albert_mlm_only": (*_ALBERT, "objective.sop_weight=0"),
