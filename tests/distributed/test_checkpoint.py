@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -286,6 +287,69 @@ def test_disk_full_with_on_save_error_continue_trains_on_and_saves_at_the_next_i
     assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_6", "step_8"]
     assert ckpt.read_latest(ckpt_dir) == "step_8"
     assert len(_log_lines(job, "training continues (checkpoint.on_save_error=continue)")) == 1
+
+
+# ----------------------------------------------------------------------------- disk headroom (issue 20)
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real, small file system: a tmpfs mounted at tmp_path/fs (needs root, as CI's runner is); `size(bytes)`
+    mounts it. Skips when it cannot mount."""
+    mounted = []
+
+    def size(n: int) -> Path:
+        where = tmp_path / "fs"
+        where.mkdir(exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={n}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield size
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_the_space_needed(config, tmpfs):
+    """The issue's 40 MB tmpfs, scaled to this model: a file system holding two checkpoints but not three.
+    keep_last=2 used to need room for keep_last + 1 checkpoints (exit 74 at the third save); now the oldest goes
+    before the save. A lowered keep_last applies when the job resumes (before its first save). With no room even
+    for one checkpoint, the save fails with exit 74 and the message says how much a checkpoint needs."""
+    from albert_dist.engine.checkpoint import retention
+    from albert_dist.exit_codes import EXIT_SAVE_FAILED
+
+    ckpt_size = 2.5 * 2**20  # the tiny config's checkpoint on one rank (2.4-2.5 MiB)
+    fs = tmpfs(int(2.6 * ckpt_size))
+    run_dir = fs / "run"
+    ckpt_dir = run_dir / "checkpoints"
+    steps = ["checkpoint.save_interval_steps=2", "checkpoint.keep_last=2"]
+    first = run_ok(1, config, run_dir, ["--run"], steps + ["max_steps=6"])
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_4", "step_6"]
+    made_room = _log_lines(first, "before saving")
+    assert len(made_room) == 1 and "removed step_2 before saving" in made_room[0], made_room
+    size = retention.checkpoint_bytes(ckpt_dir / "step_6")
+    assert 2.2 * 2**20 < size < 2.7 * 2**20, size
+
+    second = run_ok(1, config, run_dir, ["--run"], steps[:1] + ["checkpoint.keep_last=1", "max_steps=8",
+                                                                "checkpoint.resume=auto"])
+    log = Path(second.logs[0].name).read_text()
+    assert log.index("retention (keep_last=1): removed step_4") < log.index("resumed from"), log[-3000:]
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_8"]
+
+    ballast = retention.free_bytes(fs) - 2**20  # leave 1 MiB: not even room for one more checkpoint
+    (fs / "ballast").write_bytes(b"\0" * ballast)
+    third = Job(1, config, run_dir, ["--run"], steps[:1] + ["max_steps=10", "checkpoint.resume=auto"])
+    assert third.wait() == [EXIT_SAVE_FAILED], third.log_tail()
+    lines = _log_lines(third, "not saved: disk full writing")
+    assert len(lines) == 1 and "errno 28 ENOSPC" in lines[0] and "still names step_8" in lines[0], lines
+    needed = float(lines[0].split("a checkpoint of this job needs about ")[1].split(" MiB")[0])
+    assert needed == pytest.approx(size / 2**20, abs=0.05), lines[0]
+    assert f"(step_8 took {needed:.1f} MiB)" in lines[0], lines[0]
+    free = float(re.search(r"([\d.]+) MiB were free in ", lines[0]).group(1))
+    assert 0.5 < free <= 1.0, lines[0]
+    assert _log_lines(third, "this save will probably fail (kept: step_8)")
+    assert ckpt.read_latest(ckpt_dir) == "step_8" and not (ckpt_dir / "step_10").exists()
 
 
 def test_resume_with_another_model_config_is_exit_2_before_any_process_group(config, reference, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 
 from albert_dist.config import TrainConfig, to_container
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint import retention
 
 FILES = {"mp_rank_00_model_states.pt": 300, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 500,
          "zero_pp_rank_1_mp_rank_00_optim_states.pt": 500}
@@ -106,6 +107,71 @@ def test_retention_deletes_nothing_when_nothing_verifies(tmp_path):
     d = tmp_path / "c"
     truncate(make_ckpt(d, 3) / "mp_rank_00_model_states.pt")
     assert ckpt.prune(d, keep_last=1) == [] and (d / "step_3").is_dir()
+
+
+# ------------------------------------------------------------------------------- disk headroom (issue 20)
+def _quota(monkeypatch, ckpt_dir: Path, quota: int) -> None:
+    """A file system of `quota` bytes holding only `ckpt_dir` (what a small tmpfs reports as free). Patched in
+    its module: `ckpt.free_bytes` would cache the patched function in the package."""
+
+    def free_bytes(path) -> int:
+        return quota - sum(p.stat().st_size for p in Path(ckpt_dir).rglob("*") if p.is_file())
+
+    monkeypatch.setattr(retention, "free_bytes", free_bytes)
+
+
+def _dirs(ckpt_dir: Path) -> list[str]:
+    return sorted((p.name for p in ckpt_dir.iterdir() if p.is_dir()), key=lambda n: (len(n), n))
+
+
+def test_headroom_removes_unverified_then_oldest_before_the_save_never_the_newest(ckpt_dir, monkeypatch, caplog):
+    make_ckpt(ckpt_dir, 15)
+    (ckpt_dir / "step_20").mkdir()  # a save cut short: DeepSpeed's first file only
+    (ckpt_dir / "step_20" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 300)
+    size = ckpt.checkpoint_bytes(ckpt_dir / "step_15")
+    assert size == sum(FILES.values()) + (ckpt_dir / "step_15" / ckpt.META_FILE).stat().st_size
+    # room for 3 checkpoints in all: step_5 and step_10 must go for step_15 + the new one, step_20 first of all
+    _quota(monkeypatch, ckpt_dir, 3 * size + 100)
+    assert ckpt.last_checkpoint_bytes(ckpt_dir) == ("step_15", size)
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        removed = ckpt.make_room(ckpt_dir, size, keep_last=3)
+    assert removed == ["step_20", "step_5"]
+    assert _dirs(ckpt_dir) == ["step_10", "step_15"]
+    assert retention.free_bytes(ckpt_dir) >= size
+    msg = [r.getMessage() for r in caplog.records]
+    assert len(msg) == 1 and "removed step_20, step_5 before saving" in msg[0] and "keep_last=3" in msg[0], msg
+    assert ckpt.make_room(ckpt_dir, size, keep_last=3) == []  # enough room now: nothing else goes
+
+
+def test_headroom_keeps_the_resumed_checkpoint_and_says_when_the_room_is_still_short(ckpt_dir, monkeypatch, caplog):
+    make_ckpt(ckpt_dir, 15)
+    size = ckpt.checkpoint_bytes(ckpt_dir / "step_15")
+    _quota(monkeypatch, ckpt_dir, 3 * size - 10)  # short by more than 10 bytes, even after removing step_10
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert ckpt.make_room(ckpt_dir, size, keep_last=3, protect="step_5") == ["step_10"]
+    assert _dirs(ckpt_dir) == ["step_5", "step_15"]  # the resumed-from one and the newest verified one
+    short = [r.getMessage() for r in caplog.records if "will probably fail" in r.getMessage()]
+    assert len(short) == 1 and "kept: step_5, step_15" in short[0], caplog.text
+
+
+def test_free_bytes_of_a_directory_not_made_yet_is_its_file_systems(tmp_path):
+    import shutil
+
+    assert abs(ckpt.free_bytes(tmp_path / "a" / "b") - shutil.disk_usage(tmp_path).free) < 2**24
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_lowered_keep_last_applies_when_the_job_resumes(ckpt_dir, rank):
+    """Three checkpoints, resumed with keep_last=2: rank 0 removes step_5 before any save; other ranks delete nothing."""
+    from albert_dist.engine.config import CheckpointConfig
+
+    make_ckpt(ckpt_dir, 15)
+    config = to_container(TrainConfig())
+    manager = ckpt.CheckpointManager(CheckpointConfig(keep_last=2, resume="auto"), ckpt_dir, rank=rank,
+                                     world_size=2, config=config, config_hash="h", seed=0)
+    point = manager.plan()
+    assert point.tag == "step_15"
+    assert _dirs(ckpt_dir) == (["step_10", "step_15"] if rank == 0 else ["step_5", "step_10", "step_15"])
 
 
 def _config(**changes) -> dict:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from albert_dist.engine.checkpoint.drift import Drift, check_drift, log_drift
 from albert_dist.engine.checkpoint.load import load_checkpoint, _realign_lr
 from albert_dist.engine.checkpoint.plan import ResumePoint, plan_resume
+from albert_dist.engine.checkpoint.retention import prune
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
 from albert_dist.engine.reshard import build_resumed_loader
@@ -73,6 +74,9 @@ class CheckpointManager:
             self.drift = check_drift(point, self.config, self.world_size)
             if self.rank == 0:
                 log_drift(point, self.drift)
+                # Retention at resume: a lowered checkpoint.keep_last frees its space before the first save.
+                same_dir = Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
+                prune(self.ckpt_dir, self.cfg.keep_last, protect=point.tag if same_dir else None)
         self.point, self._planned = point, True
         return point
 
@@ -122,9 +126,13 @@ class CheckpointManager:
         """
         if self.last_saved == step or not every(step, self.cfg.save_interval_steps, last):
             return None
+        # The checkpoint resumed from (in this directory) is protected until this job has saved one of its own.
+        point = self.point
+        protect = (point.tag if point is not None and self.last_saved == point.step
+                   and Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve() else None)
         try:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
-                                  config=self.config, protect=self.point.tag if self.point else None)
+                                  config=self.config, protect=protect)
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise
