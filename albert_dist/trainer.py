@@ -35,7 +35,7 @@ from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import broadcast_object, is_multi_rank, setup_logging
 from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.reshard import ReshardedLoader
-from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
+from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, exit_deadline, peer_failure, stop_loader_workers
 from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
@@ -81,6 +81,8 @@ class Trainer:
         from albert_dist.model.flops import training_flops_per_token
 
         cfg = self.cfg
+        # First: a stop signal during start-up is then a stop after the first step, not a traceback per rank.
+        self._stop.install()
         self.dist_env = init_distributed()
         rank, world = self.dist_env.rank, self.dist_env.world_size
         setup_logging(rank)
@@ -131,7 +133,6 @@ class Trainer:
 
         # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
         self.step, self.train_loader = self.checkpoints.load(self.engine, make_loader)
-        self._stop.install()
         self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed from torch's RNG
 
         device = self.engine.device
@@ -213,14 +214,16 @@ class Trainer:
                     if ckpt.every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
                     stop = self._agree_stop()
-                    self.save(last=last or stop)
+                    if stop and rank == 0:  # every rank is alive and agrees: now it can be promised
+                        logger.warning("every rank stops after step %d: checkpoint, then exit %d", self.step,
+                                       EXIT_PREEMPTED)
+                    self.save(last=last or stop, stop=stop)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
                                        EXIT_PREEMPTED)
                         return EXIT_PREEMPTED
         finally:
-            self._stop.restore()
             bar.close()
         self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
         return EXIT_OK
@@ -288,12 +291,12 @@ class Trainer:
                                          val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
-    def save(self, last: bool = False) -> Optional[str]:
+    def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
         """Checkpoint the current step when the cadence says so (`ckpt.CheckpointManager.maybe_save`; `last`:
-        the final step or a stop) on every rank (collective); returns the tag, or None when nothing was saved.
-        Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
+        the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
+        the tag, or None when nothing was saved. Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
-        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last)
+        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
@@ -315,34 +318,45 @@ class Trainer:
                 logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/)",
                             self.run_dir.resolve())
             return code
+        # Every error path: the rank ends within a bound (albert_dist.engine.stop.exit_deadline), whatever the
+        # cleanup waits on; its peers' collectives then fail, and they end the same way.
         except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+            exit_deadline(EXIT_SAVE_FAILED)
             logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
             return EXIT_SAVE_FAILED
         except ckpt.ConfigDriftError as err:  # --resume-from: the fetched checkpoint's config differs
+            exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR
-        except Exception:
-            logger.exception("training failed")  # the one traceback: the entry point returns the code
+        except Exception as err:
+            exit_deadline(EXIT_CRASHED)
+            if peer_failure(err):  # another rank failed first: its traceback is the job's one
+                logger.error("a collective failed because another rank stopped (its log has the cause): %s: %s; "
+                             "exit %d", type(err).__name__, str(err).strip().splitlines()[0] if str(err).strip()
+                             else "", EXIT_CRASHED)
+            else:
+                logger.exception("training failed")  # the one traceback: the entry point returns the code
             return EXIT_CRASHED
         finally:
             self.close(status)
 
     def close(self, status: str) -> None:
-        """Restore signal handlers, stop the loader workers, close the tracker with `status`, destroy the
-        process group. Idempotent; `run()` calls it, callers of `setup()`/`train()` must."""
-        self._stop.restore()
+        """Stop the loader workers, close the tracker with `status`, destroy the process group, restore the
+        signal handlers (last: a launcher's SIGTERM while the tracker flushes is absorbed, not fatal).
+        Idempotent; `run()` calls it, callers of `setup()`/`train()` must."""
         # Explicitly: the workers ignore SIGTERM (see IgnoreStopSignals), so multiprocessing's exit-time
-        # terminate() could not stop them if the iterator were left for the interpreter to clean up.
-        for it in self._loader_iterators():
-            shutdown = getattr(it, "_shutdown_workers", None)  # torch DataLoader iterators (also their __del__)
-            if callable(shutdown):
-                shutdown()
+        # terminate() could not stop them if the iterator were left for the interpreter to clean up; and an
+        # iterator whose construction raised (a worker failing to load its saved state) is nobody's to shut down.
+        stop_loader_workers(self._loader_iterators())
         self._train_iter = None
         try:
             self.tracker.close(status)
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            finally:
+                self._stop.restore()
 
     def _loader_iterators(self) -> list:
         loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)

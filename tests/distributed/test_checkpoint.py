@@ -26,81 +26,14 @@ import torch
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
-from albert_dist.engine.distributed import free_port
+from fixtures.ranks import CONFIG, Job, run_ok
 
 pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("ckpt_worker.py")
 CRASH_EXIT = 17
 MAX_STEPS = 8
 
-CONFIG = """
-model: {vocab_size: 8000, embedding_size: 16, hidden_size: 32, num_hidden_layers: 3, num_hidden_groups: 2,
-        num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 32, hidden_dropout_prob: 0.1,
-        sharing: all}
-data:
-  train: [{paths: ["data/sample/wikitext-2-train-*.txt"]}]
-  validation: []
-  tokenizer_path: data/sample/spiece.model
-  max_seq_length: 32
-  max_predictions_per_seq: 4
-  num_workers: 1
-  shard_piece_bytes: 65536
-optimizer: {lr: 0.003, warmup_steps: 2}
-engine: {zero_stage: 2, train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 2,
-         peak_tflops_per_device: 1.0}
-checkpoint: {save_interval_steps: 3, keep_last: 3}
-tracking: {enabled: false}
-max_steps: 8
-log_interval_steps: 1
-eval_interval_steps: 0
-progress_bar: false
-"""
-
-
-class Job:
-    """`world` worker processes of one job (env:// variables as torchrun sets them); logs in log_dir."""
-
-    def __init__(self, world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str] = ()):
-        port = free_port()
-        self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.procs, self.logs = [], []
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-            log = open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab")
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
-
-    def wait(self, timeout: float = 240) -> list[int]:
-        deadline = time.time() + timeout
-        try:
-            return [p.wait(timeout=max(1.0, deadline - time.time())) for p in self.procs]
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
-        for log in self.logs:
-            log.close()
-
-    def log_tail(self) -> str:
-        return "\n".join(Path(l.name).read_text()[-3000:] for l in self.logs)
-
-
-def run_ok(*args, **kwargs) -> Job:
-    job = Job(*args, **kwargs)
-    codes = job.wait()
-    assert codes == [0] * len(codes), f"exit codes {codes}\n{job.log_tail()}"
-    return job
 
 
 def train_records(run_dir: Path) -> dict[int, dict]:

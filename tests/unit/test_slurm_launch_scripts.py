@@ -91,3 +91,21 @@ def test_hostfile_cli_runs_as_script(tmp_path):
                            "--slots", "2"], capture_output=True, text=True, env={"PATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "n1 slots=2\nn2 slots=2\n"
+
+
+@pytest.mark.parametrize("command_exit, expected, says", [
+    (137, 1, "a rank was killed by signal 9 (SIGKILL), e.g. the kernel's OOM killer (see dmesg) or a kill -9; "
+             "exit 1 (srun exited 137)"),
+    (247, 1, "a rank was killed by signal 9 (SIGKILL)"),  # DeepSpeed's launch.py: the rank's -9
+    (130, 130, "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop"),
+    (75, 75, "training exited with status 75"), (74, 74, "training exited with status 74"),
+    (1, 1, "training exited with status 1"),
+])
+def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_code(command_exit, expected, says):
+    """What the batch script exits with when srun's tasks end: albert-dist train's codes pass through; a task
+    killed by a signal (srun: 128 + N) is not one of them: 1, naming the signal (130 for SIGINT)."""
+    script = (f"MASTER_ADDR=127.0.0.1 SLURM_JOB_ID=1; source slurm/common.sh; "
+              f"run_preemptible true -- bash -c 'exit {command_exit}'; echo \"rc=$?\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
+    assert says in proc.stdout, proc.stdout

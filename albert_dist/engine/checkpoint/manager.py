@@ -115,11 +115,14 @@ class CheckpointManager:
         else:  # an old rank's RNG stream cannot be split or merged
             seed_all(seed_for(self.seed, self.rank, state.step))
 
-    def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False) -> Optional[str]:
+    def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False,
+                   stop: bool = False) -> Optional[str]:
         """Save step `step` when the cadence says so (`every(step, save_interval_steps, last)`) and it is not
         saved yet (collective); returns the tag or None.
 
-        `data_state` is called only when saving (a loader's state_dict is not free). A failed save raises
+        `data_state` is called only when saving (a loader's state_dict is not free). `stop`: this is a stop
+        signal's checkpoint (`albert_dist.json` records why each checkpoint was written: "interval", "final" or
+        "stop"; launch/pretrain_local.sh reads it). A failed save raises
         `CheckpointSaveError`, unless `checkpoint.on_save_error` is "continue" and this is an interval save: then
         it is logged (one line) and the next interval tries again. A `last` save (the final step, a stop) always
         raises: there is no next interval, and a stop must not exit as if a checkpoint had been written.
@@ -132,7 +135,8 @@ class CheckpointManager:
                    and Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve() else None)
         try:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
-                                  config=self.config, protect=protect)
+                                  config=self.config, protect=protect,
+                                  reason="stop" if stop else "final" if last else "interval")
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise

@@ -127,11 +127,13 @@ def _space_needed(reports: list[dict], ckpt_dir: Path) -> str:
 
 
 def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, config_hash: str,
-                    keep_last: int, *, config: Optional[dict] = None, protect: Optional[str] = None) -> str:
+                    keep_last: int, *, config: Optional[dict] = None, protect: Optional[str] = None,
+                    reason: str = "interval") -> str:
     """Save step `step` on every rank (collective; see the module docstring for the protocol); returns the tag.
 
     `data_state` is this rank's `loader.state_dict()`; `config` the resolved config snapshot stored with it;
-    `protect` a tag retention keeps until a newer verified checkpoint exists (the one the job resumed from).
+    `protect` a tag retention keeps until a newer verified checkpoint exists (the one the job resumed from);
+    `reason` why it is written ("interval", "final", "stop"), recorded in `albert_dist.json`.
     Before writing, rank 0 makes room (`retention.make_room`) when the free space is below the size of the last
     verified checkpoint.
 
@@ -172,8 +174,8 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
         meta_path = tag_dir / META_FILE
         try:
             meta = {"format": META_FORMAT, "step": step, "world_size": state.world_size,
-                    "zero_stage": state.zero_stage, "config_hash": config_hash, "config": state.config,
-                    "files": payload_files(tag_dir)}
+                    "zero_stage": state.zero_stage, "config_hash": config_hash, "reason": reason,
+                    "config": state.config, "files": payload_files(tag_dir)}
             with open(meta_path, "w") as fh:
                 json.dump(meta, fh)
                 fh.flush()
