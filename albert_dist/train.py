@@ -15,6 +15,7 @@ after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with `--r
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -103,7 +104,8 @@ def plan_checkpoint_resume(cfg: TrainConfig, world_size: int, log: bool = True) 
 def check_inputs(cfg: TrainConfig) -> None:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Checks every local data source (paths exist, globs match, jsonl/parquet records hold `text_field`;
+    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
+    jsonl/parquet records hold `text_field`;
     `albert_dist.data.paths.discover_files`, `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
@@ -121,7 +123,10 @@ def check_inputs(cfg: TrainConfig) -> None:
         for i, src in enumerate(getattr(cfg.data, split)):
             if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
                 where = f"data.{split}[{i}]"
-                check_text_field(src, where, discover_files(src, where))
+                files = discover_files(src, where)
+                check_text_field(src, where, files)
+                if all(os.path.getsize(f) == 0 for f in files):
+                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")

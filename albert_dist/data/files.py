@@ -59,7 +59,7 @@ class DamagedInput(Exception):
 
 
 def _reason(err: BaseException) -> str:
-    text = str(err).strip()
+    text = " ".join(str(err).split())  # one line: some library messages span several
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
@@ -79,36 +79,66 @@ class _PlainStream:
         self._f.close()
 
 
-class _GzipStream:
-    """gzip.GzipFile (every member of a concatenated file), its errors turned into `DamagedInput`."""
+class _DecodedStream:
+    """A decoded stream that hands out what it decoded before an error, and raises the error on the next read
+    (so a damaged stream loses only what cannot be decoded). Subclasses fill ``_out`` in ``_fill(n)``."""
+
+    def __init__(self) -> None:
+        self._out = bytearray()
+        self._error: Optional[DamagedInput] = None
+
+    def _fill(self, n: int) -> None:
+        raise NotImplementedError
+
+    def read(self, n: int) -> bytes:
+        if self._error is None and len(self._out) < n:
+            try:
+                self._fill(n)
+            except DamagedInput as err:
+                self._error = err
+        if not self._out and self._error is not None:
+            raise self._error
+        out = bytes(self._out[:n])
+        del self._out[:n]
+        return out
+
+
+class _GzipStream(_DecodedStream):
+    """gzip.GzipFile (every member of a concatenated file), read one input block at a time (``read1``), its
+    errors turned into `DamagedInput`."""
 
     def __init__(self, path: str) -> None:
+        super().__init__()
         self._raw = open(path, "rb")
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
 
-    def read(self, n: int) -> bytes:
-        try:
-            return self._gz.read(n)
-        except (EOFError, OSError, zlib.error) as err:  # truncated, bad CRC/magic (BadGzipFile), corrupt deflate
-            raise DamagedInput(_reason(err), self._raw.tell()) from err
+    def _fill(self, n: int) -> None:
+        while len(self._out) < n:
+            try:
+                data = self._gz.read1(n - len(self._out))
+            except (EOFError, OSError, zlib.error) as err:  # truncated, bad CRC/magic (BadGzipFile), bad deflate
+                raise DamagedInput(_reason(err), self._raw.tell()) from err
+            if not data:
+                return
+            self._out += data
 
     def close(self) -> None:
         self._gz.close()
         self._raw.close()
 
 
-class _ZstdStream:
+class _ZstdStream(_DecodedStream):
     """All zstd frames of a file, decoded with ``decompressobj`` so that a file ending inside a frame is an error."""
 
     def __init__(self, path: str) -> None:
         import zstandard
 
+        super().__init__()
         self._zstd = zstandard
         self._raw = open(path, "rb")
         self._dctx = zstandard.ZstdDecompressor()
         self._dobj = self._dctx.decompressobj()
         self._in_frame = False
-        self._out = bytearray()
         self._eof = False
 
     def _feed(self, data: bytes) -> None:
@@ -125,7 +155,7 @@ class _ZstdStream:
             else:
                 data = b""
 
-    def read(self, n: int) -> bytes:
+    def _fill(self, n: int) -> None:
         while len(self._out) < n and not self._eof:
             try:
                 chunk = self._raw.read(_ZSTD_INPUT_BYTES)
@@ -135,11 +165,8 @@ class _ZstdStream:
                 self._eof = True
                 if self._in_frame:
                     raise DamagedInput("truncated: the file ends inside a zstd frame", self._raw.tell())
-                break
+                return
             self._feed(chunk)
-        out = bytes(self._out[:n])
-        del self._out[:n]
-        return out
 
     def close(self) -> None:
         self._raw.close()
@@ -360,7 +387,23 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
                 skip = "too_long" if nbytes > max_bytes else ("" if text else "empty")
                 yield {"text": text, "skip": skip, "nbytes": nbytes}, row - 1
     except (OSError, pa.ArrowException) as err:  # a page or column chunk that does not decode, an I/O error
-        yield _damaged(piece, DamagedInput(_reason(err))), row
+        yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field))), row
+
+
+def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
+    """First byte of the text column's chunk in the piece's row group (-1 when the footer does not tell)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(piece["path"]).metadata
+        group = meta.row_group(piece["row_group"])
+        for j in range(group.num_columns):
+            col = group.column(j)
+            if col.path_in_schema == text_field:
+                return min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    except Exception:  # noqa: BLE001 - only a detail of a message about a file already known to be damaged
+        pass
+    return -1
 
 
 # ---------------------------------------------------------------------------------------------------- checks

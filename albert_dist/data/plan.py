@@ -2,8 +2,10 @@
 
     albert-dist data plan --config configs/pretrain/<recipe>.yaml --ranks 1024 [--workers 8] [key=value ...] [--json]
 
-No process group, no record read: file sizes and parquet footers only (`albert_dist.data.paths.plan_pieces`),
-and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the figures are the job's.
+No process group and no reading beyond metadata: file sizes and parquet footers (`albert_dist.data.paths.
+plan_pieces`), plus the first 16 records of one jsonl file per source for the text-field check `albert-dist
+train` makes; and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the figures
+are the job's.
 Per training source it prints the pieces, pieces and bytes read per slot (min / mean / max), the read
 amplification (bytes all slots read in one epoch each over the source's bytes; 1.0 = every byte once), the
 documents (and tokens) per epoch when a ``manifest.json`` of ``albert-dist data prepare`` lies beside the files,
@@ -35,7 +37,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.paths import plan_pieces, read_amplification, readers_per_piece
+from albert_dist.data.files import check_text_field
+from albert_dist.data.paths import discover_files, plan_pieces, read_amplification, readers_per_piece
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
@@ -120,12 +123,18 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 
 
 def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
-    """Plan one source for ``slots`` slots from metadata (no record read). Raises ValueError as
-    `albert_dist.data.paths.plan_pieces` does."""
+    """Plan one source for ``slots`` slots from metadata (file sizes, parquet footers) and the text-field check
+    of `albert_dist.data.files.check_text_field` (the first records of one file). Raises ValueError as
+    `albert_dist.data.stream.plan_source` does (missing paths, wrong text field, only empty/damaged files)."""
     if source.format == "hub":
         return SourcePlan(where, list(source.paths), slots, hub=True)
     t0 = time.perf_counter()
-    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots)
+    files = discover_files(source, where)
+    check_text_field(source, where, files)  # the first records of one file (a parquet schema): what train checks
+    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots, files)
+    if not pieces:  # the loader refuses it too (albert_dist.data.stream.plan_source)
+        raise ValueError(f"{where}: {source.paths!r} holds only empty or damaged files ({stats['files']} files: "
+                         f"{stats['empty_files']} empty, {stats['damaged_files']} damaged)")
     plan = summarize_pieces(source, where, slots, pieces, stats)
     plan.plan_s = time.perf_counter() - t0
     return plan
