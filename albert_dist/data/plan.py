@@ -38,7 +38,8 @@ import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.files import check_text_field
-from albert_dist.data.paths import discover_files, plan_pieces, read_amplification, readers_per_piece
+from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
+                                    readers_per_piece)
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
@@ -85,8 +86,19 @@ class SourcePlan:
     piece_list: list[dict] = field(default_factory=list, repr=False)
 
     @property
-    def needs_prepare(self) -> bool:
+    def amplified(self) -> bool:
+        """Read more than `AMPLIFICATION_LIMIT` times per epoch."""
         return not self.hub and self.amplification > AMPLIFICATION_LIMIT
+
+    @property
+    def too_small(self) -> bool:
+        """Under `MIN_PIECE_BYTES` per slot: no rewrite gives every slot a piece of its own (nor is it worth it)."""
+        return self.bytes < MIN_PIECE_BYTES * self.slots
+
+    @property
+    def needs_prepare(self) -> bool:
+        """Amplified, and big enough that `albert-dist data prepare` can cut it into a few pieces per slot."""
+        return self.amplified and not self.too_small
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "piece_list"}
@@ -220,20 +232,28 @@ def prepare_command(plan: SourcePlan) -> str:
             f"  # then train with {plan.where}.paths=[{out}]")
 
 
+def _why(p: SourcePlan) -> str:
+    pieces = (f"{p.pieces} pieces ({p.compressed_files} compressed files, which cannot be split) for {p.slots} slots"
+              if p.compressed_files else f"{p.pieces} pieces for {p.slots} slots")
+    return (f"{pieces}: each piece is read whole by up to {p.readers_per_piece[1]} slots that keep 1 record in "
+            f"{p.readers_per_piece[1]}")
+
+
+def advice(p: SourcePlan) -> str:
+    """What to do about an amplified source: the `prepare_command`, or why none helps (a source too small)."""
+    if p.needs_prepare:
+        return f"to read it once: {prepare_command(p)}"
+    return (f"it is under {_size(MIN_PIECE_BYTES)} per slot, too small to give {p.slots} slots a piece each; "
+            f"reading it {p.amplification:.1f} times costs {_size(p.bytes * p.amplification)} per epoch in all "
+            "(fewer workers, or a larger corpus, read it once)")
+
+
 def amplification_warning(plans: list[SourcePlan]) -> Optional[str]:
     """The loader's warning text when some source is read more than `AMPLIFICATION_LIMIT` times per epoch (the
-    figure, why, and the `prepare_command`); None when every source reads about once."""
-    bad = [p for p in plans if p.needs_prepare]
-    if not bad:
-        return None
-    lines = []
-    for p in bad:
-        why = (f"{p.pieces} pieces ({p.compressed_files} compressed files, which cannot be split) for {p.slots} slots"
-               if p.compressed_files else f"{p.pieces} pieces for {p.slots} slots")
-        lines.append(f"{p.where}: every epoch reads its {_size(p.bytes)} {p.amplification:.1f} times ({why}: each "
-                     f"piece is read whole by up to {p.readers_per_piece[1]} slots that keep 1 record in "
-                     f"{p.readers_per_piece[1]}); to read it once: {prepare_command(p)}")
-    return "read amplification: " + " | ".join(lines)
+    figure, why, and the `prepare_command` or why none helps); None when every source reads about once."""
+    lines = [f"{p.where}: every epoch reads its {_size(p.bytes)} {p.amplification:.1f} times ({_why(p)}); {advice(p)}"
+             for p in plans if p.amplified]
+    return "read amplification: " + " | ".join(lines) if lines else None
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -271,14 +291,14 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
         out.append(f"  bytes read per slot per epoch: min {_size(lo)} / mean {_size(mean)} / max {_size(hi)}")
         out.append(f"  read amplification: {p.amplification:.2f}"
                    + ("" if p.amplification <= AMPLIFICATION_LIMIT else
-                      f" (above {AMPLIFICATION_LIMIT}: the loader will warn)"))
+                      f" (above {AMPLIFICATION_LIMIT}: the loader says so at start)"))
         if p.documents is not None:
             tokens = f", about {p.tokens:,} tokens" if p.tokens is not None else ""
             out.append(f"  per epoch: {p.documents:,} documents{tokens} (from {p.manifest})")
         else:
             out.append(f"  documents per epoch: unknown ({p.manifest})")
-        if p.needs_prepare:
-            out.append(f"  to read it once per epoch: {prepare_command(p)}")
+        if p.amplified:
+            out.append(f"  {advice(p)}")
     total = sum(p.bytes for p in plans if not p.hub)
     if total:
         amp = sum(p.bytes * p.amplification for p in plans if not p.hub) / total
