@@ -2,15 +2,13 @@
 
     albert-dist train      --config configs/pretrain/<recipe>.yaml [dotted.key=value ...]
     albert-dist tokenizer  train --input <paths/globs> --vocab-size N --output DIR
-    albert-dist data       prepare --input <paths/globs> --output DIR   (raw corpora -> parquet shards + manifest)
-    albert-dist data       plan --config R --ranks N [--workers W]       (what every slot would read; no job)
+    albert-dist data       prepare --input <paths/globs> --output DIR | plan --config R --ranks N --workers W
     albert-dist export     <checkpoint dir or run> --output DIR     (HF-format export)
     albert-dist compare    <run ids or run dirs> | --experiment NAME
     albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
 
 Each sub-command's module exposes ``cli(argv: list[str]) -> int``; this file only dispatches, imports lazily
-(so `albert-dist tokenizer` never imports DeepSpeed) and owns the process exit code. A command group (``data``)
-dispatches on its second word the same way (`GROUPS`).
+(so `albert-dist tokenizer` never imports DeepSpeed) and owns the process exit code.
 """
 from __future__ import annotations
 
@@ -22,49 +20,17 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("albert_dist.train", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
+    "data": ("albert_dist.data_cli", "data prepare: reshard corpora into parquet shards; data plan: a job's slot plan"),
     "export": ("albert_dist.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
-    "compare": ("albert_dist.tracking.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
-    "tracking": ("albert_dist.tracking.sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
-}
-
-#: command group -> {sub-command -> (module, one-line help)}: `albert-dist data plan ...` runs
-#: ``albert_dist.data.plan.cli([...])``
-GROUPS: dict[str, dict[str, tuple[str, str]]] = {
-    "data": {
-        "prepare": ("albert_dist.data.prepare", "raw corpora -> parquet shards sized for a cluster + manifest.json"),
-        "plan": ("albert_dist.data.plan", "pieces, bytes per slot and read amplification of a job, from metadata"),
-    },
+    "compare": ("albert_dist.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
+    "tracking": ("albert_dist.tracking_sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: albert-dist <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
-    for group, subs in GROUPS.items():
-        lines += [f"  {group + ' ' + sub:<15} {help_}" for sub, (_, help_) in subs.items()]
     return "\n".join(lines)
-
-
-def _group_main(group: str, argv: list[str]) -> int:
-    subs = GROUPS[group]
-    usage = f"usage: albert-dist {group} {{{','.join(subs)}}} [args]\n" + "\n".join(
-        f"  {sub:<10} {help_}" for sub, (_, help_) in subs.items())
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
-        return 0 if argv else 2
-    sub, rest = argv[0], argv[1:]
-    if sub not in subs:
-        print(f"albert-dist {group}: unknown command {sub!r}\n{usage}", file=sys.stderr)
-        return 2
-    name = subs[sub][0]
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:  # a dependency of the module is missing: that is a real error
-            raise
-        print(f"albert-dist {group} {sub}: not available in this version ({name} is not installed)", file=sys.stderr)
-        return 2
-    return int(module.cli(rest) or 0)
 
 
 def _strip_launcher_local_rank(argv: list[str]) -> list[str]:
@@ -93,8 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command in GROUPS:
-        return _group_main(command, rest)
     if command not in COMMANDS:
         print(f"albert-dist: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2

@@ -117,7 +117,10 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             if pieces is None:
                 logger.info("%s: hub dataset %s streamed over %d slots", where, self.sources[i].paths[0], slots)
                 continue
-            plans.append(summarize_pieces(self.sources[i], where, slots, pieces, manifest=False))
+            plan = summarize_pieces(self.sources[i], where, slots, pieces, manifest=False)
+            plan.ranks, plan.workers, plan.weight = self.world_size, num_workers, self.sources[i].weight
+            plan.only_source = len(self.sources) == 1
+            plans.append(plan)
             for w in range(max(1, num_workers)):
                 shares = slot_shares(len(pieces), slots, self.rank * max(1, num_workers) + w)
                 shared = max(k for _, k, _ in shares)

@@ -2,6 +2,9 @@
 
     albert-dist data plan --config configs/pretrain/<recipe>.yaml --ranks 1024 [--workers 8] [key=value ...] [--json]
 
+The command line (the recipe, exit codes) is the app's, `albert_dist.data_cli.plan_cli`; this module is the
+work: `plan_data(DataConfig, ranks, workers)` and `format_plan`.
+
 No process group and no reading beyond metadata: file sizes and parquet footers (`albert_dist.data.paths.
 plan_pieces`), plus the first 16 records of one jsonl file per source for the text-field check `albert-dist
 train` makes; and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the figures
@@ -24,15 +27,13 @@ source's is used for the files it describes per file, and otherwise ignored (wit
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -67,6 +68,12 @@ class SourcePlan:
     where: str
     paths: list[str]
     slots: int
+    ranks: int = 0
+    """ranks and workers per rank of the job (slots = ranks x max(1, workers)); 0 when only slots are known"""
+    workers: int = 0
+    weight: float = 1.0
+    only_source: bool = False
+    """the recipe's only training source (the advice can then be one override)"""
     hub: bool = False
     files: int = 0
     bytes: int = 0
@@ -159,7 +166,10 @@ def plan_data(cfg: DataConfig, ranks: int, workers: int) -> list[SourcePlan]:
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     slots = ranks * max(1, workers)
-    return [plan_source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots) for i, src in enumerate(cfg.train)]
+    plans = [plan_source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots) for i, src in enumerate(cfg.train)]
+    for plan, src in zip(plans, cfg.train):
+        plan.ranks, plan.workers, plan.weight, plan.only_source = ranks, workers, src.weight, len(cfg.train) == 1
+    return plans
 
 
 # ---------------------------------------------------------------------------------------------------- manifest
@@ -224,12 +234,17 @@ def prepared_dir(plan: SourcePlan) -> str:
 
 
 def prepare_command(plan: SourcePlan) -> str:
-    """The ``albert-dist data prepare`` command that rewrites ``plan``'s source into shards with enough pieces
-    for ``plan.slots`` slots, then the override that trains on them."""
-    inputs = " ".join(shlex.quote(p) for p in plan.paths)
+    """The ``albert-dist data prepare`` command that rewrites ``plan``'s source into parquet shards with enough
+    row groups for the job (``--target-ranks``/``--target-loader-workers``: its ranks and workers, or its slots
+    as ranks x 1 when only those are known), and how to train on them."""
+    inputs = " ".join(f"--input {shlex.quote(p)}" for p in plan.paths)
     out = prepared_dir(plan)
-    return (f"albert-dist data prepare --input {inputs} --output {shlex.quote(out)} --slots {plan.slots}"
-            f"  # then train with {plan.where}.paths=[{out}]")
+    ranks, workers = (plan.ranks, max(1, plan.workers)) if plan.ranks else (plan.slots, 1)
+    shards = shlex.quote(f"{out}/*.parquet")
+    source = f"{{paths: [{shards}]" + (f", weight: {plan.weight}" if plan.weight != 1.0 else "") + "}"
+    then = (f"data.train=[{source}]" if plan.only_source else f"{plan.where} replaced by {source} in the recipe")
+    return (f"albert-dist data prepare {inputs} --output {shlex.quote(out)} --target-ranks {ranks} "
+            f"--target-loader-workers {workers}  # then train with {then}")
 
 
 def _why(p: SourcePlan) -> str:
@@ -305,30 +320,3 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
         out.append("")
         out.append(f"all local sources: {_size(total)}, read amplification {amp:.2f}")
     return "\n".join(out)
-
-
-def cli(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``albert-dist data plan``; returns the exit code (0, or 2 with one line for bad input)."""
-    parser = argparse.ArgumentParser(prog="albert-dist data plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
-    parser.add_argument("--ranks", type=int, required=True, help="world size of the job (GPUs)")
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers per rank (default: the "
-                                                                   "recipe's data.num_workers)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
-    args = parser.parse_intermixed_args(list(argv or []))
-    from albert_dist.config import load_config  # the app's recipe loader: recipes are whole TrainConfigs
-    from albert_dist.exit_codes import error_line
-
-    try:
-        cfg = load_config(args.config, args.overrides)
-        workers = cfg.data.num_workers if args.workers is None else args.workers
-        plans = plan_data(cfg.data, args.ranks, workers)
-    except (ValueError, OSError) as err:
-        print(error_line("albert-dist data plan: error", err), file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"ranks": args.ranks, "workers": workers, "sources": [p.as_dict() for p in plans]}, indent=2))
-    else:
-        print(format_plan(plans, args.ranks, workers))
-    return 0

@@ -82,8 +82,9 @@ def test_plan_of_a_compressed_corpus_prints_the_figures_and_the_prepare_command(
     sizes = sorted((p["nbytes"] for p in plan.piece_list), reverse=True)
     assert plan.amplification == pytest.approx((3 * sizes[0] + 3 * sizes[1] + 2 * sizes[2]) / sum(sizes))
     assert plan.amplification > AMPLIFICATION_LIMIT and f"read amplification: {plan.amplification:.2f}" in out
-    command = (f"albert-dist data prepare --input '{folder}/*.jsonl.zst' --output {folder}-prepared --slots 8"
-               f"  # then train with data.train[0].paths=[{folder}-prepared]")
+    command = (f"albert-dist data prepare --input '{folder}/*.jsonl.zst' --output {folder}-prepared "
+               f"--target-ranks 2 --target-loader-workers 4  # then train with "
+               f"data.train=[{{paths: ['{folder}-prepared/*.parquet']}}]")
     assert command in out
     # --json: the same plan, machine-readable
     assert cli.main(["data", "plan", "--config", RECIPE, "--ranks", "2", "--workers", "4", "--json", source]) == 0
@@ -125,7 +126,7 @@ def test_the_loader_warns_once_on_rank_0_with_the_prepare_command(tmp_path, capl
             assert warnings[0].startswith("read amplification: data.train[0]: every epoch reads its ")
             assert "2.0 times (2 pieces (2 compressed files, which cannot be split) for 4 slots" in warnings[0]
             assert f"albert-dist data prepare --input '{folder}/*.jsonl.zst' --output {folder}-prepared " \
-                   "--slots 4" in warnings[0]
+                   "--target-ranks 2 --target-loader-workers 2" in warnings[0]
         else:
             assert warnings == []
         assert "(each shared with 1 other slots)" in caplog.text
@@ -148,8 +149,8 @@ def test_a_bundled_sample_job_reads_every_byte_once(capsys):
 def test_data_group_usage_and_a_missing_prepare(capsys):
     import importlib.util
 
-    assert cli.main(["data"]) == 2 and "plan" in capsys.readouterr().out
-    assert cli.main(["data", "nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
+    assert cli.main(["data"]) == 2 and "usage: albert-dist data {prepare,plan}" in capsys.readouterr().err
+    assert cli.main(["data", "--help"]) == 0 and "usage: albert-dist data" in capsys.readouterr().out
     if importlib.util.find_spec("albert_dist.data.prepare") is None:
         assert cli.main(["data", "prepare", "--input", "x"]) == 2
         assert "albert-dist data prepare: not available" in capsys.readouterr().err
