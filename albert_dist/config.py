@@ -312,6 +312,16 @@ def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
     return _load([(ref, {"model": {"preset": ref}})]).model
 
 
+def model_config_of(config: dict, source: str) -> AlbertConfig:
+    """The `AlbertConfig` of a resolved config as plain dicts (`to_container`; a checkpoint's albert_dist.json
+    holds one), with `load_config`'s strictness; `source` names it in errors.
+
+    Raises:
+        ValueError: unknown key, wrong type or invalid value (naming `model.<field>`).
+    """
+    return _load([(source, {"model": dict(config.get("model") or {})})]).model
+
+
 def check_derived(cfg: TrainConfig, world_size: int) -> int:
     """Check the values that depend on the world size and return the global batch size (sequences/step).
 
