@@ -1,30 +1,51 @@
-"""`albert-dist train`: the app around the training loop (arguments, preflight checks, exit codes).
+"""`albert-dist train`: the app's main (arguments, preflight checks, exit codes, try/finally around the job).
 
     albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
 
 Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
-...`), torchrun, srun, and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
-(`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size and the
-input files are checked here before any process group starts (bad config: exit code 2, nothing started);
-then `albert_dist.trainer.Trainer` runs the job.
+...`; without `--no_local_rank`, `albert_dist.cli` takes the launcher's `--local_rank` away), torchrun, srun,
+and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
+(`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size, the input
+files and the checkpoint to resume (and what the config's changes mean there) are checked before any process
+group starts (a bad one: exit code 2, one line, nothing started); rank 0 also takes the run directory's lock
+(`albert_dist.engine.run_lock`: a second job on it is refused the same way, naming the holder). The ranks
+agree on the verdict over the rendezvous store before any of them starts the process group
+(`albert_dist.engine.rendezvous`), so a refusal on any rank ends every rank at once; then
+`albert_dist.trainer.Trainer` runs the job.
 
-Exit codes (`albert_dist.exit_codes`): 0 done, 1 crash, 2 config/input error, 74 a checkpoint could not be
-written (disk full, ...), 75 stopped by SIGTERM/SIGUSR1
-after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with `--resume auto`).
+Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 crash (the traceback logged
+once, on the rank that failed; every rank ends within a bound, `albert_dist.engine.stop.exit_deadline`), 2
+config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
+by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with
+`--resume auto`).
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from albert_dist.config import TrainConfig, check_derived, load_config
+from albert_dist.config import TrainConfig, load_config
+from albert_dist.data.files import check_text_field
+from albert_dist.data.paths import discover_files
+from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
-from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import discover, setup_logging
+from albert_dist.engine.rendezvous import agree, open_store
+from albert_dist.engine.run_lock import RunDirLock
+from albert_dist.engine.stop import exit_deadline, peer_failure
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
+                                   error_line)
+from albert_dist.tracking.tracker import parse_run_ref
 from albert_dist.trainer import Trainer
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+
+logger = logging.getLogger(__name__)
+
+#: What a refused job raises: before the process group these are exit code 2 with one line.
+_REFUSED = (ValueError, FileNotFoundError, ckpt.CheckpointError)
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -33,8 +54,6 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--resume", default=None, metavar="auto|PATH",
                         help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
                              "PATH: a checkpoint directory or step_<N> directory")
-    # The deepspeed launcher appends --local_rank unless started with --no_local_rank; LOCAL_RANK is in the env.
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
                         help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
                              "keep logging into the same run (albert_dist.tracking)")
@@ -43,83 +62,142 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist train`; returns the exit code (see the module docstring). Never exits."""
+    """Entry point of `albert-dist train` (the app's main); returns the exit code (see the module docstring)
+    and never exits: the one place where exceptions become exit codes, and where the job is closed (tracker
+    ended with FINISHED/KILLED/FAILED, loader workers stopped, process group destroyed) whatever happens."""
     args = _parse_args(argv)
     overrides = list(args.overrides)
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={args.resume}")
+    trainer: Optional[Trainer] = None
+    locks: list[RunDirLock] = []
+    status = "FAILED"
     try:
         env = discover()
         setup_logging(env.rank)
-        cfg = load_config(args.config, overrides)
-        check_derived(cfg, env.world_size)
-        build_deepspeed_config(cfg.engine, env.world_size)  # precision / accelerator checks
-        check_inputs(cfg)
-        if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
-            raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
-        if args.resume_from is not None:  # MLflow resume: checked here, before any process group
-            from albert_dist.tracking.tracker import parse_run_ref
+        # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
+        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.engine.rendezvous).
+        store = open_store(env)
+        error: Optional[Exception] = None
+        try:
+            cfg = load_config(args.config, overrides)
+            check_inputs(cfg)
+            if args.resume_from is not None:
+                check_resume_from(args.resume_from, cfg)
+            if env.rank == 0:  # one job per run directory: before the resume plan reads its checkpoints
+                locks = lock_run_dirs(cfg)
+            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store)
+        except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
+            error = err
+        agree(store, env, None if error is None else str(error).strip() or type(error).__name__)
+        if error is not None:
+            raise error
+        trainer.setup()
+        code = trainer.train()
+        status = "FINISHED" if code == EXIT_OK else "KILLED"
+        if code == EXIT_OK:
+            trainer.export_final_model()
+        if trainer.dist_env.rank == 0:
+            logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/, final_model/)",
+                        trainer.run_dir.resolve())
+        return code
+    # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
+    # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
+    except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+        exit_deadline(EXIT_SAVE_FAILED)
+        logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
+        return EXIT_SAVE_FAILED
+    except _REFUSED as err:
+        if trainer is None or not trainer.started:  # refused before any process group: nothing ran
+            print(error_line("albert-dist train", err), file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        if isinstance(err, ckpt.ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+            exit_deadline(EXIT_CONFIG_ERROR)
+            logger.error("%s", err)
+            return EXIT_CONFIG_ERROR
+        exit_deadline(EXIT_CRASHED)
+        logger.exception("training failed")
+        return EXIT_CRASHED
+    except Exception as err:
+        exit_deadline(EXIT_CRASHED)
+        if peer_failure(err):  # another rank failed first: its traceback is the job's one
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            logger.error("a collective failed because another rank stopped (its log has the cause): %s: %s; exit %d",
+                         type(err).__name__, first, EXIT_CRASHED)
+        else:
+            logger.exception("training failed")  # the one traceback
+        return EXIT_CRASHED
+    finally:
+        try:
+            if trainer is not None:
+                trainer.close(status)
+        finally:
+            for lock in locks:  # last: the run directory is free once the job is closed
+                lock.release()
 
-            try:
-                parse_run_ref(args.resume_from)
-            except ValueError as err:
-                raise ValueError(f"--resume-from: {err}") from err
-            if not cfg.tracking.enabled:
-                raise ValueError("--resume-from needs tracking.enabled=true")
-        planned = args.resume_from is None  # an MLflow run's checkpoint is fetched after the process group
-        point = plan_checkpoint_resume(cfg, env.world_size, log=env.rank == 0) if planned else None
-    except (ValueError, FileNotFoundError, ckpt.CheckpointError) as err:
-        print(f"albert-dist train: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from,
-                      resume_point=point, resume_planned=planned)
-    return trainer.run()
 
-
-def plan_checkpoint_resume(cfg: TrainConfig, world_size: int, log: bool = True) -> Optional[ckpt.ResumePoint]:
-    """The checkpoint `checkpoint.resume` names (`ckpt.plan_resume`: the newest one that verifies), checked
-    against the config (`ckpt.check_drift`), before any process group; None for a fresh start.
+def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
+    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's, and the checkpoint
+    directory's when `checkpoint.dir` puts it elsewhere. None without a fixed `run_dir` (the auto-named one is
+    locked when rank 0 names it, `Trainer.setup`).
 
     Raises:
-        ckpt.ConfigDriftError: a model field differs from the checkpoint's (every such field, both values).
-        ckpt.CheckpointError: the checkpoint (or every checkpoint of the directory) does not verify.
-        FileNotFoundError: an explicit `checkpoint.resume` path holds no checkpoint.
+        RunDirBusy: another job holds one of them (a ValueError: exit code 2, naming the directory and holder).
     """
-    from albert_dist.config import to_container
+    dirs = []
+    if cfg.run_dir is not None:
+        dirs.append(Path(cfg.run_dir))
+    if cfg.checkpoint.dir is not None:
+        ckpt_dir = Path(cfg.checkpoint.dir)
+        if not dirs or dirs[0].resolve() not in (ckpt_dir.resolve(), *ckpt_dir.resolve().parents):
+            dirs.append(ckpt_dir)
+    locks: list[RunDirLock] = []
+    try:
+        for d in dirs:
+            locks.append(RunDirLock(d).acquire())
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
 
-    resume = cfg.checkpoint.resume
-    if resume is None:
-        return None
-    ckpt_dir = cfg.checkpoint.dir or (str(Path(cfg.run_dir) / "checkpoints") if cfg.run_dir else None)
-    if resume == "auto" and ckpt_dir is None:
-        raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
-    point = ckpt.plan_resume(resume, ckpt_dir or resume, log=log)
-    if point is not None:
-        ckpt.check_drift(point, to_container(cfg), world_size)
-    return point
+
+def check_resume_from(ref: str, cfg: TrainConfig) -> None:
+    """`--resume-from` names an MLflow run and tracking is on (its checkpoint is fetched after the process group).
+
+    Raises:
+        ValueError: naming `--resume-from` and the value, or `tracking.enabled`.
+    """
+    try:
+        parse_run_ref(ref)
+    except ValueError as err:
+        raise ValueError(f"--resume-from: {err}") from err
+    if not cfg.tracking.enabled:
+        raise ValueError("--resume-from needs tracking.enabled=true")
 
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Checks every local data source (paths exist, globs match, jsonl/parquet records hold `text_field`;
-    `albert_dist.data.sources.discover_files`, `check_text_field`), the
+    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
+    jsonl/parquet records hold `text_field`; `albert_dist.data.paths.discover_files`,
+    `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    The checkpoint to resume is checked by `plan_checkpoint_resume`.
+    The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`).
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
             data.max_seq_length).
     """
-    from albert_dist.data.sources import check_text_field, discover_files
-    from albert_dist.data.tokenizer import load_tokenizer
-
     for split in ("train", "validation"):
         for i, src in enumerate(getattr(cfg.data, split)):
             if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
                 where = f"data.{split}[{i}]"
-                check_text_field(src, where, discover_files(src, where))
+                files = discover_files(src, where)
+                check_text_field(src, where, files)
+                if all(os.path.getsize(f) == 0 for f in files):
+                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
@@ -132,5 +210,5 @@ def check_inputs(cfg: TrainConfig) -> None:
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
 
 
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs", "cli",
-           "plan_checkpoint_resume"]
+__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
+           "check_resume_from", "cli", "lock_run_dirs"]

@@ -71,7 +71,8 @@ class DistEnv:
     num_nodes: int = 1
     """number of nodes in the job"""
     source: str = "single"
-    """which launcher the numbers came from: "torchrun" (torchrun or deepspeed), "slurm" or "single\""""
+    """which launcher the numbers came from: "torchrun", "deepspeed" (its launcher, also under ``--no_ssh``: the
+    same variables plus LOCAL_SIZE/CROSS_RANK/CROSS_SIZE), "slurm" (srun tasks) or "single\""""
 
     def describe(self) -> str:
         """One log line: ``rank 3/8 (local 1/2, node 1/4) master 10.0.0.1:20042 via slurm``."""
@@ -239,7 +240,9 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
         else:
             raise ValueError(f"RANK={rank} WORLD_SIZE={world} set but MASTER_ADDR/MASTER_PORT missing "
                              "(needed to find rank 0 when WORLD_SIZE > 1)")
-    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, num_nodes, "torchrun")
+    # DeepSpeed's launcher sets its own per-node variables beside torchrun's (deepspeed/launcher/launch.py)
+    launcher = "deepspeed" if any(v in env for v in ("LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")) else "torchrun"
+    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, num_nodes, launcher)
 
 
 def _slurm_master(env: Mapping[str, str], nodes: list[str] | None = None) -> tuple[str, int]:
@@ -386,7 +389,7 @@ def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None
     })
 
 
-def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
+def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
     """Discover this process's place, export it as env:// variables and start the process group.
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
@@ -397,6 +400,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
 
     Args:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
+        store: the job's rendezvous store, already open (`albert_dist.engine.rendezvous.open_store`: the
+            preflight verdict went through it); the process group starts over it instead of env://.
 
     Raises:
         ValueError: from :func:`discover`, or ``timeout_s <= 0``.
@@ -415,6 +420,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
         # (srun --gpus-per-task / --gpu-bind=single: CUDA_VISIBLE_DEVICES holds one device, index 0)
         accel.set_device(dist_env.local_rank % max(1, accel.device_count()))
     if not tdist.is_initialized():
+        if store is not None:  # DeepSpeed then wraps the group it finds
+            tdist.init_process_group(accel.communication_backend_name(), store=store, rank=dist_env.rank,
+                                     world_size=dist_env.world_size, timeout=timedelta(seconds=timeout_s))
         deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
                                    distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
                                    verbose=dist_env.rank == 0)

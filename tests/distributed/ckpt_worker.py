@@ -55,7 +55,7 @@ def dump_state(trainer, path: str) -> None:
         torch.save(out, path)
 
 
-def inject_failure(mp: pytest.MonkeyPatch, phase: str, trainer) -> None:
+def inject_failure(mp: pytest.MonkeyPatch, phase: str, job: dict) -> None:
     """Make this rank raise in `phase` (see the module docstring); patched before any worker forks."""
     from albert_dist.data import loader as data_loader
     from albert_dist.engine.checkpoint import save as ckpt_save
@@ -98,8 +98,9 @@ def inject_failure(mp: pytest.MonkeyPatch, phase: str, trainer) -> None:
         rng_state = ckpt_save.rng_state
 
         def failing_rng_state():
-            if trainer.step >= 2:
-                raise RuntimeError(f"injected: the save of step {trainer.step} failed")
+            step = job["trainer"].step
+            if step >= 2:
+                raise RuntimeError(f"injected: the save of step {step} failed")
             return rng_state()
 
         mp.setattr(ckpt_save, "rng_state", failing_rng_state)
@@ -114,7 +115,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
-    parser.add_argument("--run", action="store_true", help="Trainer.run() (the app's exit codes) instead of setup/train")
+    parser.add_argument("--run", action="store_true", help="albert_dist.train.cli (the app's main and exit codes) "
+                                                           "instead of setup/train")
     parser.add_argument("--enospc-step", type=int)
     parser.add_argument("--enospc-rank", type=int, default=0)
     parser.add_argument("--fail-phase", choices=["setup", "loop", "eval", "save"])
@@ -123,13 +125,21 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
+    from albert_dist import train
     from albert_dist.config import load_config
     from albert_dist.engine.checkpoint import save as ckpt_save
+    from albert_dist.engine.distributed import discover, setup_logging
     from albert_dist.trainer import Trainer
 
     import deepspeed.ops
 
-    trainer = Trainer(load_config(args.config, args.overrides))
+    job: dict = {}  # "trainer": the job's Trainer (built by train.cli with --run)
+
+    class RecordedTrainer(Trainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            job["trainer"] = self
+
     with pytest.MonkeyPatch.context() as mp:
         # Plain gloo collectives instead of DeepSpeed's JIT-built shared-memory op: its build takes minutes on
         # a busy machine and a process killed during it (these tests kill ranks) leaves a stale file lock.
@@ -138,6 +148,7 @@ def main(argv: list[str]) -> int:
             barrier = ckpt_save._barrier
 
             def crashing_barrier() -> None:
+                trainer = job["trainer"]
                 if trainer.step == args.crash_save_step and trainer.dist_env.rank == args.crash_rank:
                     os._exit(CRASH_EXIT)
                 barrier()
@@ -151,6 +162,7 @@ def main(argv: list[str]) -> int:
             save = TorchCheckpointEngine.save
 
             def full_disk_save(self, state_dict, path):
+                trainer = job["trainer"]
                 if trainer.step == args.enospc_step and trainer.dist_env.rank == args.enospc_rank:
                     with open(path, "wb") as fh:  # what a full disk leaves: the start of the file
                         fh.write(b"PK\x03\x04")
@@ -159,13 +171,16 @@ def main(argv: list[str]) -> int:
 
             mp.setattr(TorchCheckpointEngine, "save", full_disk_save)
         if args.fail_phase is not None and int(os.environ.get("RANK", "0")) == args.fail_rank:
-            inject_failure(mp, args.fail_phase, trainer)
+            inject_failure(mp, args.fail_phase, job)
         if args.no_guard:
-            from albert_dist.engine import optim
+            from albert_dist.engine.checkpoint import load as ckpt_load
 
-            mp.setattr(optim, "repair_optimizer_after_load", lambda engine, expected: [])
-        if args.run:
-            return trainer.run()
+            mp.setattr(ckpt_load, "repair_optimizer_after_load", lambda engine, expected: [])
+        if args.run:  # the app's main: its exit codes
+            mp.setattr(train, "Trainer", RecordedTrainer)
+            return train.cli(["--config", args.config, *args.overrides])
+        setup_logging(discover().rank)
+        trainer = RecordedTrainer(load_config(args.config, args.overrides))
         try:
             trainer.setup()
             if args.dump and not args.dump_at_end:

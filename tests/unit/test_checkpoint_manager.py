@@ -162,15 +162,24 @@ def test_free_bytes_of_a_directory_not_made_yet_is_its_file_systems(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_lowered_keep_last_applies_when_the_job_resumes(ckpt_dir, rank):
-    """Three checkpoints, resumed with keep_last=2: rank 0 removes step_5 before any save; other ranks delete nothing."""
+    """Three checkpoints, resumed with keep_last=2: rank 0 removes step_5 before the engine is even built (so
+    before any save); the other ranks delete nothing."""
     from albert_dist.engine.config import CheckpointConfig
 
+    class EngineBuilt(Exception):
+        pass
+
+    def build_engine(overrides):
+        raise EngineBuilt  # the test looks at the directory as it is when the engine would be built
+
     make_ckpt(ckpt_dir, 15)
-    config = to_container(TrainConfig())
-    manager = ckpt.CheckpointManager(CheckpointConfig(keep_last=2, resume="auto"), ckpt_dir, rank=rank,
-                                     world_size=2, config=config, config_hash="h", seed=0)
-    point = manager.plan()
-    assert point.tag == "step_15"
+    config = _config()
+    plan = ckpt.resume_plan("auto", ckpt_dir, config, world_size=2, log=False)
+    assert plan.point.tag == "step_15"
+    manager = ckpt.CheckpointManager(CheckpointConfig(keep_last=2), ckpt_dir, rank=rank, world_size=2,
+                                     config=config, config_hash="h", seed=0, plan=plan)
+    with pytest.raises(EngineBuilt):
+        manager.resume(build_engine, build_loader=None)
     assert _dirs(ckpt_dir) == (["step_10", "step_15"] if rank == 0 else ["step_5", "step_10", "step_15"])
 
 
