@@ -104,7 +104,7 @@ case "${status}" in
     echo "  ${CONTINUE_CMD}"
     echo "outputs in ${OUT}"
     ;;
-2) echo "pretraining did not start: the configuration or an input is wrong (exit 2, message above)" ;;
+2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
 13[0-9] | 14[0-3])
     echo "pretraining interrupted (exit ${status}); continue from its last complete checkpoint with:"
     echo "  ${CONTINUE_CMD}"

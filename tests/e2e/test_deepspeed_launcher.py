@@ -173,3 +173,27 @@ def test_launcher_ctrl_c_checkpoints_the_step_then_kill_9_of_a_rank_is_exit_1(tm
     assert "every rank stops after step" not in log and "then checkpoint and exit" not in log, log[-5000:]
     assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{stopped}"  # nothing was claimed or written
     assert ended_s < 60, ended_s  # DeepSpeed's launcher: SIGTERM to the others, SIGKILL 30 s later at most
+
+
+def test_two_jobs_started_together_on_one_run_dir_exactly_one_trains(tmp_path):
+    """The issue's double start (a double `sbatch`, a requeue racing a manual restart), through the real launcher:
+    before, both exited 0, each deleting the other's checkpoints, every step logged twice from two trajectories.
+    Now one trains; the other is refused before any process group (exit 2, the holder named)."""
+    run_dir = tmp_path / "run"
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    jobs = [_launch(run_dir, log, "max_steps=4", "--resume", "auto") for log in logs]
+    try:
+        codes = [job.wait(timeout=400) for job in jobs]
+    finally:
+        for job in jobs:
+            if _group_alive(job.pid):
+                os.killpg(job.pid, signal.SIGKILL)
+    texts = [log.read_text() for log in logs]
+    assert sorted(codes) == [0, 2], (codes, texts[0][-3000:], texts[1][-3000:])
+    winner, loser = (texts[0], texts[1]) if codes[0] == 0 else (texts[1], texts[0])
+    assert f"run directory {run_dir} is in use by another job: pid " in loser, loser[-3000:]
+    assert "pretraining did not start" in loser and "process group up" not in loser
+    assert "is in use" not in winner
+    train = [r["step"] for r in _records(run_dir) if names.TRAIN_LOSS in r]
+    assert train == [1, 2, 3, 4]  # one trajectory, each step once
+    assert ckpt.read_latest(run_dir / "checkpoints") == "step_4"
