@@ -11,6 +11,7 @@ rank exits 2 with the refusing rank's message. The checks that only rank 0 makes
 """
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any, Optional
@@ -27,15 +28,19 @@ class PreflightRefused(ValueError):
 
 
 def open_store(dist_env: DistEnv, timeout_s: float = 1800.0) -> Optional[Any]:
-    """The job's `torch.distributed.TCPStore` (rank 0 the server at MASTER_ADDR:MASTER_PORT, the other ranks
-    clients, which wait up to `timeout_s` for it), or None for a single rank. Call it before anything that may
+    """The job's `torch.distributed.TCPStore` (rank 0 the server at MASTER_ADDR:MASTER_PORT, or torchrun's
+    agent; the ranks clients, which wait up to `timeout_s` for it), or None for a single rank. Call it before anything that may
     fail, so a failing rank 0 can still tell the others."""
     if dist_env.world_size == 1:
         return None
     from torch.distributed import TCPStore
 
-    return TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size, dist_env.rank == 0,
-                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    # As torch's env:// rendezvous does: under torchrun the agent serves the store (a new one per restart),
+    # every rank is a client; otherwise rank 0 serves it.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
+                    dist_env.rank == 0 and not agent_store, timeout=timedelta(seconds=timeout_s),
+                    wait_for_workers=False, multi_tenant=True)
 
 
 def agree(store: Optional[Any], dist_env: DistEnv, error: Optional[str], poll_s: float = 0.05,

@@ -57,13 +57,14 @@ def dump_state(trainer, path: str) -> None:
 
 def inject_failure(mp: pytest.MonkeyPatch, phase: str, job: dict) -> None:
     """Make this rank raise in `phase` (see the module docstring); patched before any worker forks."""
+    from albert_dist import trainer as trainer_module
     from albert_dist.data import loader as data_loader
     from albert_dist.engine.checkpoint import save as ckpt_save
     from albert_dist.trainer import Trainer
 
     stream = data_loader.PretrainingStream
     if phase == "setup":
-        build, load = data_loader.build_train_loader, stream.load_state_dict
+        build, load = trainer_module.build_train_loader, stream.load_state_dict
 
         def build_from_saved_state(*args, **kwargs):
             built = build(*args, **kwargs)
@@ -73,7 +74,7 @@ def inject_failure(mp: pytest.MonkeyPatch, phase: str, job: dict) -> None:
         def stale_state(self, state):  # a state saved under another corpus: the real fingerprint check fails
             return load(self, {**state, "fingerprint": "0123456789abcdef"})
 
-        mp.setattr(data_loader, "build_train_loader", build_from_saved_state)
+        mp.setattr(trainer_module, "build_train_loader", build_from_saved_state)
         mp.setattr(stream, "load_state_dict", stale_state)
     elif phase == "loop":
         iterate = stream.__iter__

@@ -244,19 +244,20 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_the_space_needed(config, tmpfs):
+def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_the_space_needed(config, tmpfs,
+                                                                                             tmp_path):
     """The issue's 40 MB tmpfs, scaled to this model: a file system holding two checkpoints but not three.
     keep_last=2 used to need room for keep_last + 1 checkpoints (exit 74 at the third save); now the oldest goes
     before the save. A lowered keep_last applies when the job resumes (before its first save). With no room even
-    for one checkpoint, the save fails with exit 74 and the message says how much a checkpoint needs."""
+    for one checkpoint, the save fails with exit 74 and the message says how much a checkpoint needs. The small
+    file system holds the checkpoints only (`checkpoint.dir`), not the run's final model and logs."""
     from albert_dist.engine.checkpoint import retention
     from albert_dist.exit_codes import EXIT_SAVE_FAILED
 
     ckpt_size = 2.5 * 2**20  # the tiny config's checkpoint on one rank (2.4-2.5 MiB)
     fs = tmpfs(int(2.6 * ckpt_size))
-    run_dir = fs / "run"
-    ckpt_dir = run_dir / "checkpoints"
-    steps = ["checkpoint.save_interval_steps=2", "checkpoint.keep_last=2"]
+    run_dir, ckpt_dir = tmp_path / "run", fs / "checkpoints"
+    steps = ["checkpoint.save_interval_steps=2", f"checkpoint.dir={ckpt_dir}", "checkpoint.keep_last=2"]
     first = run_ok(1, config, run_dir, ["--run"], steps + ["max_steps=6"])
     assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_4", "step_6"]
     made_room = _log_lines(first, "before saving")
@@ -264,7 +265,7 @@ def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_th
     size = retention.checkpoint_bytes(ckpt_dir / "step_6")
     assert 2.2 * 2**20 < size < 2.7 * 2**20, size
 
-    second = run_ok(1, config, run_dir, ["--run"], steps[:1] + ["checkpoint.keep_last=1", "max_steps=8",
+    second = run_ok(1, config, run_dir, ["--run"], steps[:2] + ["checkpoint.keep_last=1", "max_steps=8",
                                                                 "checkpoint.resume=auto"])
     log = Path(second.logs[0].name).read_text()
     assert log.index("retention (keep_last=1): removed step_4") < log.index("resumed from"), log[-3000:]
@@ -272,7 +273,7 @@ def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_th
 
     ballast = retention.free_bytes(fs) - 2**20  # leave 1 MiB: not even room for one more checkpoint
     (fs / "ballast").write_bytes(b"\0" * ballast)
-    third = Job(1, config, run_dir, ["--run"], steps[:1] + ["max_steps=10", "checkpoint.resume=auto"])
+    third = Job(1, config, run_dir, ["--run"], steps[:2] + ["max_steps=10", "checkpoint.resume=auto"])
     assert third.wait() == [EXIT_SAVE_FAILED], third.log_tail()
     lines = _log_lines(third, "not saved: disk full writing")
     assert len(lines) == 1 and "errno 28 ENOSPC" in lines[0] and "still names step_8" in lines[0], lines
