@@ -36,7 +36,7 @@ from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.engine.rendezvous import agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
-from albert_dist.engine.stop import exit_deadline, peer_failure
+from albert_dist.engine.stop import StopFlag, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    error_line)
 from albert_dist.tracking.tracker import parse_run_ref
@@ -72,8 +72,14 @@ def cli(argv: Sequence[str]) -> int:
     trainer: Optional[Trainer] = None
     locks: list[RunDirLock] = []
     status = "FAILED"
+    # Stop signals from the start: one during the preflight stops the job after its first step, and a launcher's
+    # SIGTERM to the ranks still running when one exits cannot make their own exit code a signal's (see finally).
+    stop = StopFlag()
+    stop.install()
+    multi_rank = False
     try:
         env = discover()
+        multi_rank = env.world_size > 1
         setup_logging(env.rank)
         # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
         # otherwise wait in the rendezvous for the process-group timeout (albert_dist.engine.rendezvous).
@@ -86,7 +92,8 @@ def cli(argv: Sequence[str]) -> int:
                 check_resume_from(args.resume_from, cfg)
             if env.rank == 0:  # one job per run directory: before the resume plan reads its checkpoints
                 locks = lock_run_dirs(cfg)
-            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store)
+            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
+                              stop=stop)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)
@@ -134,6 +141,10 @@ def cli(argv: Sequence[str]) -> int:
         finally:
             for lock in locks:  # last: the run directory is free once the job is closed
                 lock.release()
+            if multi_rank:  # the exit code is decided: a rank of a job keeps absorbing stop signals to its end
+                stop.retire()
+            else:  # one process (also a caller's own, e.g. a test): as it was
+                stop.restore()
 
 
 def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:

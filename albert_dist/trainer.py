@@ -74,7 +74,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
-                 store: Any = None):
+                 store: Any = None, stop: Optional[StopFlag] = None):
         self.cfg = cfg
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.recipe_name = recipe_name
@@ -90,7 +90,8 @@ class Trainer:
         self.step = 0
         self.engine = None
         self.tracker: Any = NullTracker()
-        self._stop = StopFlag()
+        # The app's (installed before its preflight, kept to the process's end), or the trainer's own
+        self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
         self.run_lock: Optional[RunDirLock] = None  # rank 0, an auto-named run directory's (see setup)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
 
@@ -355,7 +356,8 @@ class Trainer:
                 if dist.is_initialized():
                     dist.destroy_process_group()
             finally:
-                self._stop.restore()
+                if self._own_stop:
+                    self._stop.restore()
                 if self.run_lock is not None:
                     self.run_lock.release()
 

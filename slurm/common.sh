@@ -19,8 +19,10 @@ MAX_REQUEUES=${ALBERT_MAX_REQUEUES:-20}
 log() { echo "[$(basename "${SLURM_JOB_NAME:-job}") $(date -u +%H:%M:%S)] $*"; }
 
 # A task that exits non-zero (a crash, a config error, a rank killed by the OOM killer) ends the whole step:
-# srun kills the other tasks (SIGTERM, SIGKILL after KillWait) instead of leaving them in a collective or in the
-# rendezvous until the process-group timeout. Set for every srun of the job, DeepSpeed's slurm launcher's too.
+# srun kills the other tasks (SIGTERM, SIGKILL after KillWait) instead of leaving them in a collective (NCCL
+# cannot tell a dead peer) until the process-group timeout. The ranks absorb that SIGTERM once their own exit
+# code is decided (albert_dist.engine.stop.StopFlag.retire), so srun still reports 75, 74 or 2 as such. Set for
+# every srun of the job, DeepSpeed's slurm launcher's too.
 export SLURM_KILL_BAD_EXIT=1
 
 if [[ ${ALBERT_SLURM_CPU:-0} == 1 ]]; then
@@ -91,8 +93,9 @@ run_preemptible() {
             log "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop (exit 130)"
             return 130
         fi
-        log "a rank was killed by signal $signum (SIG$(kill -l "$signum" 2>/dev/null || echo '?')), e.g. the" \
-            "kernel's OOM killer (see dmesg) or a kill -9; exit 1 (srun exited $rc)"
+        log "a rank was killed by signal $signum (SIG$(kill -l "$signum" 2>/dev/null || echo '?')): the kernel's" \
+            "OOM killer (see dmesg), a kill -9, or srun ending a rank stuck after another failed (the first error" \
+            "above is the cause); exit 1 (srun exited $rc)"
         return 1
     fi
     return "$rc"

@@ -29,16 +29,22 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class StopFlag:
-    """Records the first SIGTERM/SIGUSR1/SIGINT; the loop polls it after every optimiser step."""
+    """Records the first SIGTERM/SIGUSR1/SIGINT; the loop polls it after every optimiser step.
+
+    `retire()` once the process's exit code is decided: stop signals are then absorbed without a word, so a
+    launcher ending the other ranks when the first one exits (srun's kill-on-bad-exit, DeepSpeed's launch.py:
+    SIGTERM) cannot turn a rank's 75, 74 or 2 into "killed by SIGTERM" (143) in its last milliseconds.
+    """
 
     def __init__(self) -> None:
         self.signum = 0
+        self.retired = False
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if signum == signal.SIGINT:  # a second Ctrl-C is the kernel's: terminate at once
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-        if not self.signum:
+        if not self.signum and not self.retired:
             self.signum = signum
             # No promise of a checkpoint here: a rank of a job whose other rank died gets a SIGTERM from the
             # launcher too, and will not write one. The trainer says so once every rank has agreed to stop.
@@ -55,6 +61,10 @@ class StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+    def retire(self) -> None:
+        """Keep the handlers (installed) but act on no further signal (see the class docstring)."""
+        self.retired = True
 
 
 def stop_loader_workers(iterators: Iterable[Any] = (), timeout_s: float = 5.0) -> int:

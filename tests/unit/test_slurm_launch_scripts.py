@@ -94,8 +94,8 @@ def test_hostfile_cli_runs_as_script(tmp_path):
 
 
 @pytest.mark.parametrize("command_exit, expected, says", [
-    (137, 1, "a rank was killed by signal 9 (SIGKILL), e.g. the kernel's OOM killer (see dmesg) or a kill -9; "
-             "exit 1 (srun exited 137)"),
+    (137, 1, "a rank was killed by signal 9 (SIGKILL): the kernel's OOM killer (see dmesg), a kill -9, or srun "
+             "ending a rank stuck after another failed (the first error above is the cause); exit 1 (srun exited 137)"),
     (247, 1, "a rank was killed by signal 9 (SIGKILL)"),  # DeepSpeed's launch.py: the rank's -9
     (130, 130, "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop"),
     (75, 75, "training exited with status 75"), (74, 74, "training exited with status 74"),
