@@ -31,9 +31,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 class StopFlag:
     """Records the first SIGTERM/SIGUSR1/SIGINT; the loop polls it after every optimiser step.
 
-    `retire()` once the process's exit code is decided: stop signals are then absorbed without a word, so a
-    launcher ending the other ranks when the first one exits (srun's kill-on-bad-exit, DeepSpeed's launch.py:
-    SIGTERM) cannot turn a rank's 75, 74 or 2 into "killed by SIGTERM" (143) in its last milliseconds.
+    `retire()` once the process's exit code is decided: stop signals are then ignored, so a launcher ending the
+    other ranks when the first one exits (srun's kill-on-bad-exit, DeepSpeed's launch.py: SIGTERM) cannot turn a
+    rank's 75, 74 or 2 into "killed by SIGTERM" (143) in its last milliseconds (seen on Slurm: rank 1 exited 75,
+    srun terminated rank 0 while its interpreter shut down, and the requeue script read 143).
     """
 
     def __init__(self) -> None:
@@ -63,8 +64,12 @@ class StopFlag:
         self._previous.clear()
 
     def retire(self) -> None:
-        """Keep the handlers (installed) but act on no further signal (see the class docstring)."""
+        """Act on no further stop signal (see the class docstring): SIGTERM and SIGUSR1 are ignored from now on.
+        Ignored, not handled: the interpreter's finalization resets a Python handler to the default action (which
+        kills), an ignored signal stays ignored to the process's end. SIGINT keeps its Ctrl-C meaning."""
         self.retired = True
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def stop_loader_workers(iterators: Iterable[Any] = (), timeout_s: float = 5.0) -> int:

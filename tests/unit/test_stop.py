@@ -97,3 +97,22 @@ def test_stop_loader_workers_kills_the_live_daemonic_workers():
 ])
 def test_a_collective_failing_because_a_peer_is_gone_is_told_from_an_error_of_its_own(err, peer):
     assert peer_failure(err) is peer
+
+
+def test_a_retired_flag_keeps_the_exit_code_when_a_launcher_sigterms_the_rank_at_its_exit():
+    """srun's kill-on-bad-exit and DeepSpeed's launch.py SIGTERM the ranks still running when the first one exits;
+    a rank that has decided its exit code (75 here) keeps it, even through the interpreter's shutdown, where a
+    Python handler is reset to the default action (a handler that merely absorbed the signal exits 143 here)."""
+    proc, _ = _python("""
+        import os, subprocess, sys, time
+        from albert_dist.engine.stop import StopFlag
+        flag = StopFlag()
+        flag.install()
+        flag.retire()
+        # SIGTERM without pause until this process is gone: through its exit, finalization included
+        subprocess.Popen(["bash", "-c", f"while kill -TERM {os.getpid()} 2>/dev/null; do :; done"])
+        time.sleep(0.3)
+        sys.exit(75)
+    """)
+    assert proc.returncode == 75, (proc.returncode, proc.stderr)
+    assert "received" not in proc.stderr
