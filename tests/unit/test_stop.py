@@ -110,7 +110,8 @@ def test_a_retired_flag_keeps_the_exit_code_when_a_launcher_sigterms_the_rank_at
         flag.install()
         flag.retire()
         # SIGTERM without pause until this process is gone: through its exit, finalization included
-        subprocess.Popen(["bash", "-c", f"while kill -TERM {os.getpid()} 2>/dev/null; do :; done"])
+        subprocess.Popen(["bash", "-c", f"while kill -TERM {os.getpid()} 2>/dev/null; do :; done"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # ends once this one is reaped
         time.sleep(0.3)
         sys.exit(75)
     """)
