@@ -7,8 +7,9 @@ Every rank yields a batch on every call, forever, so ranks cannot diverge in ste
 
 The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
 
-Resume requires the same world size, ``num_workers``, micro batch size, corpus and config (checked:
-``ValueError`` on a mismatch of the slot layout or the stream's fingerprint).
+Resume requires the same world size, ``num_workers``, micro batch size, corpus and stream settings (checked:
+``ValueError`` on a mismatch of the slot layout or the stream's fingerprint); a resume whose config changes any of
+them restarts the streams instead (`albert_dist.engine.checkpoint.drift`, by the same ``on_resume`` tags).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -28,8 +29,15 @@ from albert_dist.data.config import DataConfig
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.sources import SourceStream, plan_pieces
 from albert_dist.data.tokenizer import load_tokenizer
+from albert_dist.on_resume import RESTART_STREAMS, RULE_KEY
 
 logger = logging.getLogger(__name__)
+
+#: The DataConfig fields a stream's batches depend on: those whose change restarts the streams on resume (the
+#: `on_resume` tags, one table with the drift check), except the sources (the fingerprint holds their pieces
+#: and settings instead) and num_workers (a stream is one slot; the slot layout is checked on resume).
+FINGERPRINT_FIELDS = tuple(f.name for f in fields(DataConfig) if f.metadata.get(RULE_KEY) == RESTART_STREAMS
+                           and f.name not in ("train", "num_workers"))
 _LOUD_AMPLIFICATION_BYTES = 1 << 28  # record-level splitting reads this much more than needed -> warning
 
 
@@ -77,10 +85,9 @@ class PretrainingStream(torch.utils.data.IterableDataset):
 
     def _fingerprint(self, micro_batch_size: int) -> str:
         """Hash of what defines this stream's batches: the sources' pieces (file names and byte ranges, not
-        absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
-        that do not change the batches (num_workers: checked per slot; eval_examples, eval_seed) are left out."""
-        keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
-                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shuffle_documents", "shard_piece_bytes", "max_document_bytes")
+        absolute paths, so a checkpoint survives moving the corpus), the settings of `FINGERPRINT_FIELDS`, the
+        batch size. Fields that do not change the batches (num_workers: checked per slot; the validation set's)
+        are left out."""
         pieces = [
             None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
             for plan in self.plans
@@ -89,7 +96,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             "split": self.split, "micro_batch_size": micro_batch_size, "pieces": pieces,
             "sources": [asdict(s) | {"paths": s.paths if s.format == "hub" else None} for s in self.sources],
             # the tokenizer by file name, like the pieces: config paths are absolute since load_config resolves them
-            "settings": {k: getattr(self.cfg, k) for k in keys} | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
+            "settings": {k: getattr(self.cfg, k) for k in FINGERPRINT_FIELDS}
+            | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
