@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from albert_dist.config import TrainConfig, load_config
-from albert_dist.data.sources import check_text_field, discover_files
+from albert_dist.data.files import check_text_field
+from albert_dist.data.paths import discover_files
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.distributed import discover, setup_logging
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
+                                   error_line)
 from albert_dist.tracking.tracker import parse_run_ref
 from albert_dist.trainer import Trainer
 
@@ -80,7 +83,7 @@ def cli(argv: Sequence[str]) -> int:
         return EXIT_SAVE_FAILED
     except _REFUSED as err:
         if trainer is None or not trainer.started:  # refused before any process group: nothing ran
-            print(f"albert-dist train: {err}", file=sys.stderr)
+            print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
         if isinstance(err, ckpt.ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
             logger.error("%s", err)
@@ -112,8 +115,9 @@ def check_resume_from(ref: str, cfg: TrainConfig) -> None:
 def check_inputs(cfg: TrainConfig) -> None:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Checks every local data source (paths exist, globs match, jsonl/parquet records hold `text_field`;
-    `albert_dist.data.sources.discover_files`, `check_text_field`), the
+    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
+    jsonl/parquet records hold `text_field`; `albert_dist.data.paths.discover_files`,
+    `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
     The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`).
@@ -126,7 +130,10 @@ def check_inputs(cfg: TrainConfig) -> None:
         for i, src in enumerate(getattr(cfg.data, split)):
             if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
                 where = f"data.{split}[{i}]"
-                check_text_field(src, where, discover_files(src, where))
+                files = discover_files(src, where)
+                check_text_field(src, where, files)
+                if all(os.path.getsize(f) == 0 for f in files):
+                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")

@@ -12,7 +12,7 @@ from typing import Literal, Optional, get_args
 
 from albert_dist.on_resume import APPLIES, RESTART_STREAMS, on_resume
 
-#: source formats understood by :mod:`albert_dist.data.sources`; "auto" picks one from the file suffix.
+#: source formats understood by :mod:`albert_dist.data.paths`; "auto" picks one from the file suffix.
 SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
 FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.
