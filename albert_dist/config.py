@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence, get_args, get_type_hints
 
@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
+from albert_dist.data.paths import resolve_path
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
@@ -251,10 +252,6 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
-    from dataclasses import replace
-
-    from albert_dist.data.paths import resolve_path
-
     def inputs(paths: list[str]) -> list[str]:
         return [str(resolve_path(p)) for p in paths]
 
