@@ -105,8 +105,8 @@ def cli(argv: Sequence[str]) -> int:
         if code == EXIT_OK:
             trainer.export_final_model()
         if trainer.dist_env.rank == 0:
-            logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/, final_model/)",
-                        trainer.run_dir.resolve())
+            logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
+                        trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.

@@ -51,7 +51,8 @@ the same way). Retention (`prune`) never deletes the newest verified checkpoint,
 from until a newer verified one exists; unverified directories are removed. It also runs when a job resumes, so
 a lowered `checkpoint.keep_last` frees its space before the first save.
 
-Resume on another number of ranks (the saved world size differs): rank 0 converts the checkpoint with
+Resume on another number of ranks (the saved world size differs), or with a changed field whose resume rule is
+"convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `ResumePlan.universal`): rank 0 converts the checkpoint with
 DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), and the engine is built with
 `checkpoint.load_universal=true` (`CheckpointManager.resume` passes it to the engine factory), which re-partitions parameters
 and optimiser moments for the new world size. The converter needs the module to carry a
@@ -101,9 +102,9 @@ _HOME: dict[str, str] = {
     "resume_plan": "resume",
     "rng_kept": "resume",
     "ConfigDriftError": "drift",
-    "DATA_SHAPE_FIELDS": "drift",
-    "RESUMABLE_FIELDS": "drift",
     "Drift": "drift",
+    "Rules": "drift",
+    "rule_for": "drift",
     "check_drift": "drift",
     "log_drift": "drift",
     "CheckpointSaveError": "save",
