@@ -176,7 +176,7 @@ def test_a_lowered_keep_last_applies_when_the_job_resumes(ckpt_dir, rank):
 
     make_ckpt(ckpt_dir, 15)
     config = _config()
-    plan = ckpt.resume_plan("auto", ckpt_dir, config, world_size=2, log=False)
+    plan = ckpt.resume_plan("auto", ckpt_dir, config, 2, resume_rules(), log=False)
     assert plan.point.tag == "step_15"
     manager = ckpt.CheckpointManager(CheckpointConfig(keep_last=2), ckpt_dir, rank=rank, world_size=2,
                                      config=config, config_hash="h", seed=0, plan=plan)
