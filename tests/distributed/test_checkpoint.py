@@ -220,42 +220,14 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
 
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
-def _copy_checkpoints(reference, run_dir: Path) -> Path:
-    import shutil
-
-    ref_dir, _, _ = reference
-    shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
-    return run_dir / "checkpoints"
-
-
 def _log_lines(job: Job, needle: str) -> list[str]:
     return [line for log in job.logs for line in Path(log.name).read_text(errors="replace").splitlines()
             if needle in line]
 
 
-def test_truncated_newest_checkpoint_and_dangling_latest_resume_from_the_newest_that_verifies(
-        config, reference, tmp_path):
-    """step_8's rank-1 optimiser file is cut to 100 bytes and `latest` names a step_12 that does not exist:
-    --resume auto skips both (saying why, naming them), resumes step_6, and steps 7-8 equal the uninterrupted run."""
-    _, want, _ = reference
-    run_dir = tmp_path / "run"
-    ckpt_dir = _copy_checkpoints(reference, run_dir)
-    victim = ckpt_dir / "step_8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    with open(victim, "r+b") as fh:
-        fh.truncate(100)
-    ckpt.write_latest(ckpt_dir, "step_12")
-    job = run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
-    got = train_records(run_dir)
-    assert sorted(got) == [7, 8]
-    for step in (7, 8):
-        for k in TRAJECTORY_KEYS:
-            assert got[step][k] == want[step][k], f"step {step} {k}"
-    skipped = _log_lines(job, "skipping checkpoint")
-    assert len(skipped) == 1 and f"{ckpt_dir / 'step_8'}: zero_pp_rank_1_mp_rank_00_optim_states.pt has 100 bytes" \
-        in skipped[0], skipped
-    assert _log_lines(job, "names step_12, which does not exist")
-    assert ckpt.read_latest(ckpt_dir) == "step_8" and ckpt.verify(ckpt_dir / "step_8") is None  # saved again
-    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `ckpt.plan_resume`, tested
+# in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
+# test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
 
 def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and_exits_74(config, tmp_path):

@@ -41,8 +41,10 @@ def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
         assert fragment in err, (fragment, err)
 
 
-def test_good_inputs_pass_the_preflight(tmp_path):
-    from albert_dist.config import load_config
-
-    cfg = load_config(RECIPE, BASE + [f"run_dir={tmp_path}"])
-    trainer.check_inputs(cfg)  # the bundled sample and tokenizer exist and fit vocab_size 8000
+def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypatch, capsys):
+    """The same command line without the bad value: every check passes and the trainer gets the config."""
+    reached = []
+    monkeypatch.setattr(trainer.Trainer, "run", lambda self: reached.append(self.cfg) or trainer.EXIT_OK)
+    assert trainer.cli(["--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
+    assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
+    assert "albert-dist train:" not in capsys.readouterr().err
