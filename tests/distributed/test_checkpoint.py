@@ -10,22 +10,19 @@ The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run throu
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_env, read_metrics, run_cli, start_ranks
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
-from albert_dist.engine.distributed import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -59,22 +56,15 @@ progress_bar: false
 
 
 class Job:
-    """`world` worker processes of one job (env:// variables as torchrun sets them); logs in log_dir."""
+    """`world` worker processes of one job (env:// variables as torchrun sets them); logs beside run_dir."""
 
     def __init__(self, world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str] = ()):
-        port = free_port()
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.procs, self.logs = [], []
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-            log = open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab")
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+        self.logs = [open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab") for rank in range(world)]
+        cmd = [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides]
+        self.procs = start_ranks(cmd, world, env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""),
+                                 logs=self.logs, cwd=REPO)
 
     def wait(self, timeout: float = 240) -> list[int]:
         deadline = time.time() + timeout
@@ -104,11 +94,9 @@ def run_ok(*args, **kwargs) -> Job:
 
 def train_records(run_dir: Path) -> dict[int, dict]:
     records = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if names.TRAIN_LOSS in rec:
-            assert rec["step"] not in records, f"step {rec['step']} logged twice"
-            records[rec["step"]] = rec
+    for rec in read_metrics(run_dir, names.TRAIN_LOSS):
+        assert rec["step"] not in records, f"step {rec['step']} logged twice"
+        records[rec["step"]] = rec
     return records
 
 
@@ -204,9 +192,7 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     run_dir = tmp_path / "run"
     job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])
     deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").is_file() or not any(
-            json.loads(l).get("step", 0) >= 2 for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if l.endswith("}")):
+    while not any(r["step"] >= 2 for r in read_metrics(run_dir)):
         assert all(p.poll() is None for p in job.procs), job.log_tail()
         assert time.time() < deadline
         time.sleep(0.2)
@@ -264,10 +250,8 @@ def test_resume_with_another_model_config_is_exit_2_before_any_process_group(con
     ref_dir, _, _ = reference
     run_dir = tmp_path / "never"
     step_8 = ref_dir / "checkpoints" / "step_8"
-    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config", str(config),
-                           "--resume", str(step_8), f"run_dir={run_dir}", "model.sharing=none",
-                           "model.hidden_size=48"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    proc = run_cli("train", "--config", str(config), "--resume", str(step_8), f"run_dir={run_dir}",
+                   "model.sharing=none", "model.hidden_size=48", env=clean_env(CUDA_VISIBLE_DEVICES=""), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"checkpoint {step_8} has model.hidden_size=32, the config has model.hidden_size=48; " \
            f"model.sharing='all', the config has model.sharing='none'" in proc.stderr

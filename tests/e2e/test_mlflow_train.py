@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_metrics
 from mlflow import MlflowClient
 
 from albert_dist.engine.distributed import free_port
@@ -98,7 +99,7 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     assert run.info.run_name == "a"  # the first job's run directory
     assert "engine.peak_tflops_per_device" not in run.data.params  # null options are not logged
     # run B restarted from the newest complete checkpoint and re-ran steps run A had already logged
-    records = [json.loads(line) for line in (resumed_run["run_b"] / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(resumed_run["run_b"])
     resumed_at = min(r["step"] for r in records) - 1
     # a checkpoint can complete between the poll and the kill, so run B may start exactly at the last logged step
     assert resumed_at in (4, 8, 12) and resumed_at <= max(resumed_run["logged_before_kill"])

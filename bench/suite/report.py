@@ -2,7 +2,7 @@
 
 Used by ``bench/run_all.py`` after a suite run, and on its own to re-render from an existing file:
 
-    python bench/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
+    python bench/suite/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
 
 Which figures make the table is declared once, in :data:`HEADLINES`: every row names the benchmark, the
 dotted key of its ratio in that benchmark's result, the target from the issue that asked for it, and (when
