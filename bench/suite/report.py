@@ -298,7 +298,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Re-render the results table in docs/benchmarks.md and the plot from an existing results file; returns 0."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(root / "bench" / "results.json"))
     p.add_argument("--doc", "--readme", dest="doc", default=str(root / "docs" / "benchmarks.md"),
