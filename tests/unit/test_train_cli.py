@@ -20,7 +20,7 @@ def no_process_group(monkeypatch):
         raise AssertionError("a bad config must be refused before the process group starts")
 
     monkeypatch.setattr(distributed, "init_distributed", fail)
-    monkeypatch.setattr(trainer.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+    monkeypatch.setattr(trainer.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -42,9 +42,15 @@ def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
 
 
 def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypatch, capsys):
-    """The same command line without the bad value: every check passes and the trainer gets the config."""
+    """The same command line without the bad value: every check passes and the trainer is set up with the config."""
     reached = []
-    monkeypatch.setattr(trainer.Trainer, "run", lambda self: reached.append(self.cfg) or trainer.EXIT_OK)
+    def setup(self):  # stands in for the build: record the config, name the run directory as setup does
+        reached.append(self.cfg)
+        self.run_dir = Path(self.cfg.run_dir)
+
+    monkeypatch.setattr(trainer.Trainer, "setup", setup)
+    monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
+    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
     assert trainer.cli(["--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
     assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
     assert "albert-dist train:" not in capsys.readouterr().err
