@@ -10,9 +10,7 @@ The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run throu
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_env, read_metrics, run_cli, start_ranks
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
@@ -35,15 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 CRASH_EXIT = 17
 MAX_STEPS = 8
 
-
-
 def train_records(run_dir: Path) -> dict[int, dict]:
     records = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if names.TRAIN_LOSS in rec:
-            assert rec["step"] not in records, f"step {rec['step']} logged twice"
-            records[rec["step"]] = rec
+    for rec in read_metrics(run_dir, names.TRAIN_LOSS):
+        assert rec["step"] not in records, f"step {rec['step']} logged twice"
+        records[rec["step"]] = rec
     return records
 
 
@@ -139,9 +134,7 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     run_dir = tmp_path / "run"
     job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])
     deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").is_file() or not any(
-            json.loads(l).get("step", 0) >= 2 for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if l.endswith("}")):
+    while not any(r["step"] >= 2 for r in read_metrics(run_dir)):
         assert all(p.poll() is None for p in job.procs), job.log_tail()
         assert time.time() < deadline
         time.sleep(0.2)
@@ -156,8 +149,6 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
 def _copy_checkpoints(reference, run_dir: Path) -> Path:
-    import shutil
-
     ref_dir, _, _ = reference
     shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
     return run_dir / "checkpoints"
@@ -168,29 +159,9 @@ def _log_lines(job: Job, needle: str) -> list[str]:
             if needle in line]
 
 
-def test_truncated_newest_checkpoint_and_dangling_latest_resume_from_the_newest_that_verifies(
-        config, reference, tmp_path):
-    """step_8's rank-1 optimiser file is cut to 100 bytes and `latest` names a step_12 that does not exist:
-    --resume auto skips both (saying why, naming them), resumes step_6, and steps 7-8 equal the uninterrupted run."""
-    _, want, _ = reference
-    run_dir = tmp_path / "run"
-    ckpt_dir = _copy_checkpoints(reference, run_dir)
-    victim = ckpt_dir / "step_8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    with open(victim, "r+b") as fh:
-        fh.truncate(100)
-    ckpt.write_latest(ckpt_dir, "step_12")
-    job = run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
-    got = train_records(run_dir)
-    assert sorted(got) == [7, 8]
-    for step in (7, 8):
-        for k in TRAJECTORY_KEYS:
-            assert got[step][k] == want[step][k], f"step {step} {k}"
-    skipped = _log_lines(job, "skipping checkpoint")
-    assert len(skipped) == 1 and f"{ckpt_dir / 'step_8'}: zero_pp_rank_1_mp_rank_00_optim_states.pt has 100 bytes" \
-        in skipped[0], skipped
-    assert _log_lines(job, "names step_12, which does not exist")
-    assert ckpt.read_latest(ckpt_dir) == "step_8" and ckpt.verify(ckpt_dir / "step_8") is None  # saved again
-    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `ckpt.plan_resume`, tested
+# in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
+# test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
 
 def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and_exits_74(config, tmp_path):
@@ -291,10 +262,8 @@ def test_resume_with_another_model_config_is_exit_2_before_any_process_group(con
     ref_dir, _, _ = reference
     run_dir = tmp_path / "never"
     step_8 = ref_dir / "checkpoints" / "step_8"
-    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config", str(config),
-                           "--resume", str(step_8), f"run_dir={run_dir}", "model.sharing=none",
-                           "model.hidden_size=48"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    proc = run_cli("train", "--config", str(config), "--resume", str(step_8), f"run_dir={run_dir}",
+                   "model.sharing=none", "model.hidden_size=48", env=clean_env(CUDA_VISIBLE_DEVICES=""), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"checkpoint {step_8} has model.hidden_size=32, the config has model.hidden_size=48; " \
            f"model.sharing='all', the config has model.sharing='none'" in proc.stderr

@@ -2,7 +2,7 @@
 `albert_dist.engine.checkpoint.save_checkpoint` writes them (single process, no DeepSpeed engine: the files'
 contents do not matter to these rules, only their names, sizes and the metadata).
 
-The distributed tests (tests/distributed/test_checkpoint.py) run the same rules on real DeepSpeed checkpoints.
+The distributed tests (tests/distributed/test_checkpoint.py) resume real DeepSpeed checkpoints through these rules.
 """
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ def test_newest_checkpoint_truncated_resume_auto_takes_the_previous_one_and_says
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert skipped == [f"skipping checkpoint {ckpt_dir / 'step_10'}: zero_pp_rank_1_mp_rank_00_optim_states.pt "
                        f"has 100 bytes, albert_dist.json lists 500 (truncated or rewritten)"]
+    ckpt.write_latest(ckpt_dir, "step_15")  # and `latest` names a step that does not exist (a crash mid-save)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert ckpt.plan_resume("auto", ckpt_dir, log=False).tag == "step_5"
+    assert caplog.records == []  # log=False: ranks other than 0 say nothing (the job says it once)
 
 
 def test_latest_naming_a_missing_step_falls_back_to_the_newest_verified(ckpt_dir, caplog):
