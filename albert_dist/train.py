@@ -90,10 +90,10 @@ def cli(argv: Sequence[str]) -> int:
             check_inputs(cfg)
             if args.resume_from is not None:
                 check_resume_from(args.resume_from, cfg)
-            if env.rank == 0:  # one job per run directory: before the resume plan reads its checkpoints
-                locks = lock_run_dirs(cfg)
             trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
                               stop=stop)
+            if env.rank == 0:  # one job per run directory; last, so a job refused otherwise leaves nothing behind
+                locks = lock_run_dirs(cfg)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)

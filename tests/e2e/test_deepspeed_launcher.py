@@ -99,7 +99,7 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
 
 def _wait_for_step(proc: subprocess.Popen, run_dir: Path, log: Path, step: int) -> None:
     deadline = time.time() + 300
-    while not any(r.get("step", 0) >= step for r in _records(run_dir)):
+    while not any(r["step"] >= step for r in read_metrics(run_dir)):
         assert proc.poll() is None, log.read_text()[-5000:]
         assert time.time() < deadline, f"no step {step} within 300 s"
         time.sleep(0.2)
@@ -188,6 +188,6 @@ def test_two_jobs_started_together_on_one_run_dir_exactly_one_trains(tmp_path):
     assert f"run directory {run_dir} is in use by another job: pid " in loser, loser[-3000:]
     assert "pretraining did not start" in loser and "process group up" not in loser
     assert "is in use" not in winner
-    train = [r["step"] for r in _records(run_dir) if names.TRAIN_LOSS in r]
+    train = [r["step"] for r in read_metrics(run_dir, names.TRAIN_LOSS)]
     assert train == [1, 2, 3, 4]  # one trajectory, each step once
     assert ckpt.read_latest(run_dir / "checkpoints") == "step_4"
