@@ -1,0 +1,27 @@
+"""Byte sizes on command lines: "64M", "1.5G", "4096" -> bytes (powers of 1024), and back for messages."""
+from __future__ import annotations
+
+import argparse
+
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_byte_size(text: str) -> int:
+    """Bytes of ``text``: an integer or a number with a K/M/G/T suffix (KiB..TiB; "MB"/"MiB" read as "M").
+
+    An argparse ``type=``: raises argparse.ArgumentTypeError (a ValueError) naming the text when it is not a
+    size or is below 1 byte.
+    """
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        value = float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 67108864, 64M, 1G)") from None
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 byte, got {text!r}")
+    return int(value)
+
+
+def mib(nbytes: float) -> str:
+    """``nbytes`` as "12.3 MiB" (or GiB above 10 GiB) for messages."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 10 * 2**30 else f"{nbytes / 2**20:.1f} MiB"
