@@ -1,0 +1,838 @@
+"""`albert-dist data prepare`: raw corpora -> deduplicated parquet shards sized for a cluster, plus a manifest.
+
+    albert-dist data prepare --input '/corpora/pile/*.jsonl.zst' [--input more/ ...] --output /data/pile-prepared
+    albert-dist data prepare --config configs/pretrain/<recipe>.yaml --output DIR   (the recipe's data.train)
+
+Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
+reads some of them several times per epoch. The output is the format NVIDIA's LDDL and the HF Hub use: parquet
+files of one ``text`` column (zstd), cut into row groups of a size chosen for the cluster, and the training
+loader takes each row group as a piece (`albert_dist.data.sources.plan_pieces`). With at least as many row
+groups as slots every slot reads only its own row groups: each byte once per epoch.
+
+Pipeline (every stage streams; nothing holds the corpus in memory):
+
+1. *scan*, parallel over input pieces (``--workers`` processes; a compressed file is one piece, an uncompressed
+   file is cut into `SCAN_PIECE_BYTES` byte ranges, a parquet file into runs of row groups): read the records
+   with the training readers, count skips by reason (with file and offset), write the usable documents to a
+   spool parquet file and their 128-bit BLAKE2b hashes and byte lengths to a side file (24 bytes/document).
+2. *dedup*: exact duplicates (the same text after the reader's strip) are found from the hashes; the first
+   occurrence in input order is kept, across all files and workers. Memory: up to `DEDUP_ROW_BYTES` per
+   document while it fits ``--dedup-memory`` (default 1 GiB: ~27M documents); beyond that the hashes are
+   partitioned on disk into buckets by hash value and each bucket is deduplicated alone, so peak memory stays
+   ~``--dedup-memory`` at any corpus size (1 TB of 4 KB documents = 250M documents = 6 GB of temporary hash
+   files, 10 buckets).
+3. *write*, parallel over output shards: the kept documents, in input order, are cut into ``num_shards``
+   contiguous shards of equal bytes and each shard into row groups of ``row_group_bytes`` of text.
+4. a token estimate (a byte-budgeted sample of the output encoded with the tokenizer), ``manifest.json``, and a
+   rename of the finished directory to ``--output``.
+
+Sizing (`plan_sizes`): ``row_group_bytes = clamp(text_bytes / (ROW_GROUPS_PER_SLOT x slots), MIN_ROW_GROUP_BYTES,
+MAX_ROW_GROUP_BYTES)`` with slots = ``--target-ranks x --target-loader-workers`` (default 1,024 x 8), so any job
+up to that size gets at least ROW_GROUPS_PER_SLOT row groups per slot once the corpus has ``4 x 8192 x 64 KiB
+= 2 GiB`` of text; files hold `ROW_GROUPS_PER_SHARD` row groups (8 MiB to 512 MiB files) unless ``--num-shards``
+or ``--shard-bytes`` says otherwise.
+
+Safe to rerun and resumable: everything is written under ``<output>.prepare-tmp/`` and renamed to ``<output>``
+when complete. A rerun with the same inputs and options resumes there (finished scan pieces and shards are
+kept); a rerun on a complete output says so and exits 0; ``--overwrite`` replaces a previous prepare output
+(only one: a directory without our manifest is never deleted). Deterministic: the same inputs and options give
+byte-identical shards whatever ``--workers`` is (tested), so the manifest's checksums can be trusted.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from albert_dist.data.config import DataConfig, SourceConfig
+from albert_dist.data.sizes import mib, parse_byte_size
+
+logger = logging.getLogger(__name__)
+
+#: Bumped when the output layout or the manifest's meaning changes.
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TMP_SUFFIX = ".prepare-tmp"
+#: Uncompressed txt/jsonl inputs are scanned in byte ranges of this size (parallelism inside big files).
+SCAN_PIECE_BYTES = 256 << 20
+#: Spool and shard writers buffer this much text before writing (scan) or at most a row group (write).
+SPOOL_BATCH_BYTES = 8 << 20
+#: Row-group sizing (see the module docstring and docs/data.md).
+ROW_GROUPS_PER_SLOT = 4
+MIN_ROW_GROUP_BYTES = 64 << 10
+MAX_ROW_GROUP_BYTES = 4 << 20
+ROW_GROUPS_PER_SHARD = 128
+DEFAULT_TARGET_RANKS = 1024
+DEFAULT_TARGET_LOADER_WORKERS = 8
+#: Memory for the in-memory dedup pass: hash (16 B) + length (8 B) + sort index and scratch (16 B) per document.
+DEDUP_ROW_BYTES = 40
+DEFAULT_DEDUP_MEMORY_BYTES = 1 << 30
+#: Bytes of output text the token estimate encodes.
+TOKEN_SAMPLE_BYTES = 4 << 20
+#: Skips reported with their location in the manifest (the counts are always complete).
+SKIP_EXAMPLES = 20
+_HASH_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("len", "<u8")])
+
+
+# ---------------------------------------------------------------------------------------------------- options
+@dataclass
+class PrepareOptions:
+    """What `prepare` does. Sizes in bytes of UTF-8 document text; ``None`` = derived by `plan_sizes`."""
+
+    sources: list[SourceConfig]
+    output: str
+    num_shards: Optional[int] = None
+    shard_bytes: Optional[int] = None
+    row_group_bytes: Optional[int] = None
+    target_ranks: int = DEFAULT_TARGET_RANKS
+    target_loader_workers: int = DEFAULT_TARGET_LOADER_WORKERS
+    workers: int = 1
+    dedup: bool = True
+    dedup_memory_bytes: int = DEFAULT_DEDUP_MEMORY_BYTES
+    max_document_bytes: int = DataConfig.max_document_bytes
+    tokenizer_path: Optional[str] = DataConfig.tokenizer_path
+    overwrite: bool = False
+    progress: Optional[bool] = None  # None: a progress bar only on a terminal
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("no input: give --input PATH (repeatable) or --config RECIPE")
+        for i, s in enumerate(self.sources):
+            if s.format == "hub":
+                raise ValueError(f"input[{i}]: hub dataset {s.paths[0]!r}: prepare reads local files only "
+                                 "(download it first, e.g. huggingface-cli download --repo-type dataset)")
+        if not self.output:
+            raise ValueError("--output must name a directory")
+        if self.num_shards is not None and self.shard_bytes is not None:
+            raise ValueError("give --num-shards or --shard-bytes, not both")
+        for name in ("num_shards", "shard_bytes", "row_group_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        for name in ("target_ranks", "target_loader_workers", "workers", "dedup_memory_bytes",
+                     "max_document_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+    def fingerprint(self, inputs: list[dict]) -> str:
+        """Hash of everything the output depends on (inputs with sizes and mtimes, options; not ``workers``)."""
+        opts = {k: v for k, v in asdict(self).items() if k not in ("workers", "overwrite", "progress", "output")}
+        blob = json.dumps({"format_version": FORMAT_VERSION, "options": opts, "inputs": inputs}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class Sizes:
+    """Output sizing: shards (files), text bytes per shard, row-group text bytes, and the rule that chose them."""
+
+    num_shards: int
+    row_group_bytes: int
+    target_slots: int
+    rule: str
+
+
+def plan_sizes(text_bytes: int, documents: int, opts: PrepareOptions) -> Sizes:
+    """Shard count and row-group size for ``text_bytes`` of kept text (see the module docstring)."""
+    slots = opts.target_ranks * opts.target_loader_workers
+    if opts.row_group_bytes is not None:
+        rg, rule = opts.row_group_bytes, "--row-group-bytes"
+    else:
+        per_slot = math.ceil(max(1, text_bytes) / (ROW_GROUPS_PER_SLOT * slots))
+        rg = min(MAX_ROW_GROUP_BYTES, max(MIN_ROW_GROUP_BYTES, per_slot))
+        rule = (f"row groups: text / ({ROW_GROUPS_PER_SLOT} x {opts.target_ranks} ranks x "
+                f"{opts.target_loader_workers} loader workers), within [{mib(MIN_ROW_GROUP_BYTES)}, "
+                f"{mib(MAX_ROW_GROUP_BYTES)}]")
+    if opts.num_shards is not None:
+        shards, srule = opts.num_shards, "--num-shards"
+    elif opts.shard_bytes is not None:
+        shards, srule = math.ceil(text_bytes / opts.shard_bytes), "--shard-bytes"
+    else:
+        shards, srule = math.ceil(text_bytes / (ROW_GROUPS_PER_SHARD * rg)), f"{ROW_GROUPS_PER_SHARD} row groups per file"
+    return Sizes(max(1, min(shards, documents)), rg, slots, f"{rule}; files: {srule}")
+
+
+# ---------------------------------------------------------------------------------------------------- progress
+_PROGRESS = None  # a multiprocessing Value in each worker (set by _init_worker), or in-process
+
+
+def _init_worker(counter) -> None:
+    global _PROGRESS
+    _PROGRESS = counter
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _advance(n: float) -> None:
+    if _PROGRESS is not None and n > 0:
+        with _PROGRESS.get_lock():
+            _PROGRESS.value += int(n)
+
+
+def _run(fn: Callable, jobs: Sequence[tuple], workers: int, bar_total: float, bar_desc: str, unit: str,
+         progress: Optional[bool]) -> list:
+    """``[fn(*job) for job in jobs]`` over ``workers`` processes (spawned: no state forked from the caller),
+    results in job order, with a tqdm bar fed by the jobs' `_advance` calls (shown only on a terminal unless
+    ``progress`` says otherwise). The first failing job's exception is raised after the others are cancelled."""
+    global _PROGRESS
+    from tqdm import tqdm
+
+    ctx = mp.get_context("spawn")
+    counter = ctx.Value("q", 0)
+    disable = None if progress is None else not progress
+    results: list = [None] * len(jobs)
+    with tqdm(total=int(bar_total), desc=bar_desc, unit=unit, unit_scale=True, disable=disable,
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        def update() -> None:
+            bar.update(max(0, counter.value - bar.n))
+
+        if workers == 1 or len(jobs) <= 1:
+            _PROGRESS = counter
+            try:
+                for i, job in enumerate(jobs):
+                    results[i] = fn(*job)
+                    update()
+            finally:
+                _PROGRESS = None
+            return results
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
+                                    initializer=_init_worker, initargs=(counter,)) as pool:
+            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                    for fut in done:
+                        results[futures[fut]] = fut.result()
+                    update()
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- 1. scan
+@dataclass
+class ScanTask:
+    """One input piece: a byte range of an uncompressed file, a compressed file, or a run of parquet row groups."""
+
+    index: int
+    path: str
+    kind: str
+    compression: str
+    start: int
+    end: int
+    row_groups: list[int] = field(default_factory=list)
+    text_field: str = "text"
+    txt_documents: str = "blank_line"
+    disk_bytes: int = 0
+
+
+def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict]]:
+    """The scan tasks of all sources in input order (source, file path, offset), and the input file list
+    (``path``, ``bytes``, ``kind``, ``compression``, ``mtime_ns``). Raises ValueError as discover_files does."""
+    from albert_dist.data.sources import check_text_field, discover_files, file_format
+
+    tasks: list[ScanTask] = []
+    inputs: list[dict] = []
+    for i, source in enumerate(sources):
+        where = f"input[{i}]"
+        files = discover_files(source, where)
+        check_text_field(source, where, files)
+        for path in files:
+            kind, compression = file_format(path, source.format)
+            st = os.stat(path)
+            inputs.append({"path": path, "bytes": st.st_size, "kind": kind, "compression": compression,
+                           "mtime_ns": st.st_mtime_ns, "source": i})
+            common = dict(path=path, kind=kind, compression=compression, text_field=source.text_field,
+                          txt_documents=source.txt_documents)
+            if st.st_size == 0:
+                continue
+            if kind == "parquet":
+                import pyarrow.parquet as pq
+
+                meta = pq.ParquetFile(path).metadata
+                group_bytes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+                run: list[int] = []
+                for g, nbytes in enumerate(group_bytes):
+                    run.append(g)
+                    run_bytes = sum(group_bytes[k] for k in run)
+                    if run_bytes >= SCAN_PIECE_BYTES or g == len(group_bytes) - 1:
+                        # progress is in on-disk bytes: the run's share of the file
+                        share = st.st_size * run_bytes // max(1, sum(group_bytes))
+                        tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, row_groups=run,
+                                              disk_bytes=int(share), **common))
+                        run = []
+            elif compression or (kind == "txt" and source.txt_documents == "file"):
+                tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, disk_bytes=st.st_size, **common))
+            else:
+                for start in range(0, st.st_size, SCAN_PIECE_BYTES):
+                    end = min(st.st_size, start + SCAN_PIECE_BYTES)
+                    tasks.append(ScanTask(len(tasks), start=start, end=end, disk_bytes=end - start, **common))
+    return tasks, inputs
+
+
+def _task_pieces(task: ScanTask) -> list[dict]:
+    base = {"path": task.path, "kind": task.kind, "compression": task.compression, "start": task.start,
+            "end": task.end, "nbytes": task.end - task.start}
+    if task.kind == "parquet":
+        return [{**base, "row_group": g} for g in task.row_groups]
+    return [{**base, "row_group": -1}]
+
+
+def _location(task: ScanTask, rec: dict) -> str:
+    from albert_dist.data.sources import record_location
+
+    return record_location(task.kind, task.compression, task.path, int(rec.get("pos", 0)), int(rec.get("group", -1)))
+
+
+def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
+    """Read one input piece; write its usable documents to ``<spool_dir>/<index>.parquet`` and their hashes and
+    lengths to ``<index>.hash`` (`_HASH_DTYPE` rows); return (and write as ``<index>.json``, the completion
+    marker) the counts: documents, bytes, records, skipped by reason, skip examples."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_dist.data.sample import read_errors
+    from albert_dist.data.sources import read_piece
+
+    spool = Path(spool_dir)
+    done = spool / f"{task.index:06d}.json"
+    if done.exists():  # resumed: this piece was scanned by an earlier run of the same command
+        summary = json.loads(done.read_text())
+        _advance(task.disk_bytes)
+        return summary
+    tmp_parquet, tmp_hash = spool / f"{task.index:06d}.parquet.tmp", spool / f"{task.index:06d}.hash.tmp"
+    counts: Counter = Counter()
+    examples: list[dict] = []
+    texts: list[str] = []
+    rows: list[tuple[int, int, int]] = []
+    buffered = 0
+    reported = 0.0
+    raw_read = 0
+    schema = pa.schema([("text", pa.string())])
+    writer = pq.ParquetWriter(tmp_parquet, schema, compression="zstd", compression_level=1, use_dictionary=False,
+                              write_statistics=False)
+
+    def flush() -> None:
+        nonlocal texts, rows, buffered
+        if texts:
+            writer.write_table(pa.table({"text": texts}, schema=schema))
+            np.array(rows, dtype=_HASH_DTYPE).tofile(hash_file)
+        texts, rows, buffered = [], [], 0
+
+    def skip(reason: str, where: str, detail: str = "") -> None:
+        counts[f"skipped_{reason}"] += 1
+        if len(examples) < SKIP_EXAMPLES:
+            examples.append({"reason": reason, "where": where, **({"detail": detail} if detail else {})})
+
+    # Progress in on-disk bytes: the raw bytes read, scaled to the piece's share of the file.
+    total_raw = None if task.compression or task.kind == "parquet" else max(1, task.end - task.start)
+    with open(tmp_hash, "wb") as hash_file:
+        try:
+            for piece in _task_pieces(task):
+                records = read_piece(piece, task.text_field, task.txt_documents, max_document_bytes)
+                last_end = piece["start"]
+                try:
+                    for rec in records:
+                        counts["records"] += 1
+                        raw_read += rec["nbytes"]
+                        last_end = int(rec.get("pos", 0)) + rec["nbytes"]
+                        if rec["skip"]:
+                            skip(rec["skip"], _location(task, rec), rec.get("detail", ""))
+                            continue
+                        data = rec["text"].encode("utf-8")
+                        digest = hashlib.blake2b(data, digest_size=16).digest()
+                        rows.append((int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"),
+                                     len(data)))
+                        texts.append(rec["text"])
+                        buffered += len(data)
+                        counts["documents"] += 1
+                        counts["bytes"] += len(data)
+                        if buffered >= SPOOL_BATCH_BYTES:
+                            flush()
+                            if total_raw:
+                                now = task.disk_bytes * min(1.0, raw_read / total_raw)
+                                _advance(now - reported)
+                                reported = now
+                except read_errors() as err:  # damaged input (before the readers report it as a skip marker)
+                    where = (f"{task.path}, byte {last_end} of the decompressed stream" if task.compression
+                             else f"{task.path}, row group {piece['row_group']}" if task.kind == "parquet"
+                             else f"{task.path}, byte {last_end}")
+                    skip("damaged", where, f"{type(err).__name__}: {err}".rstrip(": "))
+                    logger.warning("skipped the rest of %s from %s on: %s: %s", task.path, where,
+                                   type(err).__name__, err)
+                finally:
+                    records.close()
+            flush()
+        finally:
+            writer.close()
+    os.replace(tmp_parquet, spool / f"{task.index:06d}.parquet")
+    os.replace(tmp_hash, spool / f"{task.index:06d}.hash")
+    summary = {"documents": counts["documents"], "bytes": counts["bytes"], "records": counts["records"],
+               "skipped": {k[len("skipped_"):]: v for k, v in counts.items() if k.startswith("skipped_")},
+               "skip_examples": examples}
+    done.write_text(json.dumps(summary))
+    _advance(task.disk_bytes - reported)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------- 2. dedup
+def _duplicates(hi: np.ndarray, lo: np.ndarray, gidx: np.ndarray) -> np.ndarray:
+    """Global indices of the documents whose (hi, lo) hash equals that of a document with a smaller index."""
+    if len(hi) < 2:
+        return np.empty(0, dtype=np.int64)
+    order = np.lexsort((gidx, lo, hi))  # last key first: by hash, then by index inside a hash
+    h, l = hi[order], lo[order]
+    dup = np.empty(len(order), dtype=bool)
+    dup[0] = False
+    dup[1:] = (h[1:] == h[:-1]) & (l[1:] == l[:-1])
+    return gidx[order[dup]].astype(np.int64)
+
+
+def find_duplicates(hash_files: list[Path], counts: list[int], memory_bytes: int, work: Path) -> np.ndarray:
+    """Sorted global indices (documents numbered in input order) of every exact duplicate but the first.
+
+    In memory when ``DEDUP_ROW_BYTES x documents <= memory_bytes``; else the hashes go to ``B`` bucket files
+    under ``work`` by ``hi mod B`` (a uniform hash) and each bucket is deduplicated alone (peak memory
+    ~memory_bytes, temporary disk 24 bytes per document).
+    """
+    total = int(sum(counts))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    buckets = max(1, math.ceil(total * DEDUP_ROW_BYTES / memory_bytes))
+    if buckets == 1:
+        rows = [np.fromfile(f, dtype=_HASH_DTYPE) for f in hash_files]
+        hi = np.concatenate([r["hi"] for r in rows]) if rows else np.empty(0, np.uint64)
+        lo = np.concatenate([r["lo"] for r in rows]) if rows else np.empty(0, np.uint64)
+        return np.sort(_duplicates(hi, lo, np.arange(total, dtype=np.int64)))
+    bucket_dtype = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("gidx", "<i8")])
+    work.mkdir(parents=True, exist_ok=True)
+    handles = [open(work / f"bucket-{b:05d}.bin", "wb") for b in range(buckets)]
+    try:
+        for f, base in zip(hash_files, offsets[:-1]):
+            rows = np.memmap(f, dtype=_HASH_DTYPE, mode="r") if os.path.getsize(f) else np.empty(0, _HASH_DTYPE)
+            for s in range(0, len(rows), 1 << 22):  # 4M rows (96 MB) at a time
+                chunk = np.asarray(rows[s:s + (1 << 22)])
+                out = np.empty(len(chunk), dtype=bucket_dtype)
+                out["hi"], out["lo"] = chunk["hi"], chunk["lo"]
+                out["gidx"] = base + s + np.arange(len(chunk))
+                which = (chunk["hi"] % np.uint64(buckets)).astype(np.int64)
+                for b in np.unique(which):
+                    out[which == b].tofile(handles[b])
+    finally:
+        for h in handles:
+            h.close()
+    dups = []
+    for b in range(buckets):
+        path = work / f"bucket-{b:05d}.bin"
+        rows = np.fromfile(path, dtype=bucket_dtype)
+        dups.append(_duplicates(rows["hi"], rows["lo"], rows["gidx"]))
+        del rows
+        path.unlink()
+    return np.sort(np.concatenate(dups)) if dups else np.empty(0, np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------- 3. write
+def shard_slices(hash_files: list[Path], drops: list[np.ndarray], total_bytes: int,
+                 num_shards: int) -> list[list[tuple[int, int, int]]]:
+    """Per shard, the ``(task, first, last + 1)`` slices of *spool rows* it holds: kept documents go to shard
+    ``floor(bytes before them x num_shards / total_bytes)`` (contiguous, equal bytes). Empty shards (a document
+    larger than a shard) are dropped, so the result may be shorter than ``num_shards``."""
+    per_shard: list[list[tuple[int, int, int]]] = [[] for _ in range(num_shards)]
+    before = 0
+    for t, (f, drop) in enumerate(zip(hash_files, drops)):
+        lens = np.fromfile(f, dtype=_HASH_DTYPE)["len"].astype(np.int64)
+        keep = np.ones(len(lens), dtype=bool)
+        keep[drop] = False
+        kept_rows = np.flatnonzero(keep)
+        if len(kept_rows) == 0:
+            continue
+        kept_lens = lens[kept_rows]
+        starts = before + np.concatenate([[0], np.cumsum(kept_lens)[:-1]])
+        shard = np.minimum(num_shards - 1, (starts * num_shards) // max(1, total_bytes))
+        before += int(kept_lens.sum())
+        cuts = np.flatnonzero(np.diff(shard)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(shard)]])):
+            # spool rows kept_rows[a] .. kept_rows[b-1]; dropped rows inside are filtered by the writer
+            per_shard[int(shard[a])].append((t, int(kept_rows[a]), int(kept_rows[b - 1]) + 1))
+    return [s for s in per_shard if s]
+
+
+def shard_name(i: int, n: int) -> str:
+    """File name of shard ``i`` of ``n`` (the HF Hub's ``*-00000-of-00016.parquet`` pattern)."""
+    return f"shard-{i:05d}-of-{n:05d}.parquet"
+
+
+def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]], spool_dir: str,
+                drop_files: dict[int, str], out_dir: str, row_group_bytes: int) -> dict:
+    """Write shard ``index`` from its spool slices; row group k holds the documents that start in its
+    ``[k, k + 1) x row_group_bytes`` of the shard's text. Returns (and writes beside it) its manifest entry."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    name = shard_name(index, num_shards)
+    done = out / f".{name}.json"
+    if done.exists() and (out / name).exists():
+        entry = json.loads(done.read_text())
+        _advance(entry["bytes"])
+        return entry
+    spool = Path(spool_dir)
+    schema = pa.schema([("text", pa.string())])
+    tmp = out / f".{name}.tmp"
+    writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False, write_statistics=False)
+    documents = nbytes = row_groups = 0
+    buf: list = []
+    buf_bytes = 0
+    current_group = 0
+
+    def flush() -> None:
+        nonlocal buf, buf_bytes, row_groups
+        if buf:
+            table = pa.Table.from_arrays([pa.concat_arrays(buf)], schema=schema)
+            writer.write_table(table, row_group_size=len(table))
+            row_groups += 1
+            _advance(buf_bytes)
+        buf, buf_bytes = [], 0
+
+    try:
+        for task, first, last in slices:
+            lens = np.fromfile(spool / f"{task:06d}.hash", dtype=_HASH_DTYPE)["len"].astype(np.int64)
+            keep = np.zeros(len(lens), dtype=bool)
+            keep[first:last] = True
+            if task in drop_files:
+                keep[np.load(drop_files[task])] = False
+            pf = pq.ParquetFile(spool / f"{task:06d}.parquet")
+            group_rows = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+            group_start = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
+            for g in range(len(group_rows)):
+                lo, hi = int(group_start[g]), int(group_start[g + 1])
+                if hi <= first or lo >= last:  # only the spool row groups (~8 MiB each) this slice overlaps
+                    continue
+                batch = pf.read_row_group(g, columns=["text"])
+                sel = np.flatnonzero(keep[lo:hi])
+                if len(sel) == 0:
+                    continue
+                texts = batch.column(0).combine_chunks().take(pa.array(sel))
+                sizes = lens[lo:hi][sel]
+                starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                groups = starts // row_group_bytes
+                cuts = np.flatnonzero(np.diff(groups)) + 1
+                for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(sel)]])):
+                    if groups[a] != current_group:
+                        flush()
+                        current_group = int(groups[a])
+                    buf.append(texts.slice(int(a), int(b - a)))
+                    buf_bytes += int(sizes[a:b].sum())
+                documents += len(sel)
+                nbytes += int(sizes.sum())
+        flush()
+    finally:
+        writer.close()
+    os.replace(tmp, out / name)
+    digest = hashlib.sha256()
+    with open(out / name, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    entry = {"path": name, "documents": documents, "bytes": nbytes, "row_groups": row_groups,
+             "file_bytes": os.path.getsize(out / name), "sha256": digest.hexdigest()}
+    done.write_text(json.dumps(entry))
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------------- 4. finish
+def estimate_tokens(shard_dir: Path, tokenizer_path: Optional[str], text_bytes: int) -> Optional[dict]:
+    """Tokens of the output, estimated from a `TOKEN_SAMPLE_BYTES` sample of it spread over every shard and
+    encoded as the pretraining pipeline encodes (sentences, then sentencepiece). None without a tokenizer."""
+    if not tokenizer_path:
+        return None
+    from albert_dist.data.sample import ByteBudgetSample
+    from albert_dist.data.text import split_sentences
+    from albert_dist.data.tokenizer import load_tokenizer
+
+    sp = load_tokenizer(tokenizer_path)
+    sample = ByteBudgetSample([SourceConfig(paths=[str(shard_dir / "*.parquet")])], "output", TOKEN_SAMPLE_BYTES)
+    tokens = 0
+    for text in sample:
+        tokens += sum(len(ids) for ids in sp.encode(split_sentences(text)))
+    sampled = sum(sample.taken.values())
+    if not sampled:
+        return None
+    from albert_dist.data.sources import resolve_path
+
+    per_byte = tokens / sampled
+    return {"tokens": int(round(per_byte * text_bytes)), "tokens_per_byte": round(per_byte, 6),
+            "sample_bytes": sampled, "sample_documents": sample.documents,
+            "tokenizer": str(resolve_path(tokenizer_path))}
+
+
+def load_manifest(output: str | Path) -> Optional[dict]:
+    """The manifest of a prepare output directory, or None when there is none (or it does not parse)."""
+    path = Path(output) / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class AlreadyComplete(Exception):
+    """The output directory already holds this exact prepare's result (the message says so)."""
+
+
+def prepare(opts: PrepareOptions, command: str) -> dict:
+    """Run the whole pipeline (module docstring) and return the manifest written to ``<output>/manifest.json``.
+
+    Raises:
+        AlreadyComplete: ``opts.output`` holds a complete output of the same inputs and options.
+        ValueError: bad inputs (missing paths, unknown format, text field), an output directory that is not a
+            prepare output, or one of another command without ``overwrite``; no usable document at all.
+    """
+    t0 = time.time()
+    out = Path(opts.output).expanduser().resolve()
+    tasks, inputs = plan_scan(opts.sources)
+    fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
+    existing = load_manifest(out) if out.exists() else None
+    if existing is not None and existing.get("fingerprint") == fingerprint and not opts.overwrite:
+        raise AlreadyComplete(f"{out} is already complete ({existing.get('documents')} documents in "
+                              f"{existing.get('num_shards')} shards, same inputs and options); nothing to do")
+    if out.exists():
+        if existing is None and (not out.is_dir() or any(out.iterdir())):
+            raise ValueError(f"--output {out} exists and is not an albert-dist data prepare output (no "
+                             f"{MANIFEST_NAME}); choose another directory, it is never deleted")
+        if existing is not None and not opts.overwrite:
+            raise ValueError(f"--output {out} holds a prepare output of other inputs or options (its command: "
+                             f"{existing.get('command')!r}); pass --overwrite to replace it, or choose another "
+                             "directory")
+    work = out.parent / (out.name + TMP_SUFFIX)
+    state = {"fingerprint": fingerprint, "command": command}
+    if work.exists():
+        try:
+            previous = json.loads((work / "state.json").read_text())
+        except (OSError, ValueError):
+            previous = {}
+        if previous.get("fingerprint") != fingerprint:
+            logger.info("discarding %s: left by a run of another command (%s)", work, previous.get("command"))
+            shutil.rmtree(work)
+        else:
+            logger.info("resuming the unfinished run in %s", work)
+    spool, shards_dir = work / "spool", work / "output"
+    spool.mkdir(parents=True, exist_ok=True)
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    (work / "state.json").write_text(json.dumps(state))
+
+    disk_bytes = sum(t.disk_bytes for t in tasks)
+    logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
+                mib(disk_bytes), len(tasks), opts.workers, out)
+    t_scan = time.time()
+    summaries = _run(scan_task, [(t, str(spool), opts.max_document_bytes) for t in tasks], opts.workers,
+                     disk_bytes, "scan", "B", opts.progress)
+    scan_s = time.time() - t_scan
+    counts = [s["documents"] for s in summaries]
+    hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
+    skipped: Counter = Counter()
+    examples: list[dict] = []
+    for s in summaries:
+        skipped.update(s["skipped"])
+        examples += s["skip_examples"][: max(0, SKIP_EXAMPLES - len(examples))]
+    for ex in examples[:5]:
+        logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
+                       f": {ex['detail']}" if ex.get("detail") else "")
+
+    t_dedup = time.time()
+    dups = (find_duplicates(hash_files, counts, opts.dedup_memory_bytes, work / "dedup") if opts.dedup
+            else np.empty(0, np.int64))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    drops: list[np.ndarray] = []
+    drop_files: dict[int, str] = {}
+    dup_bytes = 0
+    for t, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        local = dups[np.searchsorted(dups, a):np.searchsorted(dups, b)] - a
+        drops.append(local)
+        if len(local):
+            path = spool / f"{t:06d}.drops.npy"
+            np.save(path, local)
+            drop_files[t] = str(path)
+            dup_bytes += int(np.fromfile(hash_files[t], dtype=_HASH_DTYPE)["len"][local].sum())
+    dedup_s = time.time() - t_dedup
+    documents = int(sum(counts)) - len(dups)
+    text_bytes = int(sum(s["bytes"] for s in summaries)) - dup_bytes
+    if documents == 0:
+        raise ValueError(f"no usable document in the inputs ({len(inputs)} files; skipped {dict(skipped) or 'none'})")
+
+    sizes = plan_sizes(text_bytes, documents, opts)
+    slices = shard_slices(hash_files, drops, text_bytes, sizes.num_shards)
+    n = len(slices)
+    t_write = time.time()
+    entries = _run(write_shard, [(i, n, sl, str(spool), drop_files, str(shards_dir), sizes.row_group_bytes)
+                                 for i, sl in enumerate(slices)], opts.workers, text_bytes, "write", "B",
+                   opts.progress)
+    write_s = time.time() - t_write
+    tokens = estimate_tokens(shards_dir, opts.tokenizer_path, text_bytes)
+    row_groups = sum(e["row_groups"] for e in entries)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "command": command,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": fingerprint,
+        "text_field": "text",
+        "documents": documents,
+        "bytes": text_bytes,
+        "tokens_estimate": tokens["tokens"] if tokens else None,
+        "tokens": tokens,
+        "num_shards": n,
+        "row_groups": row_groups,
+        "row_group_bytes": sizes.row_group_bytes,
+        "sizing": {"target_ranks": opts.target_ranks, "target_loader_workers": opts.target_loader_workers,
+                   "target_slots": sizes.target_slots, "row_groups_per_target_slot": round(row_groups / sizes.target_slots, 3),
+                   "rule": sizes.rule},
+        "files": entries,
+        "dedup": {"enabled": opts.dedup, "hash": "blake2b-128 of the UTF-8 text (after the reader's strip)",
+                  "duplicates_dropped": int(len(dups)), "duplicate_bytes_dropped": dup_bytes,
+                  "first_occurrence_kept": True},
+        "records_read": int(sum(s["records"] for s in summaries)),
+        "skipped": dict(sorted(skipped.items())),
+        "skip_examples": examples,
+        "inputs": [{k: f[k] for k in ("path", "bytes", "kind", "compression", "source")} for f in inputs],
+        "input_files": len(inputs),
+        "input_bytes": sum(f["bytes"] for f in inputs),
+        "sources": [asdict(s) for s in opts.sources],
+        "max_document_bytes": opts.max_document_bytes,
+        "seconds": {"scan": round(scan_s, 2), "dedup": round(dedup_s, 2), "write": round(write_s, 2),
+                    "total": round(time.time() - t0, 2)},
+    }
+    for e in entries:
+        (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
+    (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
+        shutil.rmtree(out)
+    os.replace(shards_dir, out)
+    shutil.rmtree(work)
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Optional[str], int]:
+    sources: list[SourceConfig] = []
+    tokenizer = args.tokenizer
+    max_doc = args.max_document_bytes
+    if args.config:
+        from albert_dist.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        local = [s for s in cfg.data.train if s.format != "hub"]
+        hub = [s.paths[0] for s in cfg.data.train if s.format == "hub"]
+        if hub:
+            logger.warning("prepare: leaving out the hub sources of %s: %s (prepare reads local files)",
+                           args.config, hub)
+        if len({s.weight for s in local}) > 1:
+            logger.warning("prepare: the recipe's sources have different weights %s; one prepared output mixes "
+                           "them by size instead: prepare each source on its own to keep the weights",
+                           [s.weight for s in local])
+        sources += local
+        tokenizer = tokenizer or cfg.data.tokenizer_path
+        max_doc = max_doc or cfg.data.max_document_bytes
+    elif args.overrides:
+        raise ValueError(f"key=value overrides {args.overrides} need --config")
+    for path in args.input or []:
+        sources.append(SourceConfig(paths=[path], format=args.format, text_field=args.text_field,
+                                    txt_documents=args.txt_documents))
+    return sources, tokenizer, max_doc or DataConfig.max_document_bytes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``albert-dist data prepare`` argument parser."""
+    p = argparse.ArgumentParser(prog="albert-dist data prepare",
+                                description="Reshard raw corpora into deduplicated parquet shards sized for a "
+                                            "cluster, with a manifest (docs/data.md).")
+    p.add_argument("--input", action="append", metavar="PATH",
+                   help="file, directory or glob (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
+    p.add_argument("--config", help="a recipe: its data.train sources are the input (and its tokenizer the "
+                                    "token estimate's)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides (with --config)")
+    p.add_argument("--output", required=True, help="output directory (must not exist, or be a prepare output)")
+    p.add_argument("--format", default="auto", choices=("auto", "txt", "jsonl", "parquet"),
+                   help="format of the --input files (default: from the suffix)")
+    p.add_argument("--text-field", default="text", help="JSON key / parquet column of the text (--input)")
+    p.add_argument("--txt-documents", default="blank_line", choices=("blank_line", "file"),
+                   help=".txt inputs: documents separated by blank lines, or one per file")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--num-shards", type=int, help="number of output files")
+    size.add_argument("--shard-bytes", type=parse_byte_size, help="text bytes per output file (e.g. 256M)")
+    p.add_argument("--row-group-bytes", type=parse_byte_size,
+                   help="text bytes per row group (default: from --target-ranks x --target-loader-workers)")
+    p.add_argument("--target-ranks", type=int, default=DEFAULT_TARGET_RANKS,
+                   help=f"largest job (ranks) the output is sized for (default {DEFAULT_TARGET_RANKS})")
+    p.add_argument("--target-loader-workers", type=int, default=DEFAULT_TARGET_LOADER_WORKERS,
+                   help=f"its data.num_workers (default {DEFAULT_TARGET_LOADER_WORKERS})")
+    p.add_argument("--workers", type=int, default=max(1, len(os.sched_getaffinity(0)) if hasattr(
+        os, "sched_getaffinity") else os.cpu_count() or 1), help="processes (default: the usable CPU cores)")
+    p.add_argument("--keep-duplicates", action="store_true", help="keep exact-duplicate documents")
+    p.add_argument("--dedup-memory", type=parse_byte_size, default=DEFAULT_DEDUP_MEMORY_BYTES,
+                   help="memory for the duplicate search (default 1G; above it hashes are bucketed on disk)")
+    p.add_argument("--max-document-bytes", type=parse_byte_size, default=None,
+                   help="longer documents are skipped and counted (default: the recipe's, else 4M)")
+    p.add_argument("--tokenizer", help="spiece.model for the token estimate (default: the recipe's, else the "
+                                       "bundled one); 'none' to skip it")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier prepare output in --output")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (default: only on a terminal)")
+    return p
+
+
+def _summary(manifest: dict, out: str) -> str:
+    tokens = manifest.get("tokens_estimate")
+    dd = manifest["dedup"]
+    lines = [
+        f"wrote {manifest['num_shards']} shards, {manifest['row_groups']} row groups of ~"
+        f"{mib(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
+        f"  {manifest['documents']:,} documents, {mib(manifest['bytes'])} of text"
+        + (f", ~{tokens:,} tokens" if tokens else "")
+        + f"; {dd['duplicates_dropped']:,} duplicates dropped" + ("" if dd["enabled"] else " (dedup off)")
+        + f"; skipped {manifest['skipped'] or 'nothing'}",
+        f"  up to {manifest['row_groups']:,} slots (ranks x data.num_workers) read it with no read amplification; "
+        f"{manifest['sizing']['row_groups_per_target_slot']:g} row groups per slot at "
+        f"{manifest['sizing']['target_ranks']} x {manifest['sizing']['target_loader_workers']}",
+        f"  train on it: data.train: [{{paths: [\"{out}/*.parquet\"]}}]",
+    ]
+    return "\n".join(lines)
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    """``albert-dist data prepare ...``: 0 done (or already complete), 2 bad arguments or input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    command = "albert-dist data prepare " + shlex.join(argv)
+    try:
+        sources, tokenizer, max_doc = _sources_from_args(args)
+        opts = PrepareOptions(
+            sources=sources, output=args.output, num_shards=args.num_shards, shard_bytes=args.shard_bytes,
+            row_group_bytes=args.row_group_bytes, target_ranks=args.target_ranks,
+            target_loader_workers=args.target_loader_workers, workers=args.workers, dedup=not args.keep_duplicates,
+            dedup_memory_bytes=args.dedup_memory, max_document_bytes=max_doc,
+            tokenizer_path=None if (tokenizer or "").lower() == "none" else (tokenizer or DataConfig.tokenizer_path),
+            overwrite=args.overwrite, progress=args.progress)
+        manifest = prepare(opts, command)
+    except AlreadyComplete as done:
+        print(f"albert-dist data prepare: {done}")
+        return 0
+    except (ValueError, FileNotFoundError) as err:
+        print(f"albert-dist data prepare: error: {err}", file=sys.stderr)
+        return 2
+    print(_summary(manifest, str(Path(args.output).expanduser().resolve())))
+    return 0
+
