@@ -20,23 +20,11 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("albert_dist.train", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
-    "data": ("albert_dist.cli", "data prepare: reshard corpora into parquet shards; data plan: a job's slot plan"),
+    "data": ("albert_dist.data_cli", "data prepare: reshard corpora into parquet shards; data plan: a job's slot plan"),
     "export": ("albert_dist.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
     "compare": ("albert_dist.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
     "tracking": ("albert_dist.tracking_sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
 }
-
-
-#: `albert-dist data <sub-command>` -> module exposing cli(argv)
-DATA_COMMANDS: dict[str, str] = {"prepare": "albert_dist.data.prepare", "plan": "albert_dist.data.plan"}
-
-
-def _data(argv: list[str]) -> int:
-    if not argv or argv[0] not in DATA_COMMANDS:
-        stream = sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr
-        print("usage: albert-dist data {" + ",".join(DATA_COMMANDS) + "} [args]   (see --help of each)", file=stream)
-        return 0 if stream is sys.stdout else 2
-    return int(importlib.import_module(DATA_COMMANDS[argv[0]]).cli(argv[1:]) or 0)
 
 
 def _usage() -> str:
@@ -74,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"albert-dist: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    if command == "data":
-        return _data(rest)
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.cli(rest) or 0)
 

@@ -1,7 +1,10 @@
-"""`albert-dist data prepare`: raw corpora -> deduplicated parquet shards sized for a cluster, plus a manifest.
+"""Raw corpora -> deduplicated parquet shards sized for a cluster, plus a manifest (`albert-dist data prepare`).
 
     albert-dist data prepare --input '/corpora/pile/*.jsonl.zst' [--input more/ ...] --output /data/pile-prepared
     albert-dist data prepare --config configs/pretrain/<recipe>.yaml --output DIR   (the recipe's data.train)
+
+The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.data_cli`; this module is the
+work, `prepare(PrepareOptions(...), command)`.
 
 Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
 reads some of them several times per epoch. The output is the format NVIDIA's LDDL and the HF Hub use: parquet
@@ -40,7 +43,6 @@ byte-identical shards whatever ``--workers`` is (tested), so the manifest's chec
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import hashlib
 import json
@@ -48,7 +50,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -60,7 +61,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import mib, parse_byte_size
+from albert_dist.data.sizes import mib
 
 logger = logging.getLogger(__name__)
 
@@ -722,117 +723,3 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     os.replace(shards_dir, out)
     shutil.rmtree(work)
     return manifest
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Optional[str], int]:
-    sources: list[SourceConfig] = []
-    tokenizer = args.tokenizer
-    max_doc = args.max_document_bytes
-    if args.config:
-        from albert_dist.config import load_config
-
-        cfg = load_config(args.config, args.overrides)
-        local = [s for s in cfg.data.train if s.format != "hub"]
-        hub = [s.paths[0] for s in cfg.data.train if s.format == "hub"]
-        if hub:
-            logger.warning("prepare: leaving out the hub sources of %s: %s (prepare reads local files)",
-                           args.config, hub)
-        if len({s.weight for s in local}) > 1:
-            logger.warning("prepare: the recipe's sources have different weights %s; one prepared output mixes "
-                           "them by size instead: prepare each source on its own to keep the weights",
-                           [s.weight for s in local])
-        sources += local
-        tokenizer = tokenizer or cfg.data.tokenizer_path
-        max_doc = max_doc or cfg.data.max_document_bytes
-    elif args.overrides:
-        raise ValueError(f"key=value overrides {args.overrides} need --config")
-    for path in args.input or []:
-        sources.append(SourceConfig(paths=[path], format=args.format, text_field=args.text_field,
-                                    txt_documents=args.txt_documents))
-    return sources, tokenizer, max_doc or DataConfig.max_document_bytes
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``albert-dist data prepare`` argument parser."""
-    p = argparse.ArgumentParser(prog="albert-dist data prepare",
-                                description="Reshard raw corpora into deduplicated parquet shards sized for a "
-                                            "cluster, with a manifest (docs/data.md).")
-    p.add_argument("--input", action="append", metavar="PATH",
-                   help="file, directory or glob (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
-    p.add_argument("--config", help="a recipe: its data.train sources are the input (and its tokenizer the "
-                                    "token estimate's)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides (with --config)")
-    p.add_argument("--output", required=True, help="output directory (must not exist, or be a prepare output)")
-    p.add_argument("--format", default="auto", choices=("auto", "txt", "jsonl", "parquet"),
-                   help="format of the --input files (default: from the suffix)")
-    p.add_argument("--text-field", default="text", help="JSON key / parquet column of the text (--input)")
-    p.add_argument("--txt-documents", default="blank_line", choices=("blank_line", "file"),
-                   help=".txt inputs: documents separated by blank lines, or one per file")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--num-shards", type=int, help="number of output files")
-    size.add_argument("--shard-bytes", type=parse_byte_size, help="text bytes per output file (e.g. 256M)")
-    p.add_argument("--row-group-bytes", type=parse_byte_size,
-                   help="text bytes per row group (default: from --target-ranks x --target-loader-workers)")
-    p.add_argument("--target-ranks", type=int, default=DEFAULT_TARGET_RANKS,
-                   help=f"largest job (ranks) the output is sized for (default {DEFAULT_TARGET_RANKS})")
-    p.add_argument("--target-loader-workers", type=int, default=DEFAULT_TARGET_LOADER_WORKERS,
-                   help=f"its data.num_workers (default {DEFAULT_TARGET_LOADER_WORKERS})")
-    p.add_argument("--workers", type=int, default=max(1, len(os.sched_getaffinity(0)) if hasattr(
-        os, "sched_getaffinity") else os.cpu_count() or 1), help="processes (default: the usable CPU cores)")
-    p.add_argument("--keep-duplicates", action="store_true", help="keep exact-duplicate documents")
-    p.add_argument("--dedup-memory", type=parse_byte_size, default=DEFAULT_DEDUP_MEMORY_BYTES,
-                   help="memory for the duplicate search (default 1G; above it hashes are bucketed on disk)")
-    p.add_argument("--max-document-bytes", type=parse_byte_size, default=None,
-                   help="longer documents are skipped and counted (default: the recipe's, else 4M)")
-    p.add_argument("--tokenizer", help="spiece.model for the token estimate (default: the recipe's, else the "
-                                       "bundled one); 'none' to skip it")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier prepare output in --output")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars (default: only on a terminal)")
-    return p
-
-
-def _summary(manifest: dict, out: str) -> str:
-    tokens = manifest.get("tokens_estimate")
-    dd = manifest["dedup"]
-    lines = [
-        f"wrote {manifest['num_shards']} shards, {manifest['row_groups']} row groups of ~"
-        f"{mib(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
-        f"  {manifest['documents']:,} documents, {mib(manifest['bytes'])} of text"
-        + (f", ~{tokens:,} tokens" if tokens else "")
-        + f"; {dd['duplicates_dropped']:,} duplicates dropped" + ("" if dd["enabled"] else " (dedup off)")
-        + f"; skipped {manifest['skipped'] or 'nothing'}",
-        f"  up to {manifest['row_groups']:,} slots (ranks x data.num_workers) read it with no read amplification; "
-        f"{manifest['sizing']['row_groups_per_target_slot']:g} row groups per slot at "
-        f"{manifest['sizing']['target_ranks']} x {manifest['sizing']['target_loader_workers']}",
-        f"  train on it: data.train: [{{paths: [\"{out}/*.parquet\"]}}]",
-    ]
-    return "\n".join(lines)
-
-
-def cli(argv: Optional[list[str]] = None) -> int:
-    """``albert-dist data prepare ...``: 0 done (or already complete), 2 bad arguments or input."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    command = "albert-dist data prepare " + shlex.join(argv)
-    try:
-        sources, tokenizer, max_doc = _sources_from_args(args)
-        opts = PrepareOptions(
-            sources=sources, output=args.output, num_shards=args.num_shards, shard_bytes=args.shard_bytes,
-            row_group_bytes=args.row_group_bytes, target_ranks=args.target_ranks,
-            target_loader_workers=args.target_loader_workers, workers=args.workers, dedup=not args.keep_duplicates,
-            dedup_memory_bytes=args.dedup_memory, max_document_bytes=max_doc,
-            tokenizer_path=None if (tokenizer or "").lower() == "none" else (tokenizer or DataConfig.tokenizer_path),
-            overwrite=args.overwrite, progress=args.progress)
-        manifest = prepare(opts, command)
-    except AlreadyComplete as done:
-        print(f"albert-dist data prepare: {done}")
-        return 0
-    except (ValueError, FileNotFoundError) as err:
-        print(f"albert-dist data prepare: error: {err}", file=sys.stderr)
-        return 2
-    print(_summary(manifest, str(Path(args.output).expanduser().resolve())))
-    return 0
-

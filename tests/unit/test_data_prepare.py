@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from albert_dist.data import prepare as prep
+from albert_dist.data_cli import prepare_cli
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources import iter_texts, plan_pieces
 
@@ -197,7 +198,7 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(prep, "write_shard", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        prep.cli(argv)
+        prepare_cli(argv)
     assert not out.exists() and (tmp_path / ("out" + prep.TMP_SUFFIX) / "spool" / "000000.json").exists()
     monkeypatch.setattr(prep, "write_shard", real_write)
 
@@ -207,21 +208,21 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         raise AssertionError("the resumed run read an input again")
 
     monkeypatch.setattr(sources, "read_piece", no_reading)  # the scan must come from the kept spool
-    assert prep.cli(argv) == 0
+    assert prepare_cli(argv) == 0
     monkeypatch.undo()
     assert "wrote 2 shards" in capsys.readouterr().out
     assert _read_output(out) == EXPECTED and not (tmp_path / ("out" + prep.TMP_SUFFIX)).exists()
     # complete: a rerun says so and exits 0; other options: refused without --overwrite
-    assert prep.cli(argv) == 0 and "already complete" in capsys.readouterr().out
-    assert prep.cli(argv[:-3] + ["--num-shards", "3", "--no-progress"]) == 2
+    assert prepare_cli(argv) == 0 and "already complete" in capsys.readouterr().out
+    assert prepare_cli(argv[:-3] + ["--num-shards", "3", "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert prep.cli(argv[:-3] + ["--num-shards", "3", "--no-progress", "--overwrite"]) == 0
+    assert prepare_cli(argv[:-3] + ["--num-shards", "3", "--no-progress", "--overwrite"]) == 0
     assert json.loads((out / prep.MANIFEST_NAME).read_text())["num_shards"] == 3
     # a directory that is not a prepare output is never touched
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    assert prep.cli(argv[:argv.index("--output")] + ["--output", str(other), "--overwrite"]) == 2
+    assert prepare_cli(argv[:argv.index("--output")] + ["--output", str(other), "--overwrite"]) == 2
     assert (other / "notes.txt").read_text() == "keep me" and "not an albert-dist data prepare output" in \
         capsys.readouterr().err
 
@@ -230,7 +231,7 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
     src = _write(tmp_path / "c", BASE[:50], "txt", ".zst")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"data:\n  train:\n    - paths: ['{src}']\n")
-    assert prep.cli(["--config", str(recipe), "--output", str(tmp_path / "o"), "--workers", "1",
+    assert prepare_cli(["--config", str(recipe), "--output", str(tmp_path / "o"), "--workers", "1",
                      "--tokenizer", "none"]) == 0
     manifest = prep.load_manifest(tmp_path / "o")
     assert manifest["documents"] == 50 and manifest["tokens_estimate"] is None
@@ -238,7 +239,7 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
     for argv, fragment in ([["--output", str(tmp_path / "x")], "no input"],
                            [["--input", str(tmp_path / "nope*.txt"), "--output", str(tmp_path / "x")], "matches no file"],
                            [["--input", str(src), "--output", str(tmp_path / "x"), "a.b=1"], "need --config"]):
-        assert prep.cli(argv) == 2
+        assert prepare_cli(argv) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.strip().endswith(err.strip().split(": ")[-1]) and len(err.strip()) > 30
 
