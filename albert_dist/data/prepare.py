@@ -183,35 +183,51 @@ def _advance(n: float) -> None:
             _PROGRESS.value += int(n)
 
 
-def _run(fn: Callable, jobs: Sequence[tuple], workers: int, bar_total: float, bar_desc: str, unit: str,
-         progress: Optional[bool]) -> list:
-    """``[fn(*job) for job in jobs]`` over ``workers`` processes (spawned: no state forked from the caller),
-    results in job order, with a tqdm bar fed by the jobs' `_advance` calls (shown only on a terminal unless
-    ``progress`` says otherwise). The first failing job's exception is raised after the others are cancelled."""
-    global _PROGRESS
-    from tqdm import tqdm
+class _Workers:
+    """A process pool shared by the scan and write stages (spawned once: starting a Python with pyarrow costs ~1 s
+    of CPU) or, with one worker, the caller's process. ``map`` runs ``fn(*job)`` for every job, returns the
+    results in job order and feeds a tqdm bar from the jobs' `_advance` calls (shown only on a terminal unless
+    ``progress`` says otherwise); the first failing job's exception is raised after the rest are cancelled."""
 
-    ctx = mp.get_context("spawn")
-    counter = ctx.Value("q", 0)
-    disable = None if progress is None else not progress
-    results: list = [None] * len(jobs)
-    with tqdm(total=int(bar_total), desc=bar_desc, unit=unit, unit_scale=True, disable=disable,
-              file=sys.stderr, dynamic_ncols=True) as bar:
-        def update() -> None:
-            bar.update(max(0, counter.value - bar.n))
+    def __init__(self, workers: int, progress: Optional[bool]) -> None:
+        self._ctx = mp.get_context("spawn")  # no state (threads, open files) forked from the caller
+        self._counter = self._ctx.Value("q", 0)
+        self._workers, self._progress = workers, progress
+        self._pool: Optional[cf.ProcessPoolExecutor] = None
 
-        if workers == 1 or len(jobs) <= 1:
-            _PROGRESS = counter
-            try:
-                for i, job in enumerate(jobs):
-                    results[i] = fn(*job)
-                    update()
-            finally:
-                _PROGRESS = None
-            return results
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx,
-                                    initializer=_init_worker, initargs=(counter,)) as pool:
-            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(self, fn: Callable, jobs: Sequence[tuple], bar_total: float, bar_desc: str) -> list:
+        global _PROGRESS
+        from tqdm import tqdm
+
+        with self._counter.get_lock():
+            self._counter.value = 0
+        results: list = [None] * len(jobs)
+        disable = None if self._progress is None else not self._progress
+        with tqdm(total=int(bar_total), desc=bar_desc, unit="B", unit_scale=True, disable=disable,
+                  file=sys.stderr, dynamic_ncols=True) as bar:
+            def update() -> None:
+                bar.update(max(0, self._counter.value - bar.n))
+
+            if self._workers == 1 or len(jobs) <= 1:
+                _PROGRESS = self._counter
+                try:
+                    for i, job in enumerate(jobs):
+                        results[i] = fn(*job)
+                        update()
+                finally:
+                    _PROGRESS = None
+                return results
+            if self._pool is None:
+                self._pool = cf.ProcessPoolExecutor(max_workers=self._workers, mp_context=self._ctx,
+                                                    initializer=_init_worker, initargs=(self._counter,))
+            futures = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
             pending = set(futures)
             try:
                 while pending:
@@ -223,7 +239,7 @@ def _run(fn: Callable, jobs: Sequence[tuple], workers: int, bar_total: float, ba
                 for fut in pending:
                     fut.cancel()
                 raise
-    return results
+        return results
 
 
 # ---------------------------------------------------------------------------------------------------- 1. scan
@@ -326,8 +342,8 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
     reported = 0.0
     raw_read = 0
     schema = pa.schema([("text", pa.string())])
-    writer = pq.ParquetWriter(tmp_parquet, schema, compression="zstd", compression_level=1, use_dictionary=False,
-                              write_statistics=False)
+    # LZ4: the spool is read once, by this machine; the fastest codec pyarrow has (zstd is for the output)
+    writer = pq.ParquetWriter(tmp_parquet, schema, compression="lz4", use_dictionary=False, write_statistics=False)
 
     def flush() -> None:
         nonlocal texts, rows, buffered
@@ -638,9 +654,25 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     disk_bytes = sum(t.disk_bytes for t in tasks)
     logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
                 mib(disk_bytes), len(tasks), opts.workers, out)
+    with _Workers(opts.workers, opts.progress) as pool:
+        manifest = _scan_dedup_write(opts, command, t0, out, work, tasks, inputs, fingerprint, pool)
+    for e in manifest["files"]:
+        (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
+    (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
+        shutil.rmtree(out)
+    os.replace(shards_dir, out)
+    shutil.rmtree(work)
+    return manifest
+
+
+def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, out: Path, work: Path, tasks: list[ScanTask],
+                      inputs: list[dict], fingerprint: str, pool: _Workers) -> dict:
+    """Stages 1-3 and the manifest (see `prepare`)."""
+    spool, shards_dir = work / "spool", work / "output"
+    disk_bytes = sum(t.disk_bytes for t in tasks)
     t_scan = time.time()
-    summaries = _run(scan_task, [(t, str(spool), opts.max_document_bytes) for t in tasks], opts.workers,
-                     disk_bytes, "scan", "B", opts.progress)
+    summaries = pool.map(scan_task, [(t, str(spool), opts.max_document_bytes) for t in tasks], disk_bytes, "scan")
     scan_s = time.time() - t_scan
     counts = [s["documents"] for s in summaries]
     hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
@@ -678,9 +710,8 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     slices = shard_slices(hash_files, drops, text_bytes, sizes.num_shards)
     n = len(slices)
     t_write = time.time()
-    entries = _run(write_shard, [(i, n, sl, str(spool), drop_files, str(shards_dir), sizes.row_group_bytes)
-                                 for i, sl in enumerate(slices)], opts.workers, text_bytes, "write", "B",
-                   opts.progress)
+    entries = pool.map(write_shard, [(i, n, sl, str(spool), drop_files, str(shards_dir), sizes.row_group_bytes)
+                                     for i, sl in enumerate(slices)], text_bytes, "write")
     write_s = time.time() - t_write
     tokens = estimate_tokens(shards_dir, opts.tokenizer_path, text_bytes)
     row_groups = sum(e["row_groups"] for e in entries)
@@ -715,11 +746,4 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
         "seconds": {"scan": round(scan_s, 2), "dedup": round(dedup_s, 2), "write": round(write_s, 2),
                     "total": round(time.time() - t0, 2)},
     }
-    for e in entries:
-        (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
-    (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-    if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
-        shutil.rmtree(out)
-    os.replace(shards_dir, out)
-    shutil.rmtree(work)
     return manifest
