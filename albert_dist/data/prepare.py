@@ -357,8 +357,12 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
         if len(examples) < SKIP_EXAMPLES:
             examples.append({"reason": reason, "where": where, **({"detail": detail} if detail else {})})
 
-    # Progress in on-disk bytes: the raw bytes read, scaled to the piece's share of the file.
-    total_raw = None if task.compression or task.kind == "parquet" else max(1, task.end - task.start)
+    # Progress in on-disk bytes: the raw bytes read, scaled to the piece's share of the file (a compressed file's
+    # decompressed size is guessed with a typical ratio; the bar is set right when the piece is done).
+    from albert_dist.data.sample import DEFAULT_RATIO
+
+    total_raw = (None if task.kind == "parquet" else task.disk_bytes * DEFAULT_RATIO if task.compression
+                 else max(1, task.end - task.start))
     with open(tmp_hash, "wb") as hash_file:
         try:
             for piece in _task_pieces(task):
@@ -383,7 +387,7 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
                         if buffered >= SPOOL_BATCH_BYTES:
                             flush()
                             if total_raw:
-                                now = task.disk_bytes * min(1.0, raw_read / total_raw)
+                                now = task.disk_bytes * min(0.99, raw_read / total_raw)
                                 _advance(now - reported)
                                 reported = now
                 except read_errors() as err:  # damaged input (before the readers report it as a skip marker)

@@ -258,3 +258,21 @@ def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
         assert row_groups >= prep.ROW_GROUPS_PER_SLOT * slots
     assert prep.plan_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
     assert prep.plan_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
+
+
+def test_dispatch_and_byte_sizes(tmp_path, capsys):
+    import argparse
+
+    from albert_dist import cli
+    from albert_dist.data.sizes import parse_byte_size
+
+    src = _write(tmp_path / "c", BASE[:20], "txt", "")
+    assert cli.main(["data", "prepare", "--input", str(src), "--output", str(tmp_path / "o"), "--workers", "1",
+                     "--tokenizer", "none", "--shard-bytes", "1K", "--row-group-bytes", "0.5K"]) == 0
+    manifest = prep.load_manifest(tmp_path / "o")
+    assert manifest["row_group_bytes"] == 512 and manifest["num_shards"] == -(-manifest["bytes"] // 1024)
+    assert cli.main(["data"]) == 2 and "usage: albert-dist data {prepare,plan}" in capsys.readouterr().err
+    assert (parse_byte_size("64M"), parse_byte_size("1.5GiB"), parse_byte_size("4096")) == (64 << 20, 3 << 29, 4096)
+    for bad in ("abc", "0", "-1M"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            parse_byte_size(bad)
