@@ -242,12 +242,12 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
     an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.sources.resolve_path`, the rule the data section always had).
+    repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     from dataclasses import replace
 
-    from albert_dist.data.sources import resolve_path
+    from albert_dist.data.paths import resolve_path
 
     def inputs(paths: list[str]) -> list[str]:
         return [str(resolve_path(p)) for p in paths]

@@ -1,7 +1,7 @@
 """The app of `albert-dist data prepare | plan`: arguments, the recipe, exit codes.
 
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
-    albert-dist data plan --config RECIPE --ranks N [--workers W]
+    albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
 The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`); this module sits at the
 top because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import shlex
@@ -19,12 +20,12 @@ from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.sizes import mib, parse_byte_size
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_OK
+from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_OK, error_line
 
 logger = logging.getLogger(__name__)
 
 #: `albert-dist data <sub-command>` -> "module:function" taking argv and returning the exit code
-SUB_COMMANDS: dict[str, str] = {"prepare": "albert_dist.data_cli:prepare_cli", "plan": "albert_dist.data.plan:cli"}
+SUB_COMMANDS: dict[str, str] = {"prepare": "albert_dist.data_cli:prepare_cli", "plan": "albert_dist.data_cli:plan_cli"}
 
 
 def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Optional[str], int]:
@@ -138,10 +139,39 @@ def prepare_cli(argv: list[str]) -> int:
         print(f"albert-dist data prepare: {done}")
         return EXIT_OK
     except (ValueError, OSError) as err:
-        reason = str(err).strip() or f"{type(err).__name__} (raised without a message)"  # never an empty reason
-        print(f"albert-dist data prepare: error: {reason}", file=sys.stderr)
+        print(error_line("albert-dist data prepare: error", err), file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(summary(manifest, str(Path(args.output).expanduser().resolve())))
+    return EXIT_OK
+
+
+def plan_cli(argv: list[str]) -> int:
+    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.plan`); 0, or 2 with one
+    line naming the file or field for bad input."""
+    from albert_dist.config import load_config
+    from albert_dist.data.plan import format_plan, plan_data
+
+    parser = argparse.ArgumentParser(prog="albert-dist data plan",
+                                     description="What every slot (rank x loader worker) of a job would read, "
+                                                 "from metadata: pieces, bytes per slot, read amplification.")
+    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
+    parser.add_argument("--ranks", type=int, required=True, help="world size of the job (GPUs)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="DataLoader workers per rank (default: the recipe's data.num_workers)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        workers = cfg.data.num_workers if args.workers is None else args.workers
+        plans = plan_data(cfg.data, args.ranks, workers)
+    except (ValueError, OSError) as err:
+        print(error_line("albert-dist data plan: error", err), file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if args.json:
+        print(json.dumps({"ranks": args.ranks, "workers": workers, "sources": [p.as_dict() for p in plans]}, indent=2))
+    else:
+        print(format_plan(plans, args.ranks, workers))
     return EXIT_OK
 
 

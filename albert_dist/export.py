@@ -242,7 +242,7 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
     hf_dir = os.path.join(out_dir, "hf")
     hf_model.save_pretrained(hf_dir)
     if tokenizer_path:
-        from albert_dist.data.sources import resolve_path
+        from albert_dist.data.paths import resolve_path
         from albert_dist.data.tokenizer import write_transformers_config
 
         shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))

@@ -91,7 +91,7 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
                 tracker.log_artifact(str(Path(run_dir) / name), "config")
         tokenizer = cfg.data.tokenizer_path
         if tokenizer:
-            from albert_dist.data.sources import resolve_path
+            from albert_dist.data.paths import resolve_path
 
             if resolve_path(tokenizer).is_file():
                 tracker.log_artifact(str(resolve_path(tokenizer)), "tokenizer")

@@ -15,6 +15,7 @@ after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with `--r
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -24,7 +25,8 @@ from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.trainer import Trainer
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
+                                   error_line)
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -69,7 +71,7 @@ def cli(argv: Sequence[str]) -> int:
         planned = args.resume_from is None  # an MLflow run's checkpoint is fetched after the process group
         point = plan_checkpoint_resume(cfg, env.world_size, log=env.rank == 0) if planned else None
     except (ValueError, FileNotFoundError, ckpt.CheckpointError) as err:
-        print(f"albert-dist train: {err}", file=sys.stderr)
+        print(error_line("albert-dist train", err), file=sys.stderr)
         return EXIT_CONFIG_ERROR
     trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from,
                       resume_point=point, resume_planned=planned)
@@ -102,8 +104,9 @@ def plan_checkpoint_resume(cfg: TrainConfig, world_size: int, log: bool = True) 
 def check_inputs(cfg: TrainConfig) -> None:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Checks every local data source (paths exist, globs match, jsonl/parquet records hold `text_field`;
-    `albert_dist.data.sources.discover_files`, `check_text_field`), the
+    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
+    jsonl/parquet records hold `text_field`;
+    `albert_dist.data.paths.discover_files`, `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
     The checkpoint to resume is checked by `plan_checkpoint_resume`.
@@ -112,14 +115,18 @@ def check_inputs(cfg: TrainConfig) -> None:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
             data.max_seq_length).
     """
-    from albert_dist.data.sources import check_text_field, discover_files
+    from albert_dist.data.files import check_text_field
+    from albert_dist.data.paths import discover_files
     from albert_dist.data.tokenizer import load_tokenizer
 
     for split in ("train", "validation"):
         for i, src in enumerate(getattr(cfg.data, split)):
             if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
                 where = f"data.{split}[{i}]"
-                check_text_field(src, where, discover_files(src, where))
+                files = discover_files(src, where)
+                check_text_field(src, where, files)
+                if all(os.path.getsize(f) == 0 for f in files):
+                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")

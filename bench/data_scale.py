@@ -261,21 +261,19 @@ class _EpochDone(Exception):
     pass
 
 
-def epoch_bytes_read(source, slots: int, slot: int) -> int:
-    """Bytes this process reads from storage while slot ``slot`` of ``slots`` streams one epoch of ``source``."""
+def epoch_bytes_read(source, pieces: list[dict], slots: int, slot: int) -> int:
+    """Bytes this process reads from storage while slot ``slot`` of ``slots`` streams one epoch of ``source``
+    (planned as ``pieces``)."""
     from albert_dist.data.config import DataConfig
-    from albert_dist.data.sources import SourceStream, plan_pieces
-
-    cfg = DataConfig()
+    from albert_dist.data.stream import SourceStream
 
     class OneEpoch(SourceStream):
         def _end_epoch(self) -> None:  # stop at the end of epoch 0 instead of starting the next one
             raise _EpochDone
 
     before = _rchar()
-    pieces, _ = plan_pieces(source, "bench", cfg.shard_piece_bytes)
     stream = OneEpoch(source, "bench", pieces, slot, slots, seed=0, shuffle=True,
-                      max_document_bytes=cfg.max_document_bytes)
+                      max_document_bytes=DataConfig().max_document_bytes)
     try:
         while True:
             stream.next_document()
@@ -284,17 +282,23 @@ def epoch_bytes_read(source, slots: int, slot: int) -> int:
     return _rchar() - before
 
 
-def amplification(source_paths: str, disk_bytes: int, slots_list=AMPLIFICATION_SLOTS) -> dict[str, float]:
-    """Read amplification per slot count: sum over slots of `epoch_bytes_read` / bytes on disk."""
-    from albert_dist.data.config import SourceConfig
+def amplification(source_paths: str, disk_bytes: int, slots_list=AMPLIFICATION_SLOTS) -> dict[str, Any]:
+    """Per slot count: the read amplification of one epoch (sum over slots of `epoch_bytes_read` / bytes on
+    disk) and the bytes one rank reads to plan the pieces (file sizes, parquet footers), once per job start."""
+    from albert_dist.data.config import DataConfig, SourceConfig
+    from albert_dist.data.stream import plan_source
 
     source = SourceConfig(paths=[source_paths])
-    epoch_bytes_read(source, 1, 0)  # warm-up: imports and first-use reads are not the corpus's
-    out = {}
+    piece_bytes = DataConfig().shard_piece_bytes
+    epoch_bytes_read(source, plan_source(source, "bench", piece_bytes, 1), 1, 0)  # warm-up: imports, first reads
+    out: dict[str, Any] = {"epoch": {}, "planning_bytes_per_rank": {}}
     for slots in slots_list:
+        before = _rchar()
+        pieces = plan_source(source, "bench", piece_bytes, slots)
+        out["planning_bytes_per_rank"][str(slots)] = _rchar() - before
         measured = sorted({(i * slots) // MEASURED_SLOTS for i in range(min(slots, MEASURED_SLOTS))})
-        total = sum(epoch_bytes_read(source, slots, s) for s in measured)
-        out[str(slots)] = total * (slots / len(measured)) / disk_bytes
+        total = sum(epoch_bytes_read(source, pieces, slots, s) for s in measured)
+        out["epoch"][str(slots)] = total * (slots / len(measured)) / disk_bytes
     return out
 
 
@@ -307,9 +311,13 @@ def amplification_section(work: Path, corpus: Path, files: list[Path]) -> dict[s
     shards = sorted(prepared.glob("*.parquet"))
     before = amplification(str(corpus / "*"), sum(f.stat().st_size for f in files))
     after = amplification(str(prepared / "*.parquet"), sum(f.stat().st_size for f in shards))
-    return {"before_jsonl_zst": before, "after_prepare": after,
-            "max_after": max(after.values()), "target_after": AMPLIFICATION_TARGET,
-            "within_target": max(after.values()) <= AMPLIFICATION_TARGET,
+    return {"before": before["epoch"], "after_prepare": after["epoch"],
+            "planning_bytes_per_rank_before": before["planning_bytes_per_rank"],
+            "planning_bytes_per_rank_after": after["planning_bytes_per_rank"],
+            "disk_bytes_before": sum(f.stat().st_size for f in files),
+            "disk_bytes_after": sum(f.stat().st_size for f in shards),
+            "max_after": max(after["epoch"].values()), "target_after": AMPLIFICATION_TARGET,
+            "within_target": max(after["epoch"].values()) <= AMPLIFICATION_TARGET,
             "corpus": f"{len(files)} {files[0].name.split('.', 1)[1]} files", "row_groups_after": json.loads(
                 (prepared / "manifest.json").read_text())["row_groups"]}
 
@@ -376,8 +384,10 @@ def _print(res: dict[str, Any]) -> None:
     amp = res.get("amplification")
     if amp:
         print(f"read amplification, {amp['corpus']} (slots: before -> after prepare, {amp['row_groups_after']} row groups):")
-        for slots in amp["before_jsonl_zst"]:
-            print(f"  {slots:>4} slots: {amp['before_jsonl_zst'][slots]:7.2f} -> {amp['after_prepare'][slots]:.3f}")
+        for slots in amp["before"]:
+            print(f"  {slots:>4} slots: {amp['before'][slots]:7.2f} -> {amp['after_prepare'][slots]:.3f}   (planning "
+                  f"reads per rank {amp['planning_bytes_per_rank_before'][slots] / 1e6:.2f} -> "
+                  f"{amp['planning_bytes_per_rank_after'][slots] / 1e6:.2f} MB)")
         print(f"  after prepare <= {amp['target_after']}: {amp['within_target']}")
 
 

@@ -9,7 +9,7 @@ work, `prepare(PrepareOptions(...), command)`.
 Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
 reads some of them several times per epoch. The output is the format NVIDIA's LDDL and the HF Hub use: parquet
 files of one ``text`` column (zstd), cut into row groups of a size chosen for the cluster, and the training
-loader takes each row group as a piece (`albert_dist.data.sources.plan_pieces`). With at least as many row
+loader takes each row group as a piece (`albert_dist.data.paths.plan_pieces`). With at least as many row
 groups as slots every slot reads only its own row groups: each byte once per epoch.
 
 Pipeline (every stage streams; nothing holds the corpus in memory):
@@ -262,7 +262,8 @@ class ScanTask:
 def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), and the input file list
     (``path``, ``bytes``, ``kind``, ``compression``, ``mtime_ns``). Raises ValueError as discover_files does."""
-    from albert_dist.data.sources import check_text_field, discover_files, file_format
+    from albert_dist.data.files import check_text_field
+    from albert_dist.data.paths import discover_files, file_format
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
@@ -312,7 +313,7 @@ def _task_pieces(task: ScanTask) -> list[dict]:
 
 
 def _location(task: ScanTask, rec: dict) -> str:
-    from albert_dist.data.sources import record_location
+    from albert_dist.data.files import record_location
 
     return record_location(task.kind, task.compression, task.path, int(rec.get("pos", 0)), int(rec.get("group", -1)))
 
@@ -324,8 +325,7 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from albert_dist.data.sample import read_errors
-    from albert_dist.data.sources import read_piece
+    from albert_dist.data.files import read_piece
 
     spool = Path(spool_dir)
     done = spool / f"{task.index:06d}.json"
@@ -367,13 +367,11 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
         try:
             for piece in _task_pieces(task):
                 records = read_piece(piece, task.text_field, task.txt_documents, max_document_bytes)
-                last_end = piece["start"]
                 try:
                     for rec in records:
                         counts["records"] += 1
                         raw_read += rec["nbytes"]
-                        last_end = int(rec.get("pos", 0)) + rec["nbytes"]
-                        if rec["skip"]:
+                        if rec["skip"]:  # "damaged" ends its piece: the reader goes on with the next one
                             skip(rec["skip"], _location(task, rec), rec.get("detail", ""))
                             continue
                         data = rec["text"].encode("utf-8")
@@ -390,13 +388,6 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
                                 now = task.disk_bytes * min(0.99, raw_read / total_raw)
                                 _advance(now - reported)
                                 reported = now
-                except read_errors() as err:  # damaged input (before the readers report it as a skip marker)
-                    where = (f"{task.path}, byte {last_end} of the decompressed stream" if task.compression
-                             else f"{task.path}, row group {piece['row_group']}" if task.kind == "parquet"
-                             else f"{task.path}, byte {last_end}")
-                    skip("damaged", where, f"{type(err).__name__}: {err}".rstrip(": "))
-                    logger.warning("skipped the rest of %s from %s on: %s: %s", task.path, where,
-                                   type(err).__name__, err)
                 finally:
                     records.close()
             flush()
@@ -593,7 +584,7 @@ def estimate_tokens(shard_dir: Path, tokenizer_path: Optional[str], text_bytes: 
     sampled = sum(sample.taken.values())
     if not sampled:
         return None
-    from albert_dist.data.sources import resolve_path
+    from albert_dist.data.paths import resolve_path
 
     per_byte = tokens / sampled
     return {"tokens": int(round(per_byte * text_bytes)), "tokens_per_byte": round(per_byte, 6),

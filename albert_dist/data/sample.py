@@ -12,7 +12,7 @@ uncompressed files, the text column's uncompressed bytes for parquet, size x a m
 
 * uncompressed .txt/.jsonl: the quota is read as up to `MAX_WINDOWS` windows at evenly spaced offsets (a seek
   each; a window starts at the first record that begins at or after its offset, the byte-range rule of
-  :func:`albert_dist.data.sources.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
+  :func:`albert_dist.data.files.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
 * parquet: evenly spaced row groups, read until the quota is met;
 * .gz/.zst: not seekable, so the quota is the file's *prefix*. The alternative, reservoir sampling over the whole
   stream, would decompress the entire corpus (hours at 1 TB) to gain an unbiased position inside each file;
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources import check_text_field, discover_files, file_format, read_piece
+from albert_dist.data.files import check_text_field, read_piece
+from albert_dist.data.paths import discover_files, file_format
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ class ByteBudgetSample:
 
     ``plan`` (built on construction, reading only metadata and a few compressed probes) lists every file with
     its quota. Iterating yields document texts (str); afterwards ``taken`` holds the text bytes taken per file,
-    ``documents`` the documents yielded and ``skipped`` the skip counts by reason (including ``unreadable``
-    for a file that failed mid-read). Raises ValueError (naming ``where``) when a path is missing, a source is
+    ``documents`` the documents yielded and ``skipped`` the skip counts by reason (including ``damaged``
+    for a file whose rest could not be read). Raises ValueError (naming ``where``) when a path is missing, a source is
     a hub dataset or ``budget_bytes`` < 1.
     """
 
@@ -140,6 +141,13 @@ class ByteBudgetSample:
             records = read_piece(piece, p.text_field, p.txt_documents, self.max_document_bytes)
             try:
                 for rec in records:
+                    if rec["skip"] == "damaged":  # the reader's marker: the rest of this piece cannot be read
+                        self.skipped["damaged"] += 1
+                        logger.warning("%s: stopped reading %s after %d bytes of its sample: %s", self.where,
+                                       p.path, got, rec.get("detail") or "damaged")
+                        left -= got
+                        self.taken[p.path] += got
+                        return
                     if rec["skip"]:
                         self.skipped[rec["skip"]] += 1
                         continue
@@ -154,13 +162,6 @@ class ByteBudgetSample:
                         yield text
                     if got >= want:
                         break
-            except read_errors() as err:  # truncated or corrupt: keep what was read, name the file
-                self.skipped["unreadable"] += 1
-                logger.warning("%s: stopped reading %s after %d bytes of its sample: %s: %s", self.where, p.path,
-                               got, type(err).__name__, err or "no detail")
-                left -= got
-                self.taken[p.path] += got
-                return
             finally:
                 records.close()
             left -= got
@@ -232,12 +233,3 @@ def describe(sample: ByteBudgetSample) -> str:
     share = f"{100 * min(1.0, sample.budget_bytes / est):.1f}% of" if est else "of"
     return (f"sample budget {sample.budget_bytes / 2**20:.1f} MiB of text, {share} ~{est / 2**20:.1f} MiB in "
             f"{len(sample.plan)} files ({sample.input_bytes / 2**20:.1f} MiB on disk)")
-
-
-def read_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions a damaged file raises while read: truncated gzip (EOFError, BadGzipFile/OSError, zlib.error),
-    zstd (ZstdError), parquet (ArrowException)."""
-    import pyarrow
-    import zstandard
-
-    return (EOFError, OSError, zlib.error, zstandard.ZstdError, pyarrow.ArrowException)

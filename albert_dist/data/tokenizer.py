@@ -94,7 +94,7 @@ def train_tokenizer(
     if input_sentence_size < 0:
         raise ValueError(f"input_sentence_size must be >= 0 (0 = no cap), got {input_sentence_size}")
     sources = [SourceConfig(paths=[p], text_field=text_field) for p in inputs]
-    sample = ByteBudgetSample(sources, "tokenizer.input", sample_bytes)
+    sample = ByteBudgetSample(sources, "--input", sample_bytes)
     logger.info("tokenizer: %s", describe(sample))
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,9 @@ def train_tokenizer(
     except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         if "sentences_.empty()" in detail:
-            detail = "the inputs hold no text"
+            skipped = dict(sample.skipped)
+            detail = (f"the inputs hold no text ({sample.documents} usable documents; skipped records: "
+                      f"{skipped or 'none'})")
         raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
@@ -188,7 +190,7 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
 
     Raises ValueError when the file is missing or the special ids differ.
     """
-    from albert_dist.data.sources import resolve_path
+    from albert_dist.data.paths import resolve_path
 
     p = resolve_path(path)
     if not p.is_file():
@@ -231,8 +233,10 @@ def cli(argv: Optional[list[str]] = None) -> int:
             args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
             byte_fallback=args.byte_fallback, sample_bytes=args.sample_bytes,
         )
-    except ValueError as err:
-        print(f"albert-dist tokenizer: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:
+        from albert_dist.exit_codes import error_line
+
+        print(error_line("albert-dist tokenizer: error", err), file=sys.stderr)
         return 2
     # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

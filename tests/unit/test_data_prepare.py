@@ -3,7 +3,7 @@ files and workers), damaged inputs are counted skips naming file and offset, the
 --workers, reruns and resumes are safe, and the training reader takes its row groups as pieces.
 
 Inputs are real files written by gzip, zstandard and pyarrow; the reference for "survives exactly" is the list of
-documents written, read back with the training reader (albert_dist.data.sources.iter_texts)."""
+documents written, read back with the training reader (albert_dist.data.stream.iter_texts)."""
 from __future__ import annotations
 
 import gzip
@@ -17,7 +17,8 @@ import pytest
 from albert_dist.data import prepare as prep
 from albert_dist.data_cli import prepare_cli
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources import iter_texts, plan_pieces
+from albert_dist.data.paths import plan_pieces
+from albert_dist.data.stream import iter_texts
 
 # Unicode, inner newlines (blank-line txt keeps single newlines inside a document), quotes for JSON escaping.
 BASE = [f"Document {i}: \u00e9t\u00e9 \u2014 \u201cquoted\u201d {i * 7919 % 1000}.\nSecond line of {i}." for i in range(400)]
@@ -161,6 +162,9 @@ def test_damaged_inputs_are_counted_skips_naming_file_and_offset(tmp_path, caplo
     gz = _write(tmp_path / "broken", [f"gz doc {i} " + "x" * 200 for i in range(20000)], "jsonl", ".gz")
     data = gz.read_bytes()
     gz.write_bytes(data[: len(data) // 2])  # a broken download
+    zst = _write(tmp_path / "broken2", [f"zst doc {i} " + "z" * 200 for i in range(20000)], "txt", ".zst")
+    data = zst.read_bytes()
+    zst.write_bytes(data[: len(data) // 2])
     pq_path = tmp_path / "rg.parquet"
     pq.write_table(pa.table({"content": [f"pq doc {i} " + "y" * 300 for i in range(3000)]}), pq_path,
                    row_group_size=1000, compression="zstd")
@@ -170,17 +174,23 @@ def test_damaged_inputs_are_counted_skips_naming_file_and_offset(tmp_path, caplo
     mid = col.data_page_offset + col.total_compressed_size // 2
     raw[mid:mid + 64] = b"\xff" * 64  # corrupt the compressed data of row group 1
     pq_path.write_bytes(bytes(raw))
-    manifest = prep.prepare(_opts([good, gz, pq_path], tmp_path / "out"), "c")
+    manifest = prep.prepare(_opts([good, gz, zst, pq_path], tmp_path / "out"), "c")
     texts = _read_output(tmp_path / "out")
     assert texts[:100] == BASE[:100]  # good files intact
     n_gz = sum(t.startswith("gz doc") for t in texts)
     assert 0 < n_gz < 20000 and [t for t in texts if t.startswith("gz doc")] == [
         f"gz doc {i} " + "x" * 200 for i in range(n_gz)]
     pq_docs = [int(t.split()[2]) for t in texts if t.startswith("pq doc")]
-    assert set(range(1000)) <= set(pq_docs) and set(range(2000, 3000)) <= set(pq_docs) and 1500 not in pq_docs
-    assert manifest["skipped"]["damaged"] == 2
+    # row groups 0 and 2 whole; of row group 1 what decoded before the damage (a prefix), not the rest
+    in_group_1 = sorted(i for i in pq_docs if 1000 <= i < 2000)
+    assert set(range(1000)) | set(range(2000, 3000)) <= set(pq_docs)
+    assert in_group_1 == list(range(1000, 1000 + len(in_group_1))) and len(in_group_1) < 1000
+    zst_docs = [int(t.split()[2]) for t in texts if t.startswith("zst doc")]
+    assert 0 < len(zst_docs) < 20000 and zst_docs == list(range(len(zst_docs)))
+    assert manifest["skipped"]["damaged"] == 3
     where = " ".join(ex["where"] + " " + ex.get("detail", "") for ex in manifest["skip_examples"])
-    assert "broken.jsonl.gz" in where and "byte " in where and "rg.parquet" in where and "row group 1" in where
+    for fragment in ("broken.jsonl.gz, byte ", "broken2.txt.zst, byte ", "rg.parquet, row group 1 row "):
+        assert fragment in where
 
 
 def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, capsys):
@@ -202,12 +212,12 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
     assert not out.exists() and (tmp_path / ("out" + prep.TMP_SUFFIX) / "spool" / "000000.json").exists()
     monkeypatch.setattr(prep, "write_shard", real_write)
 
-    import albert_dist.data.sources as sources
+    import albert_dist.data.files as files
 
     def no_reading(*a, **k):
         raise AssertionError("the resumed run read an input again")
 
-    monkeypatch.setattr(sources, "read_piece", no_reading)  # the scan must come from the kept spool
+    monkeypatch.setattr(files, "read_piece", no_reading)  # the scan must come from the kept spool
     assert prepare_cli(argv) == 0
     monkeypatch.undo()
     assert "wrote 2 shards" in capsys.readouterr().out

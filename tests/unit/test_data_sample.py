@@ -1,6 +1,6 @@
 """The byte-budgeted sample (tokenizer training): every file contributes, the budget holds, windows spread over
 a file, compressed files give a prefix, a damaged file is a logged skip. Files are written by gzip, zstandard
-and pyarrow; the reference is albert_dist.data.sources.iter_texts (a full single-process read)."""
+and pyarrow; the reference is albert_dist.data.stream.iter_texts (a full single-process read)."""
 from __future__ import annotations
 
 import gzip
@@ -11,7 +11,7 @@ import pytest
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sample import ByteBudgetSample, describe
-from albert_dist.data.sources import iter_texts
+from albert_dist.data.stream import iter_texts
 
 
 def _doc(name: str, i: int) -> str:
@@ -100,7 +100,7 @@ def test_damaged_compressed_file_is_a_logged_skip(tmp_path, caplog):
     texts = list(sample)
     assert [t for t in texts if t.startswith("good")] == good
     assert 0 < sum(t.startswith("bad") for t in texts) < 30000
-    assert sample.skipped["unreadable"] == 1
+    assert sample.skipped["damaged"] == 1
     assert any("bad.jsonl.gz" in r.getMessage() and "stopped reading" in r.getMessage() for r in caplog.records)
 
 

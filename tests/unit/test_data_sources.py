@@ -14,7 +14,9 @@ from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
-from albert_dist.data.sources import SourceStream, iter_texts, plan_pieces, split_records
+from albert_dist.data.files import split_records
+from albert_dist.data.paths import plan_pieces
+from albert_dist.data.stream import SourceStream, iter_texts
 
 
 def _reference_records(data: bytes, separator: str) -> list[bytes]:
@@ -95,7 +97,7 @@ def test_missing_path_and_empty_glob_fail_at_start(tmp_path):
         build_train_loader(cfg, 2, 0, 1)
     (tmp_path / "empty.txt").write_bytes(b"")
     cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "empty.txt")])], num_workers=0)
-    with pytest.raises(ValueError, match="only empty files"):
+    with pytest.raises(ValueError, match="only empty or damaged files"):
         build_train_loader(cfg, 2, 0, 1)
 
 
