@@ -284,8 +284,10 @@ def epoch_bytes_read(source, pieces: list[dict], slots: int, slot: int) -> int:
 
 def amplification(source_paths: str, disk_bytes: int, slots_list=AMPLIFICATION_SLOTS) -> dict[str, Any]:
     """Per slot count: the read amplification of one epoch (sum over slots of `epoch_bytes_read` / bytes on
-    disk) and the bytes one rank reads to plan the pieces (file sizes, parquet footers), once per job start."""
+    disk) and the bytes one rank reads to plan the pieces (file sizes, parquet footers), once per job start. The
+    slots read after their rank planned, as forked DataLoader workers do (parquet footers already parsed)."""
     from albert_dist.data.config import DataConfig, SourceConfig
+    from albert_dist.data.paths import _parquet_metadata
     from albert_dist.data.stream import plan_source
 
     source = SourceConfig(paths=[source_paths])
@@ -293,6 +295,7 @@ def amplification(source_paths: str, disk_bytes: int, slots_list=AMPLIFICATION_S
     epoch_bytes_read(source, plan_source(source, "bench", piece_bytes, 1), 1, 0)  # warm-up: imports, first reads
     out: dict[str, Any] = {"epoch": {}, "planning_bytes_per_rank": {}}
     for slots in slots_list:
+        _parquet_metadata.cache_clear()  # each slot count as a fresh rank: planning reads every footer
         before = _rchar()
         pieces = plan_source(source, "bench", piece_bytes, slots)
         out["planning_bytes_per_rank"][str(slots)] = _rchar() - before

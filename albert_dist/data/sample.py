@@ -37,7 +37,7 @@ from typing import Iterator
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field, read_piece
-from albert_dist.data.paths import discover_files, file_format
+from albert_dist.data.paths import discover_files, file_format, parquet_file
 
 logger = logging.getLogger(__name__)
 
@@ -169,12 +169,10 @@ class ByteBudgetSample:
 
 
 def _windows(p: FilePlan) -> list[dict]:
-    """The pieces (see sources.plan_pieces) a file's quota is read from, evenly spread over the file."""
+    """The pieces (see paths.plan_pieces) a file's quota is read from, evenly spread over the file."""
     base = {"path": p.path, "kind": p.kind, "compression": p.compression, "row_group": -1}
     if p.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        groups = pq.ParquetFile(p.path).metadata.num_row_groups
+        groups = parquet_file(p.path).metadata.num_row_groups
         # enough row groups to hold the quota (plus one: the estimate counts offsets and page headers too),
         # and up to MAX_WINDOWS of them to spread it
         needed = math.ceil(p.quota_bytes * groups / p.est_text_bytes) + 1 if p.est_text_bytes else groups
@@ -192,9 +190,7 @@ def _estimate_text_bytes(p: FilePlan, ratios: dict[str, float]) -> float:
     if p.size_bytes == 0:
         return 0.0
     if p.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(p.path).metadata
+        meta = parquet_file(p.path).metadata
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
         col = names.index(p.text_field) if p.text_field in names else None
         return float(sum(meta.row_group(g).column(col).total_uncompressed_size if col is not None
