@@ -31,10 +31,11 @@ from albert_dist.data.paths import discover_files, file_format, parquet_file
 logger = logging.getLogger(__name__)
 
 _BLOCK_BYTES = 1 << 20
-#: smallest read of a byte range, and how far past its end the first read of a range goes (the record that
-#: straddles the end is usually finished by then, so a small piece costs one read)
-_MIN_READ_BYTES = 16 << 10
-_OVERREAD_BYTES = 8 << 10
+#: how far past its end the first read of a byte range goes (the record that straddles the end is usually
+#: finished by then, so a small piece costs one read), and the first read after that: each later one doubles,
+#: so a piece reads about one record past its end, whatever the record's size
+_OVERREAD_BYTES = 2 << 10
+_MIN_READ_BYTES = 4 << 10
 #: compressed bytes handed to the zstd decoder at a time (its output per call is bounded by this x the ratio)
 _ZSTD_INPUT_BYTES = 64 << 10
 #: rows decoded at a time from a parquet row group (memory bounded by this x max_document_bytes)
@@ -66,7 +67,8 @@ def _reason(err: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------------- streams
 class _PlainStream:
     def __init__(self, path: str, offset: int) -> None:
-        self._f = open(path, "rb")
+        # unbuffered: split_records sizes its reads to the piece, a buffer would read past them
+        self._f = open(path, "rb", buffering=0)
         self._f.seek(offset)
 
     def read(self, n: int) -> bytes:
@@ -192,8 +194,9 @@ def split_records(
     ``read`` must return the stream from offset ``max(0, start - len_sep)`` on (the caller seeks there). Yields
     ``(record, nbytes)`` (with `offsets`: ``(record, nbytes, offset of the record's first byte)``); ``record`` is
     None when ``nbytes > max_bytes`` (then the record was never held in memory beyond ``max_bytes`` + one
-    block). Reads are sized to the range (the first covers it and a few KB past its end), so a small range
-    reads little more than itself. Memory: O(max_bytes + 1 MiB).
+    block). Reads are sized to the range (the first covers it and 2 KB past its end, the later ones double from
+    4 KB), so a range reads little more than itself and the record that straddles its end. Memory:
+    O(max_bytes + 1 MiB).
     """
     sep_re, min_sep = _SEPARATORS[separator]
     # Bytes before offset 0 count as newlines, so the file's first record starts a record like any other.
@@ -201,8 +204,9 @@ def split_records(
 
     def more() -> bytes:
         nonlocal stream_at
-        want = end + _OVERREAD_BYTES - stream_at
-        data = read(int(min(_BLOCK_BYTES, max(_MIN_READ_BYTES, want))))
+        past = stream_at - end  # bytes already read past the range
+        want = end + _OVERREAD_BYTES - stream_at if past < 0 else max(_MIN_READ_BYTES, past)
+        data = read(int(min(_BLOCK_BYTES, want)))
         stream_at += len(data)
         return data
 
