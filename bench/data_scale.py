@@ -38,7 +38,7 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   of the command, pieces, amplification. "Seconds", says the issue.
 
 * ``tokenizer``: ``albert-dist tokenizer train --vocab-size 8000`` with the defaults (a byte-budgeted sample from
-  every file) in a fresh process per corpus size (40 .txt files): peak RSS (``wait4``), CPU and wall seconds.
+  every file) in a fresh process per corpus size (40 .txt files): peak RSS (its VmHWM), CPU and wall seconds.
   Peer, same run: the previous behaviour, every document streamed into sentencepiece's own reservoir of 2M
   sentences (``--sample-bytes 1T --input-sentence-size 2000000``). Suite: 100 MB; ``--full``: 100 MB and 1 GB;
   ``--full --10g``: also 10 GB, the 1 GB corpus's files hard-linked ten times (400 files, 1 GB on disk: the
@@ -389,7 +389,9 @@ def _cli() -> list[str]:
 
 
 def _measure(cmd: list[str], env: Optional[dict] = None) -> dict[str, Any]:
-    """Run ``cmd`` to completion; its peak RSS (largest of it and its children, bytes), CPU and wall seconds."""
+    """Run ``cmd`` (`albert-dist tokenizer train`) to completion: its peak RSS (bytes: the "peak memory" it prints,
+    its VmHWM; wait4's ru_maxrss would include this benchmark's RSS, which Linux carries across fork + exec),
+    CPU and wall seconds."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})}, cwd=ROOT)
@@ -399,8 +401,9 @@ def _measure(cmd: list[str], env: Optional[dict] = None) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd} exited {proc.returncode}:\n{out[-3000:]}")
-    return {"peak_rss_bytes": usage.ru_maxrss * 1024, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
-            "output": out}
+    peak = re.search(r"peak memory (\d+) MiB", out)
+    return {"peak_rss_bytes": int(peak.group(1)) * 2**20 if peak else usage.ru_maxrss * 1024,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall, "output": out}
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
@@ -444,13 +447,14 @@ def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool
 
 
 # ------------------------------------------------------------------------------------------------ prepare
+# CPU seconds from getrusage (this process and its reaped workers); peak RSS from VmHWM (prepare records it in
+# its manifest: ru_maxrss would include this benchmark's own RSS, which Linux carries across fork + exec)
 _PREPARE_DRIVER = """
 import json, resource, sys
 from albert_dist.data_cli import prepare_cli
 rc = prepare_cli(sys.argv[1:])
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print("RUSAGE " + json.dumps({"rc": rc, "main_rss": me.ru_maxrss * 1024, "worker_rss": kids.ru_maxrss * 1024,
-      "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+print("RUSAGE " + json.dumps({"rc": rc, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
 """
 
 _PEER_DRIVER = """
@@ -460,9 +464,10 @@ datasets.disable_progress_bars()
 files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
 ds.to_parquet(out)
+from albert_dist.data.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print("RUSAGE " + json.dumps({"rc": 0, "main_rss": me.ru_maxrss * 1024, "worker_rss": kids.ru_maxrss * 1024,
-      "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, "rows": ds.num_rows}))
+print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
+      "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
 """
 
 
@@ -507,7 +512,8 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
         result[f"workers_{w}"] = {
             "mb_per_wall_s": raw / 1e6 / m["wall_s"], "mb_per_wall_s_per_worker": raw / 1e6 / m["wall_s"] / w,
             "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "wall_s": m["wall_s"], "cpu_s": m["cpu_s"],
-            "main_peak_rss_bytes": m["main_rss"], "worker_peak_rss_bytes": m["worker_rss"],
+            "main_peak_rss_bytes": manifest["peak_rss_bytes"]["main"],
+            "worker_peak_rss_bytes": manifest["peak_rss_bytes"]["worker"],
             "documents": manifest["documents"], "row_groups": manifest["row_groups"],
             "output_disk_bytes": sum(f["file_bytes"] for f in manifest["files"]),
             "sha256": [f["sha256"] for f in manifest["files"]]}
@@ -521,7 +527,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
         m = _driver(_PEER_DRIVER, [str(corpus / "*"), str(work / "peer.parquet"), str(work / "hf-cache")])
         result["peer_datasets_json_to_parquet"] = {
             "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "mb_per_wall_s": raw / 1e6 / m["wall_s"], "cpu_s": m["cpu_s"],
-            "wall_s": m["wall_s"], "peak_rss_bytes": max(m["main_rss"], m["worker_rss"]), "rows": m["rows"]}
+            "wall_s": m["wall_s"], "peak_rss_bytes": m["peak_rss"], "rows": m["rows"]}
         result["ratio_mb_per_cpu_s_ours_over_peer"] = first["mb_per_cpu_s"] / result[
             "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
         shutil.rmtree(work / "hf-cache", ignore_errors=True)

@@ -61,7 +61,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import mib
+from albert_dist.data.sizes import mib, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -400,7 +400,7 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
                "skip_examples": examples}
     done.write_text(json.dumps(summary))
     _advance(task.disk_bytes - reported)
-    return summary
+    return {**summary, "peak_rss_bytes": peak_rss_bytes()}
 
 
 # ---------------------------------------------------------------------------------------------------- 2. dedup
@@ -563,7 +563,7 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     entry = {"path": name, "documents": documents, "bytes": nbytes, "row_groups": row_groups,
              "file_bytes": os.path.getsize(out / name), "sha256": digest.hexdigest()}
     done.write_text(json.dumps(entry))
-    return entry
+    return {**entry, "peak_rss_bytes": peak_rss_bytes()}
 
 
 # ---------------------------------------------------------------------------------------------------- 4. finish
@@ -708,6 +708,8 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, out: Path, 
     entries = pool.map(write_shard, [(i, n, sl, str(spool), drop_files, str(shards_dir), sizes.row_group_bytes)
                                      for i, sl in enumerate(slices)], text_bytes, "write")
     write_s = time.time() - t_write
+    worker_peak = max(r.get("peak_rss_bytes", 0) for r in [*summaries, *entries])
+    entries = [{k: v for k, v in e.items() if k != "peak_rss_bytes"} for e in entries]
     tokens = estimate_tokens(shards_dir, opts.tokenizer_path, text_bytes)
     row_groups = sum(e["row_groups"] for e in entries)
     manifest = {
@@ -740,5 +742,7 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, out: Path, 
         "max_document_bytes": opts.max_document_bytes,
         "seconds": {"scan": round(scan_s, 2), "dedup": round(dedup_s, 2), "write": round(write_s, 2),
                     "total": round(time.time() - t0, 2)},
+        # VmHWM of this process and the largest of the worker processes (the same process with one worker)
+        "peak_rss_bytes": {"main": peak_rss_bytes(), "worker": worker_peak},
     }
     return manifest

@@ -1,7 +1,9 @@
-"""Byte sizes on command lines: "64M", "1.5G", "4096" -> bytes (powers of 1024), and back for messages."""
+"""Byte sizes: "64M", "1.5G", "4096" -> bytes (powers of 1024) on command lines, back for messages, and this
+process's peak resident memory."""
 from __future__ import annotations
 
 import argparse
+import resource
 
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -25,3 +27,20 @@ def parse_byte_size(text: str) -> int:
 def mib(nbytes: float) -> str:
     """``nbytes`` as "12.3 MiB" (or GiB above 10 GiB) for messages."""
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 10 * 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size in bytes: ``VmHWM`` of /proc/self/status on Linux.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: Linux carries it across ``execve``, so a process started by a big
+    parent (a benchmark, a notebook) reports at least the parent's RSS at fork time; VmHWM belongs to the new
+    address space. Falls back to ru_maxrss (KiB on Linux) where /proc is absent.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from albert_dist.data.sizes import parse_byte_size
+from albert_dist.data.sizes import parse_byte_size, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -238,8 +237,8 @@ def cli(argv: Optional[list[str]] = None) -> int:
 
         print(error_line("albert-dist tokenizer: error", err), file=sys.stderr)
         return 2
-    # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the peak resident memory of this process (sentencepiece trains in-process)
+    peak_mib = peak_rss_bytes() / 2**20
     print(f"wrote {model} (vocab {args.vocab_size}, {args.model_type}) in {time.perf_counter() - t0:.1f} s; "
           f"peak memory {peak_mib:.0f} MiB")
     return 0

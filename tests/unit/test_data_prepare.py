@@ -82,6 +82,7 @@ def test_output_layout_row_groups_and_manifest_figures(tmp_path):
     src = _write(tmp_path / "c", docs, "jsonl", ".zst")
     manifest = prep.prepare(_opts([src], tmp_path / "out", row_group_bytes=8192, num_shards=4), "the command")
     assert manifest["command"] == "the command" and manifest["format_version"] == prep.FORMAT_VERSION
+    assert manifest["peak_rss_bytes"]["main"] > 10 << 20 and manifest["peak_rss_bytes"]["worker"] > 10 << 20
     total = 0
     for entry in manifest["files"]:
         pf = pq.ParquetFile(tmp_path / "out" / entry["path"])
