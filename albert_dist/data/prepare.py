@@ -259,14 +259,17 @@ class ScanTask:
     disk_bytes: int = 0
 
 
-def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict]]:
-    """The scan tasks of all sources in input order (source, file path, offset), and the input file list
-    (``path``, ``bytes``, ``kind``, ``compression``, ``mtime_ns``). Raises ValueError as discover_files does."""
+def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
+    """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
+    ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
+    parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
+    and check_text_field do."""
     from albert_dist.data.files import check_text_field
     from albert_dist.data.paths import discover_files, file_format
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
+    skipped: list[dict] = []
     for i, source in enumerate(sources):
         where = f"input[{i}]"
         files = discover_files(source, where)
@@ -281,27 +284,35 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict]]:
             if st.st_size == 0:
                 continue
             if kind == "parquet":
+                import pyarrow as pa
                 import pyarrow.parquet as pq
 
-                meta = pq.ParquetFile(path).metadata
+                try:
+                    meta = pq.read_metadata(path)
+                except (OSError, pa.ArrowException) as err:  # a footer that does not parse: the file is skipped
+                    reason = f"{type(err).__name__}: {err}".strip()
+                    skipped.append({"reason": "damaged", "where": path, "detail": f"parquet footer: {reason}"})
+                    logger.warning("%s: skipping %s: not a readable parquet file (%s)", where, path, reason)
+                    continue
                 group_bytes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
                 run: list[int] = []
+                run_bytes = 0
                 for g, nbytes in enumerate(group_bytes):
                     run.append(g)
-                    run_bytes = sum(group_bytes[k] for k in run)
+                    run_bytes += nbytes
                     if run_bytes >= SCAN_PIECE_BYTES or g == len(group_bytes) - 1:
                         # progress is in on-disk bytes: the run's share of the file
                         share = st.st_size * run_bytes // max(1, sum(group_bytes))
                         tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, row_groups=run,
                                               disk_bytes=int(share), **common))
-                        run = []
+                        run, run_bytes = [], 0
             elif compression or (kind == "txt" and source.txt_documents == "file"):
                 tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, disk_bytes=st.st_size, **common))
             else:
                 for start in range(0, st.st_size, SCAN_PIECE_BYTES):
                     end = min(st.st_size, start + SCAN_PIECE_BYTES)
                     tasks.append(ScanTask(len(tasks), start=start, end=end, disk_bytes=end - start, **common))
-    return tasks, inputs
+    return tasks, inputs, skipped
 
 
 def _task_pieces(task: ScanTask) -> list[dict]:
@@ -369,9 +380,12 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
                 records = read_piece(piece, task.text_field, task.txt_documents, max_document_bytes)
                 try:
                     for rec in records:
+                        if rec["skip"] == "damaged":  # the reader's marker, the last of this piece: not a record
+                            skip("damaged", _location(task, rec), rec.get("detail", ""))
+                            continue
                         counts["records"] += 1
                         raw_read += rec["nbytes"]
-                        if rec["skip"]:  # "damaged" ends its piece: the reader goes on with the next one
+                        if rec["skip"]:
                             skip(rec["skip"], _location(task, rec), rec.get("detail", ""))
                             continue
                         data = rec["text"].encode("utf-8")
@@ -615,7 +629,7 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     """
     t0 = time.time()
     out = Path(opts.output).expanduser().resolve()
-    tasks, inputs = plan_scan(opts.sources)
+    tasks, inputs, plan_skips = plan_scan(opts.sources)
     fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
     existing = load_manifest(out) if out.exists() else None
     if existing is not None and existing.get("fingerprint") == fingerprint and not opts.overwrite:
@@ -650,7 +664,7 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
                 mib(disk_bytes), len(tasks), opts.workers, out)
     with _Workers(opts.workers, opts.progress) as pool:
-        manifest = _scan_dedup_write(opts, command, t0, out, work, tasks, inputs, fingerprint, pool)
+        manifest = _scan_dedup_write(opts, command, t0, work, tasks, inputs, plan_skips, fingerprint, pool)
     for e in manifest["files"]:
         (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
     (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -661,8 +675,8 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     return manifest
 
 
-def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, out: Path, work: Path, tasks: list[ScanTask],
-                      inputs: list[dict], fingerprint: str, pool: _Workers) -> dict:
+def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path, tasks: list[ScanTask],
+                      inputs: list[dict], plan_skips: list[dict], fingerprint: str, pool: _Workers) -> dict:
     """Stages 1-3 and the manifest (see `prepare`)."""
     spool, shards_dir = work / "spool", work / "output"
     disk_bytes = sum(t.disk_bytes for t in tasks)
@@ -671,8 +685,8 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, out: Path, 
     scan_s = time.time() - t_scan
     counts = [s["documents"] for s in summaries]
     hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
-    skipped: Counter = Counter()
-    examples: list[dict] = []
+    skipped: Counter = Counter(ex["reason"] for ex in plan_skips)
+    examples: list[dict] = plan_skips[:SKIP_EXAMPLES]
     for s in summaries:
         skipped.update(s["skipped"])
         examples += s["skip_examples"][: max(0, SKIP_EXAMPLES - len(examples))]

@@ -175,7 +175,10 @@ def test_damaged_inputs_are_counted_skips_naming_file_and_offset(tmp_path, caplo
     mid = col.data_page_offset + col.total_compressed_size // 2
     raw[mid:mid + 64] = b"\xff" * 64  # corrupt the compressed data of row group 1
     pq_path.write_bytes(bytes(raw))
-    manifest = prep.prepare(_opts([good, gz, zst, pq_path], tmp_path / "out"), "c")
+    footer = tmp_path / "footer.parquet"  # a parquet file whose footer does not parse: skipped whole, at planning
+    pq.write_table(pa.table({"content": ["lost"] * 10}), footer)
+    footer.write_bytes(footer.read_bytes()[:-12] + b"\x00" * 8 + b"PAR1")
+    manifest = prep.prepare(_opts([good, gz, zst, pq_path, footer], tmp_path / "out"), "c")
     texts = _read_output(tmp_path / "out")
     assert texts[:100] == BASE[:100]  # good files intact
     n_gz = sum(t.startswith("gz doc") for t in texts)
@@ -188,9 +191,10 @@ def test_damaged_inputs_are_counted_skips_naming_file_and_offset(tmp_path, caplo
     assert in_group_1 == list(range(1000, 1000 + len(in_group_1))) and len(in_group_1) < 1000
     zst_docs = [int(t.split()[2]) for t in texts if t.startswith("zst doc")]
     assert 0 < len(zst_docs) < 20000 and zst_docs == list(range(len(zst_docs)))
-    assert manifest["skipped"]["damaged"] == 3
+    assert manifest["skipped"]["damaged"] == 4 and "lost" not in texts
     where = " ".join(ex["where"] + " " + ex.get("detail", "") for ex in manifest["skip_examples"])
-    for fragment in ("broken.jsonl.gz, byte ", "broken2.txt.zst, byte ", "rg.parquet, row group 1 row "):
+    for fragment in ("broken.jsonl.gz, byte ", "broken2.txt.zst, byte ", "rg.parquet, row group 1 row ",
+                     "footer.parquet parquet footer: "):
         assert fragment in where
 
 
