@@ -19,11 +19,11 @@ Pipeline (every stage streams; nothing holds the corpus in memory):
    with the training readers, count skips by reason (with file and offset), write the usable documents to a
    spool parquet file and their 128-bit BLAKE2b hashes and byte lengths to a side file (24 bytes/document).
 2. *dedup*: exact duplicates (the same text after the reader's strip) are found from the hashes; the first
-   occurrence in input order is kept, across all files and workers. Memory: up to `DEDUP_ROW_BYTES` per
-   document while it fits ``--dedup-memory`` (default 1 GiB: ~27M documents); beyond that the hashes are
+   occurrence in input order is kept, across all files and workers. Memory: `DEDUP_ROW_BYTES` (48) per
+   document while that fits ``--dedup-memory`` (default 1 GiB: 22M documents); beyond that the hashes are
    partitioned on disk into buckets by hash value and each bucket is deduplicated alone, so peak memory stays
    ~``--dedup-memory`` at any corpus size (1 TB of 4 KB documents = 250M documents = 6 GB of temporary hash
-   files, 10 buckets).
+   files, 13 buckets).
 3. *write*, parallel over output shards: the kept documents, in input order, are cut into ``num_shards``
    contiguous shards of equal bytes and each shard into row groups of ``row_group_bytes`` of text.
 4. a token estimate (a byte-budgeted sample of the output encoded with the tokenizer), ``manifest.json``, and a
@@ -80,8 +80,9 @@ MAX_ROW_GROUP_BYTES = 4 << 20
 ROW_GROUPS_PER_SHARD = 128
 DEFAULT_TARGET_RANKS = 1024
 DEFAULT_TARGET_LOADER_WORKERS = 8
-#: Memory for the in-memory dedup pass: hash (16 B) + length (8 B) + sort index and scratch (16 B) per document.
-DEDUP_ROW_BYTES = 40
+#: Memory of the duplicate search per document: the hash halves (16 B), the sort order (8 B), sorted copies of
+#: the halves (16 B), a mask (1 B), rounded up; a bucket also holds each document's index (8 B).
+DEDUP_ROW_BYTES = 48
 DEFAULT_DEDUP_MEMORY_BYTES = 1 << 30
 #: Bytes of output text the token estimate encodes.
 TOKEN_SAMPLE_BYTES = 4 << 20
@@ -418,39 +419,52 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- 2. dedup
-def _duplicates(hi: np.ndarray, lo: np.ndarray, gidx: np.ndarray) -> np.ndarray:
-    """Global indices of the documents whose (hi, lo) hash equals that of a document with a smaller index."""
+def _duplicates(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Positions (into ``hi``/``lo``, in increasing order of position = input order) of every document whose
+    128-bit hash ``(hi, lo)`` equals that of an earlier position. Memory: ~33 bytes per document on top of the
+    keys (the sort order, sorted copies, a mask)."""
     if len(hi) < 2:
         return np.empty(0, dtype=np.int64)
-    order = np.lexsort((gidx, lo, hi))  # last key first: by hash, then by index inside a hash
+    order = np.lexsort((lo, hi))  # stable: equal hashes keep input order, so the first occurrence comes first
     h, l = hi[order], lo[order]
     dup = np.empty(len(order), dtype=bool)
     dup[0] = False
     dup[1:] = (h[1:] == h[:-1]) & (l[1:] == l[:-1])
-    return gidx[order[dup]].astype(np.int64)
+    del h, l
+    return np.sort(order[dup])
+
+
+def _hashes(path: Path) -> np.ndarray:
+    """The `_HASH_DTYPE` rows of a spool hash file, memory-mapped (an empty file gives an empty array)."""
+    if os.path.getsize(path) == 0:
+        return np.empty(0, dtype=_HASH_DTYPE)
+    return np.memmap(path, dtype=_HASH_DTYPE, mode="r")
 
 
 def find_duplicates(hash_files: list[Path], counts: list[int], memory_bytes: int, work: Path) -> np.ndarray:
     """Sorted global indices (documents numbered in input order) of every exact duplicate but the first.
 
-    In memory when ``DEDUP_ROW_BYTES x documents <= memory_bytes``; else the hashes go to ``B`` bucket files
-    under ``work`` by ``hi mod B`` (a uniform hash) and each bucket is deduplicated alone (peak memory
-    ~memory_bytes, temporary disk 24 bytes per document).
+    In memory when ``DEDUP_ROW_BYTES x documents <= memory_bytes`` (the two hash halves, 16 bytes, plus what
+    `_duplicates` needs); else the hashes and indices (24 bytes per document) go to ``B`` bucket files under
+    ``work`` by ``hi mod B`` (a uniform hash, so equal hashes meet in one bucket) and each bucket is searched
+    alone: peak memory ~``memory_bytes`` at any corpus size.
     """
     total = int(sum(counts))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    buckets = max(1, math.ceil(total * DEDUP_ROW_BYTES / memory_bytes))
+    buckets = 1 if total * DEDUP_ROW_BYTES <= memory_bytes else math.ceil(total * (DEDUP_ROW_BYTES + 8) / memory_bytes)
     if buckets == 1:
-        rows = [np.fromfile(f, dtype=_HASH_DTYPE) for f in hash_files]
-        hi = np.concatenate([r["hi"] for r in rows]) if rows else np.empty(0, np.uint64)
-        lo = np.concatenate([r["lo"] for r in rows]) if rows else np.empty(0, np.uint64)
-        return np.sort(_duplicates(hi, lo, np.arange(total, dtype=np.int64)))
+        hi, lo = np.empty(total, np.uint64), np.empty(total, np.uint64)
+        for f, a, b in zip(hash_files, offsets[:-1], offsets[1:]):
+            rows = _hashes(f)
+            hi[a:b], lo[a:b] = rows["hi"], rows["lo"]
+        return _duplicates(hi, lo)
     bucket_dtype = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("gidx", "<i8")])
     work.mkdir(parents=True, exist_ok=True)
     handles = [open(work / f"bucket-{b:05d}.bin", "wb") for b in range(buckets)]
     try:
+        # files in input order, chunks in order: each bucket file lists its documents in increasing gidx
         for f, base in zip(hash_files, offsets[:-1]):
-            rows = np.memmap(f, dtype=_HASH_DTYPE, mode="r") if os.path.getsize(f) else np.empty(0, _HASH_DTYPE)
+            rows = _hashes(f)
             for s in range(0, len(rows), 1 << 22):  # 4M rows (96 MB) at a time
                 chunk = np.asarray(rows[s:s + (1 << 22)])
                 out = np.empty(len(chunk), dtype=bucket_dtype)
@@ -466,7 +480,7 @@ def find_duplicates(hash_files: list[Path], counts: list[int], memory_bytes: int
     for b in range(buckets):
         path = work / f"bucket-{b:05d}.bin"
         rows = np.fromfile(path, dtype=bucket_dtype)
-        dups.append(_duplicates(rows["hi"], rows["lo"], rows["gidx"]))
+        dups.append(rows["gidx"][_duplicates(rows["hi"], rows["lo"])])
         del rows
         path.unlink()
     return np.sort(np.concatenate(dups)) if dups else np.empty(0, np.int64)
@@ -481,7 +495,7 @@ def shard_slices(hash_files: list[Path], drops: list[np.ndarray], total_bytes: i
     per_shard: list[list[tuple[int, int, int]]] = [[] for _ in range(num_shards)]
     before = 0
     for t, (f, drop) in enumerate(zip(hash_files, drops)):
-        lens = np.fromfile(f, dtype=_HASH_DTYPE)["len"].astype(np.int64)
+        lens = _hashes(f)["len"].astype(np.int64)
         keep = np.ones(len(lens), dtype=bool)
         keep[drop] = False
         kept_rows = np.flatnonzero(keep)
@@ -537,7 +551,7 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
 
     try:
         for task, first, last in slices:
-            lens = np.fromfile(spool / f"{task:06d}.hash", dtype=_HASH_DTYPE)["len"].astype(np.int64)
+            lens = _hashes(spool / f"{task:06d}.hash")["len"].astype(np.int64)
             keep = np.zeros(len(lens), dtype=bool)
             keep[first:last] = True
             if task in drop_files:
@@ -708,7 +722,7 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
             path = spool / f"{t:06d}.drops.npy"
             np.save(path, local)
             drop_files[t] = str(path)
-            dup_bytes += int(np.fromfile(hash_files[t], dtype=_HASH_DTYPE)["len"][local].sum())
+            dup_bytes += int(_hashes(hash_files[t])["len"][local].sum())
     dedup_s = time.time() - t_dedup
     documents = int(sum(counts)) - len(dups)
     text_bytes = int(sum(s["bytes"] for s in summaries)) - dup_bytes

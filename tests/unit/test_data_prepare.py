@@ -144,7 +144,7 @@ def test_bucketed_dedup_equals_the_in_memory_one(tmp_path):
         rows.tofile(f)
         files.append(f)
     in_memory = prep.find_duplicates(files, counts, 1 << 30, tmp_path / "d1")
-    bucketed = prep.find_duplicates(files, counts, 50_000, tmp_path / "d2")  # 15000 x 40 B / 50 kB = 12 buckets
+    bucketed = prep.find_duplicates(files, counts, 50_000, tmp_path / "d2")  # 15000 x 56 B / 50 kB = 17 buckets
     all_rows = np.concatenate([np.fromfile(f, dtype=prep._HASH_DTYPE) for f in files])
     seen, reference = set(), []
     for g, (hi, lo) in enumerate(zip(all_rows["hi"].tolist(), all_rows["lo"].tolist())):
