@@ -49,6 +49,8 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   largest worker, and whether the shards are byte-identical. Peer, same run and corpus: HF datasets'
   ``load_dataset("json").to_parquet()`` (what a user would write by hand; it neither deduplicates nor sizes row
   groups). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
+  Also the duplicate search's memory over 4M synthetic hashes (10% repeated): bytes per document in memory, and
+  the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need).
 
 ``run`` calls every section in `SECTIONS`.
 """
@@ -495,6 +497,53 @@ def _text_bytes(files: list[Path]) -> int:
     return total
 
 
+_DEDUP_DRIVER = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from albert_dist.data import prepare as prep
+from albert_dist.data.sizes import peak_rss_bytes
+work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+files, counts = [], []
+for t in range(8):  # 8 spool hash files; 1 in 10 documents repeats an earlier hash
+    rows = np.zeros(n // 8, dtype=prep._HASH_DTYPE)
+    rows["hi"], rows["lo"] = rng.integers(0, 2**63, n // 8, dtype=np.uint64), rng.integers(0, 2**63, n // 8, dtype=np.uint64)
+    if t:
+        rows[::10] = np.fromfile(files[0], dtype=prep._HASH_DTYPE)[: len(rows[::10])]
+    files.append(work / f"{t}.hash")
+    rows.tofile(files[-1])
+    counts.append(len(rows))
+del rows
+open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM: measure the search alone
+base = peak_rss_bytes()
+dups = prep.find_duplicates(files, counts, budget, work / "buckets")
+print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "duplicates": int(len(dups))}))
+"""
+
+
+def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
+    """Peak RSS of `find_duplicates` over ``documents`` hashes: in memory (bytes per document, bound
+    DEDUP_ROW_BYTES) and bucketed on disk under a budget of a quarter of that (peak / budget)."""
+    from albert_dist.data.prepare import DEDUP_ROW_BYTES
+
+    out: dict[str, Any] = {"documents": documents}
+    for name, budget in (("in_memory", 1 << 40), ("bucketed", documents * DEDUP_ROW_BYTES // 4)):
+        folder = work / f"dedup-{name}"
+        folder.mkdir()
+        proc = subprocess.run([sys.executable, "-c", _DEDUP_DRIVER, str(folder), str(documents), str(budget)],
+                              capture_output=True, text=True, cwd=ROOT)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"dedup driver failed:\n{proc.stderr[-2000:]}")
+        res = json.loads(line[len("RESULT "):])
+        out[name] = {"budget_bytes": budget, **res}
+        shutil.rmtree(folder)
+    out["in_memory_bytes_per_document"] = out["in_memory"]["extra_rss_bytes"] / documents
+    out["bucketed_peak_over_budget"] = out["bucketed"]["extra_rss_bytes"] / out["bucketed"]["budget_bytes"]
+    return out
+
+
 def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = (1, 2),
                     peer: bool = True) -> dict[str, Any]:
     """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus at each ``workers``: throughput and peak RSS; the HF
@@ -534,6 +583,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
         (work / "peer.parquet").unlink(missing_ok=True)
     shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
     shutil.rmtree(corpus, ignore_errors=True)
+    result["dedup_memory"] = dedup_memory(work)
     return result
 
 
@@ -635,6 +685,10 @@ def _print(res: dict[str, Any]) -> None:
             print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
                   f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
         print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
+        dd = prep["dedup_memory"]
+        print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
+              f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "
+              f"{dd['bucketed_peak_over_budget']:.2f} x the budget")
     pl = res.get("plan")
     if pl:
         for name in ("jsonl_1tb", "jsonl_zst"):

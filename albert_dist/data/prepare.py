@@ -451,6 +451,7 @@ def find_duplicates(hash_files: list[Path], counts: list[int], memory_bytes: int
     """
     total = int(sum(counts))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    # a bucket also holds its documents' indices (8 B each)
     buckets = 1 if total * DEDUP_ROW_BYTES <= memory_bytes else math.ceil(total * (DEDUP_ROW_BYTES + 8) / memory_bytes)
     if buckets == 1:
         hi, lo = np.empty(total, np.uint64), np.empty(total, np.uint64)
@@ -463,10 +464,11 @@ def find_duplicates(hash_files: list[Path], counts: list[int], memory_bytes: int
     handles = [open(work / f"bucket-{b:05d}.bin", "wb") for b in range(buckets)]
     try:
         # files in input order, chunks in order: each bucket file lists its documents in increasing gidx
+        step = min(1 << 22, max(1 << 16, memory_bytes // 256))  # rows at a time: ~60 bytes each while split
         for f, base in zip(hash_files, offsets[:-1]):
             rows = _hashes(f)
-            for s in range(0, len(rows), 1 << 22):  # 4M rows (96 MB) at a time
-                chunk = np.asarray(rows[s:s + (1 << 22)])
+            for s in range(0, len(rows), step):
+                chunk = np.asarray(rows[s:s + step])
                 out = np.empty(len(chunk), dtype=bucket_dtype)
                 out["hi"], out["lo"] = chunk["hi"], chunk["lo"]
                 out["gidx"] = base + s + np.arange(len(chunk))
