@@ -50,7 +50,9 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   ``load_dataset("json").to_parquet()`` (what a user would write by hand; it neither deduplicates nor sizes row
   groups). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
   Also the duplicate search's memory over 4M synthetic hashes (10% repeated): bytes per document in memory, and
-  the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need).
+  the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need);
+  and the zstd ratio of real text in row-group-sized blocks against one stream (what the output costs on disk
+  against a .zst corpus; the generated corpora repeat paragraphs across documents, so their ratios are not real).
 
 ``run`` calls every section in `SECTIONS`.
 """
@@ -544,6 +546,22 @@ def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
     return out
 
 
+def block_compression() -> dict[str, float]:
+    """Compression ratio of real text (WikiText-2 test + validation, Shakespeare: 3.5 MB) cut in row-group-sized
+    blocks (zstd level 3, as prepare writes them) against one zstd level-3 stream (a .zst file)."""
+    import zstandard
+
+    paths = [CORPORA / "wikitext-2" / "test.txt", CORPORA / "wikitext-2" / "valid.txt",
+             CORPORA / "tinyshakespeare" / "input.txt"]
+    data = b"".join(p.read_bytes() for p in paths if p.exists())
+    c = zstandard.ZstdCompressor(level=3)
+    out = {"text_bytes": len(data), "one_stream": len(data) / len(c.compress(data))}
+    for kib in (64, 256, 1024):
+        step = kib << 10
+        out[f"blocks_{kib}k"] = len(data) / sum(len(c.compress(data[i:i + step])) for i in range(0, len(data), step))
+    return out
+
+
 def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = (1, 2),
                     peer: bool = True) -> dict[str, Any]:
     """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus at each ``workers``: throughput and peak RSS; the HF
@@ -584,6 +602,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
     shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
     shutil.rmtree(corpus, ignore_errors=True)
     result["dedup_memory"] = dedup_memory(work)
+    result["block_compression"] = block_compression()
     return result
 
 
@@ -685,6 +704,9 @@ def _print(res: dict[str, Any]) -> None:
             print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
                   f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
         print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
+        bc = prep["block_compression"]
+        print(f"  zstd-3 ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one stream {bc['one_stream']:.2f}x, blocks "
+              f"of 64 KiB {bc['blocks_64k']:.2f}x, 256 KiB {bc['blocks_256k']:.2f}x, 1 MiB {bc['blocks_1024k']:.2f}x")
         dd = prep["dedup_memory"]
         print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
               f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "

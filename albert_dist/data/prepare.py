@@ -84,6 +84,8 @@ DEFAULT_TARGET_LOADER_WORKERS = 8
 #: the halves (16 B), a mask (1 B), rounded up; a bucket also holds each document's index (8 B).
 DEDUP_ROW_BYTES = 48
 DEFAULT_DEDUP_MEMORY_BYTES = 1 << 30
+#: zstd level of the output shards.
+SHARD_ZSTD_LEVEL = 3
 #: Bytes of output text the token estimate encodes.
 TOKEN_SAMPLE_BYTES = 4 << 20
 #: Skips reported with their location in the manifest (the counts are always complete).
@@ -536,7 +538,10 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     spool = Path(spool_dir)
     schema = pa.schema([("text", pa.string())])
     tmp = out / f".{name}.tmp"
-    writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False, write_statistics=False)
+    # zstd level 3 (the zstd CLI's default; pyarrow's is 1): row groups of 64 KiB lose some ratio against one
+    # stream per file, level 3 wins most of it back for a few % of the write time (bench/data_scale.py)
+    writer = pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
+                              write_statistics=False)
     documents = nbytes = row_groups = 0
     buf: list = []
     buf_bytes = 0
