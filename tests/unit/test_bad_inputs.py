@@ -28,7 +28,7 @@ def no_process_group(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
-    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 def _jsonl(path: Path, records: list[dict]) -> Path:

@@ -169,7 +169,7 @@ def _epoch_docs(stream: SourceStream) -> list[int]:
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("piece_bytes", [1024, 1 << 20])  # many pieces (shard split) / 5 pieces (record split at 8 slots)
+@pytest.mark.parametrize("piece_bytes", [1024, 1 << 20])  # many pieces / 5 pieces (shared by the slots at 8)
 def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, piece_bytes):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
