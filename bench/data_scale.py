@@ -40,7 +40,8 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
 * ``tokenizer``: ``albert-dist tokenizer train --vocab-size 8000`` with the defaults (a byte-budgeted sample from
   every file) in a fresh process per corpus size (40 .txt files): peak RSS (its VmHWM), CPU and wall seconds.
   Peer, same run: the previous behaviour, every document streamed into sentencepiece's own reservoir of 2M
-  sentences (``--sample-bytes 1T --input-sentence-size 2000000``). Suite: 100 MB; ``--full``: 100 MB and 1 GB;
+  sentences (``--sample-bytes 1T --input-sentence-size 2000000``). Suite: 100 MB; ``--full``: 100 MB and 1 GB,
+  and peak RSS at ``--sample-bytes`` 16M / 32M / 64M on the 100 MB corpus (RSS per byte of sample);
   ``--full --10g``: also 10 GB, the 1 GB corpus's files hard-linked ten times (400 files, 1 GB on disk: the
   sampler reads every path, and its memory does not depend on what is in them; no peer, it would read 10 GB).
   Target (issue 19): peak RSS <= 2 GB at 1 GB and 10 GB.
@@ -412,8 +413,9 @@ def _measure(cmd: list[str], env: Optional[dict] = None) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ tokenizer
 def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool = True,
-                      ten_gb: bool = False) -> dict[str, Any]:
-    """Peak RSS / CPU / wall of `tokenizer train` (defaults, vocab 8000) per corpus size, ours and the peer."""
+                      ten_gb: bool = False, slope: bool = False) -> dict[str, Any]:
+    """Peak RSS / CPU / wall of `tokenizer train` (defaults, vocab 8000) per corpus size, ours and the peer;
+    ``slope``: also at ``--sample-bytes`` 16M and 32M on the first corpus, for the RSS per byte of sample."""
     result: dict[str, Any] = {}
     for mb in sizes_mb:
         corpus = work / f"tok{mb}m"
@@ -424,6 +426,14 @@ def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool
         budget = re.search(r"sample budget ([\d.]+ MiB)", m["output"])
         row["ours"] = {k: m[k] for k in ("peak_rss_bytes", "cpu_s", "wall_s")}
         row["ours"]["budget"] = budget.group(1) if budget else None
+        if slope and mb == sizes_mb[0]:
+            # peak RSS against the sample budget: the trainer's cost per byte of sample (what sizes the default)
+            points = {64: m["peak_rss_bytes"]}
+            for mib_ in (16, 32):
+                points[mib_] = _measure(base + ["--output", str(work / "tok-slope"), "--sample-bytes",
+                                                f"{mib_}M"])["peak_rss_bytes"]
+            result["rss_by_sample_mib"] = {str(k): v for k, v in sorted(points.items())}
+            result["rss_bytes_per_sample_byte"] = (points[64] - points[16]) / (48 * 2**20)
         if peer:
             p = _measure(base + ["--output", str(work / "tok-peer"), "--sample-bytes", "1T",
                                  "--input-sentence-size", "2000000"])
@@ -616,7 +626,8 @@ def _sections(full: bool, ten_gb: bool = False) -> dict[str, Callable[[Path], di
                                                    tokens=2_000_000 if full else 600_000),
         "startup": lambda w: startup_section(w),
         "plan": lambda w: plan_section(w),
-        "tokenizer": lambda w: tokenizer_section(w, (100, 1000) if full else (100,), ten_gb=full and ten_gb),
+        "tokenizer": lambda w: tokenizer_section(w, (100, 1000) if full else (100,), ten_gb=full and ten_gb,
+                                                 slope=full),
         "prepare": lambda w: prepare_section(w, 1000 if full else 64),
     }
 
@@ -690,6 +701,10 @@ def _print(res: dict[str, Any]) -> None:
                          f" / {p['wall_s']:.0f};  RSS ratio {row['ratio_rss_ours_over_peer']:.2f}")
             print(line)
         print(f"  peak RSS <= 2 GB everywhere: {tok['peak_rss_within_target']}")
+        if "rss_bytes_per_sample_byte" in tok:
+            print("  peak RSS by --sample-bytes (100 MB corpus): " + ", ".join(
+                f"{k} MiB {_gb(v)}" for k, v in tok["rss_by_sample_mib"].items())
+                + f"; {tok['rss_bytes_per_sample_byte']:.1f} bytes of RSS per byte of sample")
     prep = res.get("prepare")
     if prep:
         print(f"prepare of {prep['files']} .zst files, {prep['input_text_bytes'] / 1e6:.0f} MB decompressed "

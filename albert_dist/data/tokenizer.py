@@ -33,8 +33,9 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
 #: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
 FIRST_NORMAL_ID = 5
-#: Bytes of document text sentencepiece trains on by default: ~21 bytes of peak RSS per byte of ASCII sample
-#: (unigram, vocab 8000: 1.74 GB at 79 MB; bench/data_scale.py), so 64 MiB stays under 2 GB with headroom.
+#: Bytes of document text sentencepiece trains on by default: the unigram trainer's peak RSS grows by ~21 bytes
+#: per byte of (ASCII) sample (vocab 8000; `bench/data_scale.py --full`, docs/data.md), so 64 MiB peaks at
+#: ~1.5 GB, under 2 GB with headroom.
 DEFAULT_SAMPLE_BYTES = 64 * 2**20
 #: ``albert-dist tokenizer train`` default for byte fallback: off while transformers' AlbertTokenizer ignores it.
 BYTE_FALLBACK_DEFAULT = False
@@ -73,8 +74,8 @@ def train_tokenizer(
     windows in uncompressed files and row groups, a prefix of .gz/.zst files), so peak memory is set by the
     budget, not by the corpus: sentencepiece's unigram trainer needs ~21 bytes of RSS per byte of sample
     (docs/data.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
-    sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC (``nmt_nfkc``), with case folding
-    (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
+    sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC
+    (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
     pieces instead of ``<unk>`` (see the module docstring for why it is off by default). Raises ValueError for a bad argument, inputs that match no file or
     hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
