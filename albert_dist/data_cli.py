@@ -111,9 +111,9 @@ def summary(manifest: dict, out: str) -> str:
         + (f", ~{tokens:,} tokens" if tokens else "")
         + f"; {dd['duplicates_dropped']:,} duplicates dropped" + ("" if dd["enabled"] else " (dedup off)")
         + f"; skipped {manifest['skipped'] or 'nothing'}",
-        f"  up to {manifest['row_groups']:,} slots (ranks x data.num_workers) read each byte once per epoch; "
-        f"{sizing['row_groups_per_target_slot']:.3g} row groups per slot at {sizing['target_ranks']} ranks x "
-        f"{sizing['target_loader_workers']} workers",
+        f"  jobs of up to {manifest['row_groups']:,} slots (ranks x data.num_workers) read each byte once per epoch; "
+        f"{manifest['row_groups'] / sizing['target_slots']:.3g} row groups per slot at {sizing['target_ranks']} "
+        f"ranks x {sizing['target_loader_workers']} workers",
         f"  train on it: data.train: [{{paths: [\"{out}/*.parquet\"]}}]",
     ])
 
