@@ -423,7 +423,7 @@ def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool
         row = {}
         base = _cli() + ["tokenizer", "train", "--input", str(corpus / "*.txt"), "--vocab-size", str(VOCAB)]
         m = _measure(base + ["--output", str(work / "tok-ours")])
-        budget = re.search(r"sample budget ([\d.]+ MiB)", m["output"])
+        budget = re.search(r"sample budget ([\d.]+ [KMG]iB)", m["output"])
         row["ours"] = {k: m[k] for k in ("peak_rss_bytes", "cpu_s", "wall_s")}
         row["ours"]["budget"] = budget.group(1) if budget else None
         if slope and mb == sizes_mb[0]:

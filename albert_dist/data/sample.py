@@ -38,6 +38,7 @@ from typing import Iterator
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field, read_piece
 from albert_dist.data.paths import discover_files, file_format, parquet_file
+from albert_dist.data.sizes import mib
 
 logger = logging.getLogger(__name__)
 
@@ -227,5 +228,5 @@ def describe(sample: ByteBudgetSample) -> str:
     """One line for a log: the budget, the corpus it is drawn from and the share."""
     est = sample.est_text_bytes
     share = f"{100 * min(1.0, sample.budget_bytes / est):.1f}% of" if est else "of"
-    return (f"sample budget {sample.budget_bytes / 2**20:.1f} MiB of text, {share} ~{est / 2**20:.1f} MiB in "
-            f"{len(sample.plan)} files ({sample.input_bytes / 2**20:.1f} MiB on disk)")
+    return (f"sample budget {mib(sample.budget_bytes)} of text, {share} ~{mib(est)} in {len(sample.plan)} files "
+            f"({mib(sample.input_bytes)} on disk)")

@@ -25,8 +25,10 @@ def parse_byte_size(text: str) -> int:
 
 
 def mib(nbytes: float) -> str:
-    """``nbytes`` as "12.3 MiB" (or GiB above 10 GiB) for messages."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 10 * 2**30 else f"{nbytes / 2**20:.1f} MiB"
+    """``nbytes`` as "12.3 MiB" for messages (KiB below 1 MiB, GiB from 10 GiB)."""
+    if nbytes >= 10 * 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
 
 
 def peak_rss_bytes() -> int:

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from albert_dist.data.sizes import parse_byte_size, peak_rss_bytes
+from albert_dist.data.sizes import mib, parse_byte_size, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def train_tokenizer(
         raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
-    logger.info("tokenizer: trained on %.1f MiB of text (%d documents) from %d of %d files%s",
-                sum(sample.taken.values()) / 2**20, sample.documents, sum(1 for v in sample.taken.values() if v),
+    logger.info("tokenizer: trained on %s of text (%d documents) from %d of %d files%s",
+                mib(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
                 len(sample.plan), f"; skipped {dict(sample.skipped)}" if sample.skipped else "")
     if byte_fallback:
         logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "

@@ -80,7 +80,7 @@ def test_sample_covers_every_file_within_the_byte_budget(tmp_path):
     for name in ("g.jsonl.gz", "z.jsonl.zst", "t.txt.zst"):
         assert by_file[name] == list(range(len(by_file[name]))), name
     assert list(ByteBudgetSample([SourceConfig(paths=[str(tmp_path / "*")])], "t", budget)) == texts  # deterministic
-    assert "sample budget 0.2 MiB" in describe(sample) and "6 files" in describe(sample)
+    assert "sample budget 195.3 KiB" in describe(sample) and "6 files" in describe(sample)
 
 
 def test_budget_above_the_corpus_takes_every_document(tmp_path):
