@@ -102,11 +102,17 @@ class ByteBudgetSample:
                                           os.path.getsize(path), 0.0))
         ratios = _compression_ratios([p for p in self.plan if p.compression])
         for p in self.plan:
-            p.est_text_bytes = _estimate_text_bytes(p, ratios)
+            try:
+                p.est_text_bytes = _estimate_text_bytes(p, ratios)
+            except Exception as err:  # noqa: BLE001 - a parquet footer that does not parse: skip the file
+                self.skipped["damaged"] += 1
+                logger.warning("%s: skipping %s: not a readable parquet file (%s: %s)", self.where, p.path,
+                               type(err).__name__, err)
         total = sum(p.est_text_bytes for p in self.plan)
         for p in self.plan:
-            # everything when the corpus fits the budget; else a proportional share (>= 1 byte: every file counts)
-            share = self.budget_bytes * p.est_text_bytes / total if total > self.budget_bytes else p.est_text_bytes
+            # a proportional share of the budget (>= 1 byte: every file counts); when the corpus is smaller than
+            # the budget the share exceeds the file's estimate, so an underestimated .gz/.zst is still read whole
+            share = self.budget_bytes * p.est_text_bytes / total if total else 0
             p.quota_bytes = max(1, int(share)) if p.est_text_bytes > 0 else 0
         # flooring keeps the sum <= budget, the max(1, .) of tiny files may not: trim the largest quotas
         excess = sum(p.quota_bytes for p in self.plan) - self.budget_bytes

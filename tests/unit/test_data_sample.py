@@ -96,12 +96,20 @@ def test_damaged_compressed_file_is_a_logged_skip(tmp_path, caplog):
         f.writelines(json.dumps({"text": _doc("bad", i)}) + "\n" for i in range(30000))
     data = (tmp_path / "bad.jsonl.gz").read_bytes()
     (tmp_path / "bad.jsonl.gz").write_bytes(data[: len(data) // 2])  # a broken download
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    footer = tmp_path / "footer.parquet"  # a footer that does not parse: the file is skipped at planning
+    pq.write_table(pa.table({"text": ["lost document"] * 10}), footer)
+    footer.write_bytes(footer.read_bytes()[:-12] + b"\x00" * 8 + b"PAR1")
     sample = ByteBudgetSample([SourceConfig(paths=[str(tmp_path / "*")])], "tokenizer.input", 1 << 30)
     texts = list(sample)
     assert [t for t in texts if t.startswith("good")] == good
-    assert 0 < sum(t.startswith("bad") for t in texts) < 30000
-    assert sample.skipped["damaged"] == 1
+    assert 0 < sum(t.startswith("bad") for t in texts) < 30000 and "lost document" not in texts
+    assert sample.skipped["damaged"] == 2
     assert any("bad.jsonl.gz" in r.getMessage() and "stopped reading" in r.getMessage() for r in caplog.records)
+    assert any("footer.parquet" in r.getMessage() and "not a readable parquet" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_bad_budget_and_hub_source_are_clear_errors(tmp_path):
