@@ -691,7 +691,7 @@ def _print(res: dict[str, Any]) -> None:
     if tok:
         print(f"tokenizer train, vocab {VOCAB}, defaults (peak RSS / CPU s / wall s):")
         for size, row in tok.items():
-            if not isinstance(row, dict):
+            if not isinstance(row, dict) or "ours" not in row:
                 continue
             o = row["ours"]
             line = f"  {size:>6}: ours {_gb(o['peak_rss_bytes'])} / {o['cpu_s']:.0f} / {o['wall_s']:.0f}"
@@ -744,9 +744,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
     res = run(full=args.full, only=tuple(args.only), workdir=args.workdir, ten_gb=args.ten_gb)
-    _print(res)
-    if args.json:
+    if args.json:  # first: a figure that fails to print is still kept
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    _print(res)
     return 0
 
 
