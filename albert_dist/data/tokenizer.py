@@ -33,7 +33,7 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
 #: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
 FIRST_NORMAL_ID = 5
-#: Bytes of document text sentencepiece trains on by default: the unigram trainer's peak RSS grows by ~21 bytes
+#: Bytes of document text sentencepiece trains on by default: the unigram trainer's peak RSS grows by ~22 bytes
 #: per byte of (ASCII) sample (vocab 8000; `bench/data_scale.py --full`, docs/data.md), so 64 MiB peaks at
 #: ~1.5 GB, under 2 GB with headroom.
 DEFAULT_SAMPLE_BYTES = 64 * 2**20
@@ -72,7 +72,7 @@ def train_tokenizer(
     Trains on a sample of at most ``sample_bytes`` of document text drawn from *every* input file
     (:class:`albert_dist.data.sample.ByteBudgetSample`: quotas proportional to each file's size, evenly spaced
     windows in uncompressed files and row groups, a prefix of .gz/.zst files), so peak memory is set by the
-    budget, not by the corpus: sentencepiece's unigram trainer needs ~21 bytes of RSS per byte of sample
+    budget, not by the corpus: sentencepiece's unigram trainer needs ~22 bytes of RSS per byte of sample
     (docs/data.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
     sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC
     (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
@@ -214,7 +214,7 @@ def cli(argv: Optional[list[str]] = None) -> int:
     train.add_argument("--lowercase", action="store_true", help="case-fold (ALBERT's uncased models)")
     train.add_argument("--sample-bytes", type=parse_byte_size, default=DEFAULT_SAMPLE_BYTES,
                        help="bytes of text to train on, drawn from every input file (e.g. 64M, 1G; default "
-                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~21 bytes of peak memory per byte, see docs/data.md)")
+                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~22 bytes of peak memory per byte, see docs/data.md)")
     train.add_argument("--input-sentence-size", type=int, default=0,
                        help="optional extra cap on the sampled sentences (sentencepiece's reservoir); 0 = none")
     train.add_argument("--character-coverage", type=float, default=0.9995)
