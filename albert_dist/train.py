@@ -75,8 +75,8 @@ def cli(argv: Sequence[str]) -> int:
         if code == EXIT_OK:
             trainer.export_final_model()
         if trainer.dist_env.rank == 0:
-            logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/, final_model/)",
-                        trainer.run_dir.resolve())
+            logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
+                        trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
         return code
     except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, check_derived, config_hash, to_container, to_yaml
+from albert_dist.config import TrainConfig, check_derived, config_hash, resume_rules, to_container, to_yaml
 from albert_dist.data.loader import build_train_loader
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine import console, metric_names as names
@@ -77,12 +77,12 @@ class Trainer:
         self.recipe_name = recipe_name
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
-        rank, world = self.dist_env.rank, self.dist_env.world_size
+        world = self.dist_env.world_size
         self.global_batch = check_derived(cfg, world)
         self.ds_config = build_deepspeed_config(cfg.engine, world)
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
-        self.resume_plan = ckpt.ResumePlan() if resume_from is not None else ckpt.resume_plan(
-            cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir), self.config, world, log=rank == 0)
+        self.resume_plan = ckpt.ResumePlan() if resume_from is not None else self._plan(
+            cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
         self.engine = None
@@ -108,8 +108,9 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         fetch = None
         if self.resume_from is not None:  # MLflow: the run's newest complete checkpoint, then resumed as "auto"
-            def fetch(ckpt_dir: Path) -> None:
+            def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:
                 fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
+                return self._plan("auto", ckpt_dir)
 
         resumed = self.checkpoints.resume(self._build_engine, self._build_loader, fetch=fetch)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
@@ -131,6 +132,11 @@ class Trainer:
             params["derived"] = {"world_size": world, "train_batch_size": self.global_batch,
                                  "n_parameters": self.n_params, "config_hash": self.config_hash}
             self.tracker.log_params(params)
+
+    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> ckpt.ResumePlan:
+        """`ckpt.resume_plan` for this job (its config, world size and the config's resume rules); rank 0 warns."""
+        return ckpt.resume_plan(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
+                                log=self.dist_env.rank == 0)
 
     def _build_engine(self, overrides: dict) -> Any:
         """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`

@@ -10,22 +10,20 @@ The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run throu
 """
 from __future__ import annotations
 
-import json
 import math
-import os
+import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_env, read_metrics, run_cli, start_ranks
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
-from albert_dist.engine.distributed import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -59,22 +57,15 @@ progress_bar: false
 
 
 class Job:
-    """`world` worker processes of one job (env:// variables as torchrun sets them); logs in log_dir."""
+    """`world` worker processes of one job (env:// variables as torchrun sets them); logs beside run_dir."""
 
     def __init__(self, world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str] = ()):
-        port = free_port()
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.procs, self.logs = [], []
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-            log = open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab")
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+        self.logs = [open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab") for rank in range(world)]
+        cmd = [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides]
+        self.procs = start_ranks(cmd, world, env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""),
+                                 logs=self.logs, cwd=REPO)
 
     def wait(self, timeout: float = 240) -> list[int]:
         deadline = time.time() + timeout
@@ -104,11 +95,9 @@ def run_ok(*args, **kwargs) -> Job:
 
 def train_records(run_dir: Path) -> dict[int, dict]:
     records = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if names.TRAIN_LOSS in rec:
-            assert rec["step"] not in records, f"step {rec['step']} logged twice"
-            records[rec["step"]] = rec
+    for rec in read_metrics(run_dir, names.TRAIN_LOSS):
+        assert rec["step"] not in records, f"step {rec['step']} logged twice"
+        records[rec["step"]] = rec
     return records
 
 
@@ -204,9 +193,7 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     run_dir = tmp_path / "run"
     job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])
     deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").is_file() or not any(
-            json.loads(l).get("step", 0) >= 2 for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if l.endswith("}")):
+    while not any(r["step"] >= 2 for r in read_metrics(run_dir)):
         assert all(p.poll() is None for p in job.procs), job.log_tail()
         assert time.time() < deadline
         time.sleep(0.2)
@@ -221,8 +208,6 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
 def _copy_checkpoints(reference, run_dir: Path) -> Path:
-    import shutil
-
     ref_dir, _, _ = reference
     shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
     return run_dir / "checkpoints"
@@ -233,29 +218,9 @@ def _log_lines(job: Job, needle: str) -> list[str]:
             if needle in line]
 
 
-def test_truncated_newest_checkpoint_and_dangling_latest_resume_from_the_newest_that_verifies(
-        config, reference, tmp_path):
-    """step_8's rank-1 optimiser file is cut to 100 bytes and `latest` names a step_12 that does not exist:
-    --resume auto skips both (saying why, naming them), resumes step_6, and steps 7-8 equal the uninterrupted run."""
-    _, want, _ = reference
-    run_dir = tmp_path / "run"
-    ckpt_dir = _copy_checkpoints(reference, run_dir)
-    victim = ckpt_dir / "step_8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    with open(victim, "r+b") as fh:
-        fh.truncate(100)
-    ckpt.write_latest(ckpt_dir, "step_12")
-    job = run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
-    got = train_records(run_dir)
-    assert sorted(got) == [7, 8]
-    for step in (7, 8):
-        for k in TRAJECTORY_KEYS:
-            assert got[step][k] == want[step][k], f"step {step} {k}"
-    skipped = _log_lines(job, "skipping checkpoint")
-    assert len(skipped) == 1 and f"{ckpt_dir / 'step_8'}: zero_pp_rank_1_mp_rank_00_optim_states.pt has 100 bytes" \
-        in skipped[0], skipped
-    assert _log_lines(job, "names step_12, which does not exist")
-    assert ckpt.read_latest(ckpt_dir) == "step_8" and ckpt.verify(ckpt_dir / "step_8") is None  # saved again
-    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `ckpt.plan_resume`, tested
+# in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
+# test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
 
 def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and_exits_74(config, tmp_path):
@@ -292,10 +257,8 @@ def test_resume_with_another_model_config_is_exit_2_before_any_process_group(con
     ref_dir, _, _ = reference
     run_dir = tmp_path / "never"
     step_8 = ref_dir / "checkpoints" / "step_8"
-    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config", str(config),
-                           "--resume", str(step_8), f"run_dir={run_dir}", "model.sharing=none",
-                           "model.hidden_size=48"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    proc = run_cli("train", "--config", str(config), "--resume", str(step_8), f"run_dir={run_dir}",
+                   "model.sharing=none", "model.hidden_size=48", env=clean_env(CUDA_VISIBLE_DEVICES=""), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"checkpoint {step_8} has model.hidden_size=32, the config has model.hidden_size=48; " \
            f"model.sharing='all', the config has model.sharing='none'" in proc.stderr
@@ -362,3 +325,62 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
         assert any(".albert_layer_groups.2." in n for n in consolidated)
     with safe_open(str(tmp_path / "fp32.safetensors"), "pt") as f:
         assert "predictions.decoder.weight" not in set(f.keys())  # the alias safetensors cannot store
+
+
+# ------------------------------------------------------------- what a config change means on resume (issue 21)
+def test_resume_with_a_new_lr_uses_it_from_the_next_step(config, reference, tmp_path):
+    """optimizer.lr 0.003 -> 0.006 at step_6 (the table: "applies"): steps 7 and 8 log twice the reference's lr;
+    step 7's loss equals the reference's (same weights, data and RNG), step 8's does not (step 7's update used
+    the new lr; before the fix the checkpoint's peak lr was kept and both steps were bit-identical)."""
+    ref_dir, want, _ = reference
+    run_dir = tmp_path / "run"
+    job = run_ok(2, config, run_dir, [], [f"checkpoint.resume={ref_dir / 'checkpoints' / 'step_6'}",
+                                         "optimizer.lr=0.006"])
+    got = train_records(run_dir)
+    assert sorted(got) == [7, 8]
+    for step in (7, 8):
+        assert got[step][names.TRAIN_LR] == pytest.approx(2 * want[step][names.TRAIN_LR], rel=1e-12, abs=0), step
+    assert got[7][names.TRAIN_LOSS] == want[7][names.TRAIN_LOSS]
+    assert got[8][names.TRAIN_LOSS] != want[8][names.TRAIN_LOSS]
+    assert _log_lines(job, "optimizer.lr changed (0.003 -> 0.006): the run uses the new peak lr from the next step")
+    assert not _log_lines(job, "Traceback")
+
+
+def test_resume_converting_the_partition_layout_and_restarting_the_streams(config, reference, tmp_path):
+    """step_8 resumed on the same 2 ranks with engine.zero_optimization.round_robin_gradients set ("convert": another
+    ZeRO-2 partition layout) and data.whole_word_masking flipped ("restart_streams": before, the loader raised its
+    fingerprint ValueError and the job hung): the checkpoint goes through DeepSpeed's universal checkpoint, the
+    parameters and both Adam moments load exactly, the streams restart and say so, the job trains on."""
+    _, _, ref = reference
+    run_dir, dump = tmp_path / "run", tmp_path / "loaded.pt"
+    ckpt_dir = _copy_checkpoints(reference, tmp_path / "copy")
+    shutil.rmtree(ckpt_dir / "step_8_universal", ignore_errors=True)  # another test may have converted it
+    job = run_ok(2, config, run_dir, ["--dump", str(dump)],
+                 [f"checkpoint.resume={ckpt_dir / 'step_8'}", "max_steps=9",
+                  "engine.zero_optimization.round_robin_gradients=true", "data.whole_word_masking=false"])
+    got = torch.load(dump, weights_only=False)
+    assert got["step"] == ref["step"] == MAX_STEPS
+    for name, tensors in ref["params"].items():
+        for what, g, w in zip(("param", "exp_avg", "exp_avg_sq"), got["params"][name], tensors):
+            assert torch.equal(g, w), f"{name} {what}"
+    assert _log_lines(job, "round_robin_gradients changed (None -> True): the run converts the checkpoint with "
+                           "DeepSpeed's universal-checkpoint tool")
+    assert _log_lines(job, f"resumed from {ckpt_dir}/step_8_universal at step 8")
+    assert _log_lines(job, "the data streams restart from the corpus start because data.whole_word_masking changed "
+                           "(True -> False)")
+    assert list(train_records(run_dir)) == [MAX_STEPS + 1] and not _log_lines(job, "Traceback")
+
+
+def test_export_of_a_run_directory_needs_neither_config_nor_tokenizer(reference, tmp_path):
+    """`albert-dist export RUN_DIR`: the newest verified checkpoint (step_8), its config from albert_dist.json, the
+    run's tokenizer; transformers loads the result with the run's final weights."""
+    transformers = pytest.importorskip("transformers")
+    from albert_dist.export import cli as export_cli
+
+    ref_dir, _, ref = reference
+    out = tmp_path / "hf"
+    assert export_cli([str(ref_dir), "--output", str(out)]) == 0
+    assert (out / "spiece.model").read_bytes() == (REPO / "data/sample/spiece.model").read_bytes()
+    hf = transformers.AlbertForPreTraining.from_pretrained(out)
+    name = "albert.embeddings.word_embeddings.weight"
+    assert torch.equal(dict(hf.named_parameters())[name].detach(), ref["params"][name][0])

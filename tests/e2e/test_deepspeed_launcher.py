@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import read_metrics
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine import metric_names as names
@@ -53,19 +54,12 @@ def _wait_group_gone(proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
 def test_launcher_pretrain_sigterm_then_resume(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(run_dir, tmp_path / "first.log")
     try:
         deadline = time.time() + 300
-        while not any(r.get("step", 0) >= 7 for r in _records(run_dir)):
+        while not any(r["step"] >= 7 for r in read_metrics(run_dir)):
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-5000:]
             assert time.time() < deadline, "no step 7 within 300 s"
             time.sleep(0.2)
@@ -87,7 +81,7 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
     assert f"resumed from {run_dir / 'checkpoints'}/step_{stopped} at step {stopped}" in second
     assert f"outputs in {run_dir}" in second  # the script says where the run's outputs are
 
-    records = _records(run_dir)
+    records = read_metrics(run_dir)
     train = [r for r in records if names.TRAIN_LOSS in r]
     assert [r["step"] for r in train] == list(range(1, 21))  # each step once, none missing
     assert train[-1][names.TRAIN_LOSS] < train[0][names.TRAIN_LOSS]

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "configs/pretrain/albert-tiny-wikitext.yaml"
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")]
 
 
 def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") -> subprocess.CompletedProcess:

@@ -61,6 +61,7 @@ def test_hostfile_errors(capsys):
     assert H.main(["--nodelist", "n1", "--slots", "0"]) == 2
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shell_syntax(script):
@@ -68,6 +69,7 @@ def test_shell_syntax(script):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (Debian package `shellcheck`; .ci/run installs it)")
 def test_shellcheck():
@@ -86,6 +88,7 @@ def test_sbatch_directives_precede_commands():
         assert not [line for line in lines[first_command:] if line.startswith("#SBATCH")], script
 
 
+@pytest.mark.integration
 def test_hostfile_cli_runs_as_script(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "launch/slurm_hostfile.py"), "--nodelist", "n[1-2]",
                            "--slots", "2"], capture_output=True, text=True, env={"PATH": str(tmp_path)})

@@ -47,7 +47,8 @@ logging each newer one it skips and why (whatever `latest` says: a `latest` nami
 the same way). Retention (`prune`) never deletes the newest verified checkpoint, nor the one the job resumed
 from until a newer verified one exists; unverified directories are removed.
 
-Resume on another number of ranks (the saved world size differs): rank 0 converts the checkpoint with
+Resume on another number of ranks (the saved world size differs), or with a changed field whose resume rule is
+"convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `ResumePlan.universal`): rank 0 converts the checkpoint with
 DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), and the engine is built with
 `checkpoint.load_universal=true` (`CheckpointManager.resume` passes it to the engine factory), which re-partitions parameters
 and optimiser moments for the new world size. The converter needs the module to carry a
@@ -97,9 +98,9 @@ _HOME: dict[str, str] = {
     "resume_plan": "resume",
     "rng_kept": "resume",
     "ConfigDriftError": "drift",
-    "DATA_SHAPE_FIELDS": "drift",
-    "RESUMABLE_FIELDS": "drift",
     "Drift": "drift",
+    "Rules": "drift",
+    "rule_for": "drift",
     "check_drift": "drift",
     "log_drift": "drift",
     "CheckpointSaveError": "save",
