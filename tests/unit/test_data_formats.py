@@ -350,7 +350,9 @@ def _error_of(capsys, command: list[str], runner) -> str:
         logging.root.handlers[:] = handlers
     err = capsys.readouterr().err.strip()
     assert rc == 2, (command, err)
-    return err
+    *logged, line = err.splitlines()  # log lines (an earlier in-process command may have set INFO) + the error
+    assert all(x.startswith("[rank") for x in logged), err
+    return line
 
 
 @pytest.mark.parametrize("case", ["missing file", "empty glob", "unknown suffix", "compressed parquet",
