@@ -115,13 +115,12 @@ class Trainer:
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        fetch = None
-        if self.resume_from is not None:  # MLflow: the run's newest complete checkpoint, then resumed as "auto"
-            def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:
-                fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
-                return self._plan("auto", ckpt_dir)
+        def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:  # MLflow: the run's newest complete checkpoint, as "auto"
+            fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
+            return self._plan("auto", ckpt_dir)
 
-        resumed = self.checkpoints.resume(self._build_engine, self._build_loader, fetch=fetch)
+        resumed = self.checkpoints.resume(self._build_engine, self._build_loader,
+                                          fetch=fetch if self.resume_from is not None else None)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
         with ckpt.rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed

@@ -15,13 +15,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import clean_env, read_metrics, run_cli, start_ranks
+from helpers import clean_env, read_metrics, run_cli
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY

@@ -137,7 +137,6 @@ def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_r
 
     import sentencepiece as spm
 
-    from albert_dist.model import AlbertForPreTraining
     from albert_dist.export import load_config as load_model_config
 
     client, run_id, tmp = resumed_run["client"], resumed_run["run_id"], resumed_run["tmp"]

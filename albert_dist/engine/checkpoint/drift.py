@@ -8,7 +8,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from albert_dist.engine.checkpoint.plan import ResumePoint
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, flatten
