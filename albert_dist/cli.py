@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"albert-dist: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.cli(rest) or 0)
+    code = int(module.cli(rest) or 0)
+    if command == "train":  # a rank of a multi-rank job ends here, past its interpreter's teardown
+        module.end_process(code)
+    return code
 
 
 if __name__ == "__main__":

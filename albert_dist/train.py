@@ -36,7 +36,7 @@ from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.engine.rendezvous import agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
-from albert_dist.engine.stop import StopFlag, exit_deadline, peer_failure
+from albert_dist.engine.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    error_line)
 from albert_dist.tracking.tracker import parse_run_ref
@@ -147,6 +147,18 @@ def cli(argv: Sequence[str]) -> int:
                 stop.restore()
 
 
+def end_process(code: int) -> None:
+    """After `cli` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
+    finalization (`albert_dist.engine.stop.end_rank`: a finished rank could abort in the teardown of gloo's
+    and DeepSpeed's C++ objects); a single process returns, so an in-process caller keeps its interpreter."""
+    try:
+        multi_rank = discover().world_size > 1
+    except ValueError:  # no consistent job environment: cli already said so; nothing to end early
+        return
+    if multi_rank:
+        end_rank(code)
+
+
 def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
     """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's, and the checkpoint
     directory's when `checkpoint.dir` puts it elsewhere. None without a fixed `run_dir` (the auto-named one is
@@ -222,4 +234,4 @@ def check_inputs(cfg: TrainConfig) -> None:
 
 
 __all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
-           "check_resume_from", "cli", "lock_run_dirs"]
+           "check_resume_from", "cli", "end_process", "lock_run_dirs"]

@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.util  # registers multiprocessing's exit handler, which ours must precede (atexit: LIFO)
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Iterable, Optional
@@ -120,6 +121,29 @@ def exit_deadline(code: int, seconds: float = EXIT_DEADLINE_S) -> threading.Thre
     return thread
 
 
+def end_rank(code: int) -> None:
+    """End this rank of a multi-rank job with `code` once its job is closed (tracker ended, loader workers
+    stopped, process group destroyed): flush logging and stdio, then `os._exit(code)`, without the
+    interpreter's finalization.
+
+    Why: in finalization, objects of the C++ runtime still referenced from Python (gloo's process groups and the
+    work handles DeepSpeed's ZeRO-3 keeps for prefetched parameters) are destroyed while the interpreter is
+    torn down, and a rank that finished its job can still abort there ("terminate called without an active
+    exception", SIGABRT): seen in 1 of 37 2-rank ZeRO-3 jobs on this CPU machine, and in CI; the same class of
+    crash as pytorch/pytorch#179291. A launcher reads such a rank's exit as a failed job (Slurm requeues it).
+    Exit handlers (`atexit`) do not run: the job's own end (`albert_dist.train.cli`) has done their work, and
+    `stop_loader_workers` runs here once more for any DataLoader worker still alive.
+    """
+    stop_loader_workers()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing left to keep
+            pass
+    os._exit(code)
+
+
 def peer_failure(err: BaseException) -> bool:
     """True when `err` is a collective failing because another rank is gone (gloo: the peer closed its
     connection; NCCL: a remote error or the watchdog's timeout): that rank's own traceback is the cause, this
@@ -164,5 +188,5 @@ class IgnoreStopSignals:
             self.then(worker_id)
 
 
-__all__ = ["STOP_SIGNALS", "EXIT_DEADLINE_S", "StopFlag", "IgnoreStopSignals", "exit_deadline", "peer_failure",
-           "stop_loader_workers"]
+__all__ = ["STOP_SIGNALS", "EXIT_DEADLINE_S", "StopFlag", "IgnoreStopSignals", "end_rank", "exit_deadline",
+           "peer_failure", "stop_loader_workers"]

@@ -197,4 +197,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from albert_dist.train import end_process
+
+    exit_code = main(sys.argv[1:])
+    end_process(exit_code)  # as `albert-dist train` ends a rank of a job (albert_dist.engine.stop.end_rank)
+    sys.exit(exit_code)

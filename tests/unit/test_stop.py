@@ -117,3 +117,29 @@ def test_a_retired_flag_keeps_the_exit_code_when_a_launcher_sigterms_the_rank_at
     """)
     assert proc.returncode == 75, (proc.returncode, proc.stderr)
     assert "received" not in proc.stderr
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_end_process_ends_a_rank_of_a_job_flushed_and_returns_in_a_single_process(world_size):
+    """A rank of a multi-rank job exits with the job's code at once: its buffered stdout and its log lines are
+    out, the interpreter's exit handlers (its teardown) never run; one process gets control back."""
+    proc, _ = _python(f"""
+        import atexit, logging, os, sys
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="{world_size}", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT="29999")
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from albert_dist.train import end_process
+        atexit.register(lambda: print("finalization ran"))
+        print("buffered stdout line")  # a pipe: block-buffered until flushed
+        logging.getLogger("job").info("a log line")
+        end_process(75)
+        print("returned")
+        sys.exit(3)
+        """)
+    assert "buffered stdout line" in proc.stdout and "a log line" in proc.stderr
+    if world_size == 2:
+        assert proc.returncode == 75
+        assert "returned" not in proc.stdout and "finalization ran" not in proc.stdout
+    else:
+        assert proc.returncode == 3
+        assert "returned" in proc.stdout and "finalization ran" in proc.stdout
