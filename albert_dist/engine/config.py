@@ -13,6 +13,8 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 GradAccumDtype = Literal["fp32", "bf16"]
 GRAD_ACCUM_DTYPES: tuple[str, ...] = get_args(GradAccumDtype)
+CompileScope = Literal["block", "model"]
+COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
 @dataclass
@@ -98,6 +100,12 @@ class EngineConfig:
     """ZeRO-Infinity parameter offload of the partitioned parameters (needs zero_stage 3)."""
     peak_tflops_per_device: Optional[float] = None
     """Peak dense TFLOP/s of one device for MFU; None: $ALBERT_DIST_PEAK_TFLOPS, else a matmul measured at start."""
+    compile: bool = False
+    """torch.compile (inductor) the training forward and backward (albert_dist.engine.compile); the first step
+    compiles. Off by default until measured on a GPU (docs/benchmarks.md has the CPU figures)."""
+    compile_scope: CompileScope = "block"
+    """What `compile` compiles: "block" (the executed-block function, once: two graphs serve every block) or
+    "model" (DeepSpeed's engine.compile(): the whole forward with heads and losses)."""
 
     @property
     def accumulation_dtype(self) -> str:
@@ -141,6 +149,8 @@ class EngineConfig:
         if self.offload_param.device != "none" and self.zero_stage != 3:
             raise ValueError(f"engine.offload_param.device={self.offload_param.device} needs engine.zero_stage=3, "
                              f"got zero_stage={self.zero_stage}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"engine.compile_scope must be one of {COMPILE_SCOPES}, got {self.compile_scope!r}")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

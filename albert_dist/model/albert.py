@@ -201,6 +201,9 @@ class AlbertTransformer(nn.Module):
             AlbertLayer(config, not self.share_attention, not self.share_ffn)
             for _ in range(0 if all_shared else config.num_executed_blocks))
         self.plan = executed_blocks(config)
+        # What runs one executed block: `_run_block`, or a compiled version of it (albert_dist.engine.compile
+        # compiles it once; every block of a sharing mode has the same structure, so one graph serves all).
+        self.run_block = _run_block
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None,
                 output_positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,9 +222,9 @@ class AlbertTransformer(nn.Module):
             positions = output_positions if n == last else None
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: the reentrant variant breaks ZeRO-2/3 when a module runs several times.
-                h = checkpoint(_run_block, attention, ffn_owner, h, key_mask, positions, use_reentrant=False)
+                h = checkpoint(self.run_block, attention, ffn_owner, h, key_mask, positions, use_reentrant=False)
             else:
-                h = _run_block(attention, ffn_owner, h, key_mask, positions)
+                h = self.run_block(attention, ffn_owner, h, key_mask, positions)
         return h
 
 

@@ -1,0 +1,110 @@
+"""`engine.compile`: torch.compile (inductor) of the training step's forward and backward, opt-in.
+
+Two scopes (`engine.compile_scope`), both measured by `bench/compile_step.py` (docs/benchmarks.md):
+
+* ``"block"``: `torch.compile` of the function that runs one executed block (`AlbertTransformer.run_block`),
+  once per process. Every executed block of every sharing mode has the same structure and dynamo treats the
+  parameters of the module passed in as graph inputs, so two graphs serve all L x K block calls: the blocks
+  before the last, and the last one, which computes only the output positions. Embeddings, heads and losses
+  stay eager.
+* ``"model"``: DeepSpeed's `engine.compile()` (0.19.8: ``module.compile(backend=<the accelerator's compile
+  backend>)``, inductor on CPU and CUDA): the whole forward (embeddings, blocks, heads, losses) in one graph at
+  ZeRO 0-2, its backward compiled with it by AOTAutograd.
+
+Both need static shapes: the model's MLM gather must have a fixed size (`AlbertForPreTraining`'s
+``max_predictions_per_seq``, which the trainer sets from the data config), or every batch would recompile.
+`compile_engine` refuses a model without it. After the first step nothing recompiles (asserted by
+tests/distributed/test_compile.py with ``torch._dynamo.config.error_on_recompile``). Evaluation runs eagerly
+(`eager`): its batches have other shapes and no backward, and compiling them would spend the recompilation
+budget of the training graphs.
+
+ZeRO-3: DeepSpeed's parameter-gathering hooks are ``torch.compiler.disable``-d, so every submodule call is a
+graph break (exact, measured slower on CPU; DeepSpeed's DeepCompile is the upstream route and not used here).
+Dropout: compiled code draws its own random numbers (inductor's RNG), so with dropout > 0 a compiled run is
+not bit-identical to an eager one (ALBERT v2 trains with dropout 0).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from albert_dist.engine.config import CompileScope
+
+logger = logging.getLogger(__name__)
+
+_compiled_block: Optional[Callable] = None
+
+
+def compiled_block_fn() -> Callable:
+    """The compiled `albert_dist.model.albert._run_block`, created once per process (one dynamo cache for every
+    model built in it). Not `fullgraph`: ZeRO-3's hooks break the graph at every submodule; at ZeRO 0-2 a block
+    has no graph break (tests/distributed/test_compile.py counts them)."""
+    global _compiled_block
+    if _compiled_block is None:
+        from albert_dist.model.albert import _run_block
+
+        _compiled_block = torch.compile(_run_block, dynamic=False)
+    return _compiled_block
+
+
+def compile_model(model: torch.nn.Module, scope: CompileScope) -> None:
+    """Compile `model` (an `AlbertForPreTraining`, not wrapped) in place for `scope` without DeepSpeed: "block"
+    swaps the encoder's `run_block`, "model" calls `model.compile()`. For benchmarks and tests of the model
+    alone; training goes through `compile_engine`. Raises `ValueError` like `compile_engine`."""
+    _check_static(model)
+    if scope == "block":
+        model.albert.encoder.run_block = compiled_block_fn()
+    elif scope == "model":
+        model.compile(dynamic=False)
+    else:
+        raise ValueError(f"engine.compile_scope must be 'block' or 'model', got {scope!r}")
+
+
+def compile_engine(engine: Any, scope: CompileScope) -> None:
+    """Compile a DeepSpeed engine's `AlbertForPreTraining` for `scope` (module docstring) before its first step.
+
+    "model" calls `engine.compile(compile_kwargs={"dynamic": False})`; "block" replaces the encoder's
+    `run_block` by `compiled_block_fn()`. Compilation itself happens at the first forward (and its backward).
+    Raises `ValueError` for an unknown scope or a model without a static MLM gather (`max_predictions_per_seq`
+    None).
+    """
+    model = engine.module
+    _check_static(model)
+    if scope == "model":
+        engine.compile(compile_kwargs={"dynamic": False})
+    elif scope == "block":
+        model.albert.encoder.run_block = compiled_block_fn()
+    else:
+        raise ValueError(f"engine.compile_scope must be 'block' or 'model', got {scope!r}")
+    logger.info("torch.compile (inductor), scope %s: the first step compiles", scope)
+
+
+def _check_static(model: torch.nn.Module) -> None:
+    if getattr(model, "max_predictions_per_seq", None) is None:
+        raise ValueError("engine.compile needs static shapes: build AlbertForPreTraining with "
+                         "max_predictions_per_seq (the trainer passes data.prediction_slots); without it every "
+                         "batch has a new gather size and recompiles")
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Run compiled functions eagerly inside the block (``torch.compiler.set_stance("force_eager")``): for
+    evaluation, whose shapes and no-grad graphs would otherwise compile anew."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+def dynamo_counters() -> dict[str, int]:
+    """Dynamo's totals so far in this process: ``unique_graphs`` compiled, ``graph_breaks``, ``frames_ok``
+    (frames compiled) — a snapshot before and after steps shows whether anything (re)compiled."""
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "frames_ok": int(counters["frames"]["ok"])}
+
+
+__all__ = ["CompileScope", "compile_engine", "compile_model", "compiled_block_fn", "dynamo_counters", "eager"]
