@@ -20,8 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("albert_dist.train", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
     "export": ("albert_dist.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
-    "compare": ("albert_dist.tracking.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
-    "tracking": ("albert_dist.tracking.sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
+    "compare": ("albert_dist.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
+    "tracking": ("albert_dist.tracking_sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
 }
 
 

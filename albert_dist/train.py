@@ -6,7 +6,7 @@ Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --mo
 ...`), torchrun, srun, and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
 (`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size and the
 input files are checked here before any process group starts (bad config: exit code 2, nothing started);
-then `albert_dist.engine.trainer.Trainer` runs the job.
+then `albert_dist.trainer.Trainer` runs the job.
 
 Exit codes (`albert_dist.exit_codes`): 0 done, 1 crash, 2 config/input error, 74 a checkpoint could not be
 written (disk full, ...), 75 stopped by SIGTERM/SIGUSR1
@@ -23,7 +23,7 @@ from albert_dist.config import TrainConfig, check_derived, load_config
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import discover, setup_logging
-from albert_dist.engine.trainer import Trainer
+from albert_dist.trainer import Trainer
 from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
 
 

@@ -88,7 +88,7 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
         tag = ckpt.save_checkpoint(engine, workdir, i + 1, {"pos": i}, config_hash(cfg), keep_last=repeats + 1,
                                    config=to_container(cfg))
         save_s = time.perf_counter() - t0
-        files = [workdir / tag / rel for rel in ckpt.list_files(workdir / tag)]
+        files = [workdir / tag / rel for rel in ckpt.payload_files(workdir / tag)]
         out["save_s"].append(save_s)
         out["bytes"] = sum(f.stat().st_size for f in files)
         for name, fn in sums.items():

@@ -248,7 +248,7 @@ def read_metrics(run_dir: str, batch: int = 16) -> tuple[dict[int, float], dict[
 
 def score_run(cfg, run_dir: str, scoring: dict[str, Any]) -> list[dict[str, float]]:
     """Curve of one trainer run: every kept checkpoint scored, with its training seconds and trainer val."""
-    from albert_dist.engine.checkpoint_dir import step_of
+    from albert_dist.engine.checkpoint.layout import step_of
 
     train_s, val = read_metrics(run_dir, cfg.engine.train_micro_batch_size_per_gpu)
     ckpt_dir = Path(run_dir, "checkpoints")

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from albert_dist.engine.checkpoint_dir import list_files, step_of, tag_for, write_latest
+from albert_dist.engine.checkpoint.layout import list_files, step_of, tag_for, write_latest
 from albert_dist.tracking.sender import is_transient, retrying
 
 log = logging.getLogger(__name__)

@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
 
     from albert_dist.config import load_config
-    from albert_dist.engine import checkpoint as ckpt
-    from albert_dist.engine.trainer import Trainer
+    from albert_dist.engine.checkpoint import save as ckpt_save
+    from albert_dist.trainer import Trainer
 
     import deepspeed.ops
 
@@ -78,14 +78,14 @@ def main(argv: list[str]) -> int:
         # a busy machine and a process killed during it (these tests kill ranks) leaves a stale file lock.
         mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)
         if args.crash_save_step is not None:
-            barrier = ckpt._barrier
+            barrier = ckpt_save._barrier
 
             def crashing_barrier() -> None:
                 if trainer.step == args.crash_save_step and trainer.dist_env.rank == args.crash_rank:
                     os._exit(CRASH_EXIT)
                 barrier()
 
-            mp.setattr(ckpt, "_barrier", crashing_barrier)
+            mp.setattr(ckpt_save, "_barrier", crashing_barrier)
         if args.enospc_step is not None:
             import errno
 

@@ -93,7 +93,7 @@ def test_server_down_at_start_then_up_and_never_up_then_sync(tmp_path, monkeypat
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert len(client.search_runs([exp.experiment_id])) == 2
     # a second sync finds nothing to send
-    from albert_dist.tracking.sync import sync
+    from albert_dist.tracking_sync import sync
 
     assert not any(sync(str(never)).values()) and len(client.get_metric_history(run_id, "loss")) == 6
     print(f"never-up job took {job_s:.1f} s")
@@ -123,7 +123,7 @@ def test_checkpoint_retention_keeps_newest_and_resumed_from(mlflow_server, tmp_p
 
 
 def test_relative_store_resume_and_compare_from_another_directory(tmp_path, monkeypatch, capsys):
-    from albert_dist.tracking import compare
+    from albert_dist import compare
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "a").mkdir()

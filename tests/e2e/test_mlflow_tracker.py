@@ -209,7 +209,7 @@ def test_credentials_appear_nowhere_in_the_run(mlflow_server, tmp_path, monkeypa
 
 
 def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path, monkeypatch, capsys):
-    from albert_dist.tracking import compare
+    from albert_dist import compare
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
     client = MlflowClient(mlflow_server.uri)

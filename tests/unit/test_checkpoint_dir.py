@@ -1,8 +1,8 @@
-"""The torch-free checkpoint-directory names (albert_dist.engine.checkpoint_dir) shared by engine and tracking."""
+"""The torch-free checkpoint-directory names (albert_dist.engine.checkpoint.layout) shared by engine and tracking."""
 import subprocess
 import sys
 
-from albert_dist.engine import checkpoint_dir as cd
+from albert_dist.engine.checkpoint import layout as cd
 
 
 def test_tags_round_trip_and_other_names_are_not_steps():
@@ -22,7 +22,7 @@ def test_latest_is_replaced_whole(tmp_path):
 
 
 def test_imports_no_torch():
-    code = "import sys, albert_dist.engine.checkpoint_dir; sys.exit('torch' in sys.modules)"
+    code = "import sys, albert_dist.engine.checkpoint.layout; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

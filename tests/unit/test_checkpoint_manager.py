@@ -120,7 +120,7 @@ def _config(**changes) -> dict:
 
 
 def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_path):
-    point = ckpt._point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    point = ckpt.resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
     current = _config(model__sharing="none", model__hidden_size=64)
     with pytest.raises(ckpt.ConfigDriftError) as err:
         ckpt.check_drift(point, current, world_size=2)
@@ -130,7 +130,7 @@ def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_pat
 
 
 def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
-    point = ckpt._point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    point = ckpt.resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
     drift = ckpt.check_drift(point, _config(max_steps=2000, log_interval_steps=5, optimizer__lr=2e-3), 2)
     assert sorted(drift.changes) == ["log_interval_steps", "max_steps", "optimizer.lr"]
     assert drift.changes["max_steps"] == (1000, 2000) and not drift.streams_restart
@@ -145,7 +145,7 @@ def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
 def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
     base = _config()
     micro, ga = base["engine"]["train_micro_batch_size_per_gpu"], base["engine"]["gradient_accumulation_steps"]
-    point = ckpt._point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    point = ckpt.resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
     ok = ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=1)
     assert "engine.gradient_accumulation_steps" in ok.changes
     with pytest.raises(ckpt.ConfigDriftError, match=f"global batch of {micro * ga * 2} sequences"):
@@ -155,7 +155,7 @@ def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
 def test_a_new_number_of_ranks_that_changes_the_global_batch_is_warned(tmp_path, caplog):
     base = _config()
     batch = base["engine"]["train_micro_batch_size_per_gpu"] * base["engine"]["gradient_accumulation_steps"]
-    point = ckpt._point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    point = ckpt.resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
     with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
         ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=2))  # same ranks: nothing to say
         assert caplog.records == []

@@ -1,4 +1,5 @@
-"""The package's layering (issue 15, DESIGN.md): a torch-free config layer and no import cycles, lazy or not."""
+"""The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
+not) runs down the layers base < model < data < engine < tracking < app."""
 import ast
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_find_cycle_detects_a_two_module_cycle():  # the checker itself can fail
 
 def test_no_import_cycles_in_the_package():
     graph = import_graph()
-    assert len(graph) > 30 and "albert_dist.engine.trainer" in graph
+    assert len(graph) > 30 and "albert_dist.trainer" in graph
     assert find_cycle(graph) is None
 
 
@@ -75,3 +76,37 @@ def test_config_layer_imports_no_torch(module):
             "('torch', 'deepspeed', 'mlflow', 'datasets')); print(heavy[:5]); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{module} imports {proc.stdout.strip()} {proc.stderr[-500:]}"
+
+
+#: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
+#: `base` is the process-exit contract every layer may name; `app` is every top-level module but it.
+LAYERS = ("base", "model", "data", "engine", "tracking", "app")
+
+
+def layer_of(module: str) -> str:
+    """The layer of an albert_dist module: its sub-package, else base (exit_codes) or app (the top level)."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("model", "data", "engine", "tracking"):
+        return parts[1]
+    return "base" if module in ("albert_dist", "albert_dist.exit_codes") else "app"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up the layers, as "importer (layer) -> imported (layer)"."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return sorted(f"{mod} ({layer_of(mod)}) -> {dep} ({layer_of(dep)})" for mod, deps in graph.items()
+                  for dep in deps if rank[layer_of(dep)] > rank[layer_of(mod)])
+
+
+def test_layer_checker_sees_an_upward_import_without_a_cycle():  # the checker itself can fail
+    assert layer_of("albert_dist.engine.checkpoint.save") == "engine"
+    assert layer_of("albert_dist.trainer") == "app" and layer_of("albert_dist.exit_codes") == "base"
+    graph = {"albert_dist.engine.loss": {"albert_dist.tracking.base"}, "albert_dist.tracking.base": set()}
+    assert find_cycle(graph) is None
+    assert upward_imports(graph) == ["albert_dist.engine.loss (engine) -> albert_dist.tracking.base (tracking)"]
+
+
+def test_every_import_runs_down_the_layers():
+    graph = import_graph()
+    assert {layer_of(m) for m in graph} == set(LAYERS)
+    assert upward_imports(graph) == []

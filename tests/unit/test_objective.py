@@ -63,7 +63,7 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path):
     import torch
 
     from albert_dist.config import load_config
-    from albert_dist.engine.trainer import Trainer
+    from albert_dist.trainer import Trainer
 
     overrides = ["model.num_hidden_layers=1", "model.num_hidden_groups=1", "model.hidden_size=32",
                  "model.embedding_size=16", "model.intermediate_size=64", "model.num_attention_heads=2",

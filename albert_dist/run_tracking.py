@@ -1,4 +1,4 @@
-"""What the trainer calls to use MLflow: build the job's tracker, fetch a run's checkpoint for
+"""The app's MLflow glue (what the trainer calls): build the job's tracker, fetch a run's checkpoint for
 ``--resume-from``, and log the final model. Kept here so the trainer's MLflow code is three calls.
 """
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Trainer:
                                                   seed=cfg.seed)
         fetch = None
         if self.resume_from is not None:  # MLflow: fetch the run's newest complete checkpoint, then resume it
-            from albert_dist.tracking.integration import fetch_run_checkpoint
+            from albert_dist.run_tracking import fetch_run_checkpoint
 
             def fetch(ckpt_dir: Path) -> None:
                 fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
@@ -165,8 +165,8 @@ class Trainer:
     def _build_tracker(self, resumed_step: Optional[int]):
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
         checkpoint's step) and, unless tracking.enabled is false, the MLflow run over it (collective;
-        `albert_dist.tracking.integration.build_tracker`)."""
-        from albert_dist.tracking.integration import build_tracker
+        `albert_dist.run_tracking.build_tracker`)."""
+        from albert_dist.run_tracking import build_tracker
 
         rank = self.dist_env.rank
         local = JsonlTracker(self.run_dir, resumed_step=resumed_step or 0) if rank == 0 else NullTracker()
@@ -308,7 +308,7 @@ class Trainer:
             code = self.train()
             status = "FINISHED" if code == EXIT_OK else "KILLED"
             if code == EXIT_OK and self.dist_env.rank == 0:  # MLflow: consolidated fp32 + HF export as artifacts
-                from albert_dist.tracking.integration import log_final_model
+                from albert_dist.run_tracking import log_final_model
 
                 log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
             if self.dist_env.rank == 0:
