@@ -35,51 +35,54 @@ from albert_dist.engine.config import CompileScope
 
 logger = logging.getLogger(__name__)
 
-_compiled_block: Optional[Callable] = None
+#: Backend of every compilation here (inductor generates C++ on CPU, Triton on CUDA); "eager" or "aot_eager"
+#: only trace (the CPU smoke run of bench/gpu_check.sh uses them to check the code path in seconds).
+DEFAULT_BACKEND = "inductor"
+_compiled_blocks: dict[str, Callable] = {}
 
 
-def compiled_block_fn() -> Callable:
-    """The compiled `albert_dist.model.albert._run_block`, created once per process (one dynamo cache for every
-    model built in it). Not `fullgraph`: ZeRO-3's hooks break the graph at every submodule; at ZeRO 0-2 a block
-    has no graph break (tests/distributed/test_compile.py counts them)."""
-    global _compiled_block
-    if _compiled_block is None:
+def compiled_block_fn(backend: str = DEFAULT_BACKEND) -> Callable:
+    """The compiled `albert_dist.model.albert._run_block`, created once per process and backend (one dynamo
+    cache for every model built in it). Not `fullgraph`: ZeRO-3's hooks break the graph at every submodule; at
+    ZeRO 0-2 a block has no graph break (tests/distributed/test_compile.py counts them)."""
+    if backend not in _compiled_blocks:
         from albert_dist.model.albert import _run_block
 
-        _compiled_block = torch.compile(_run_block, dynamic=False)
-    return _compiled_block
+        _compiled_blocks[backend] = torch.compile(_run_block, backend=backend, dynamic=False)
+    return _compiled_blocks[backend]
 
 
-def compile_model(model: torch.nn.Module, scope: CompileScope) -> None:
+def compile_model(model: torch.nn.Module, scope: CompileScope, backend: str = DEFAULT_BACKEND) -> None:
     """Compile `model` (an `AlbertForPreTraining`, not wrapped) in place for `scope` without DeepSpeed: "block"
-    swaps the encoder's `run_block`, "model" calls `model.compile()`. For benchmarks and tests of the model
-    alone; training goes through `compile_engine`. Raises `ValueError` like `compile_engine`."""
+    swaps the encoder's `run_block`, "model" calls `model.compile()` (what DeepSpeed's `engine.compile()` calls).
+    For benchmarks and tests of the model alone; training goes through `compile_engine`. Raises `ValueError`
+    like `compile_engine`."""
     _check_static(model)
     if scope == "block":
-        model.albert.encoder.run_block = compiled_block_fn()
+        model.albert.encoder.run_block = compiled_block_fn(backend)
     elif scope == "model":
-        model.compile(dynamic=False)
+        model.compile(backend=backend, dynamic=False)
     else:
         raise ValueError(f"engine.compile_scope must be 'block' or 'model', got {scope!r}")
 
 
-def compile_engine(engine: Any, scope: CompileScope) -> None:
+def compile_engine(engine: Any, scope: CompileScope, backend: str = DEFAULT_BACKEND) -> None:
     """Compile a DeepSpeed engine's `AlbertForPreTraining` for `scope` (module docstring) before its first step.
 
-    "model" calls `engine.compile(compile_kwargs={"dynamic": False})`; "block" replaces the encoder's
-    `run_block` by `compiled_block_fn()`. Compilation itself happens at the first forward (and its backward).
-    Raises `ValueError` for an unknown scope or a model without a static MLM gather (`max_predictions_per_seq`
-    None).
+    "model" calls `engine.compile(backend=backend, compile_kwargs={"dynamic": False})`; "block" replaces the
+    encoder's `run_block` by `compiled_block_fn(backend)`. Compilation itself happens at the first forward (and
+    its backward). Raises `ValueError` for an unknown scope or a model without a static MLM gather
+    (`max_predictions_per_seq` None).
     """
     model = engine.module
     _check_static(model)
     if scope == "model":
-        engine.compile(compile_kwargs={"dynamic": False})
+        engine.compile(backend=backend, compile_kwargs={"dynamic": False})
     elif scope == "block":
-        model.albert.encoder.run_block = compiled_block_fn()
+        model.albert.encoder.run_block = compiled_block_fn(backend)
     else:
         raise ValueError(f"engine.compile_scope must be 'block' or 'model', got {scope!r}")
-    logger.info("torch.compile (inductor), scope %s: the first step compiles", scope)
+    logger.info("torch.compile (%s), scope %s: the first step compiles", backend, scope)
 
 
 def _check_static(model: torch.nn.Module) -> None:
@@ -107,4 +110,5 @@ def dynamo_counters() -> dict[str, int]:
             "frames_ok": int(counters["frames"]["ok"])}
 
 
-__all__ = ["CompileScope", "compile_engine", "compile_model", "compiled_block_fn", "dynamo_counters", "eager"]
+__all__ = ["DEFAULT_BACKEND", "CompileScope", "compile_engine", "compile_model", "compiled_block_fn", "dynamo_counters",
+           "eager"]

@@ -36,6 +36,9 @@ RESUMABLE_FIELDS: dict[str, str] = {
     "data.num_workers": "loads with the new number of workers (the saved stream positions are dropped)",
     "engine.gradient_accumulation_steps": "accumulates the new number of micro-steps; the global batch must "
                                           "stay the same (checked), so the trajectory continues",
+    "engine.compile": "compiles (or not) from the resumed step on; the arithmetic is the same within fp32 "
+                      "rounding (tests/distributed/test_compile.py)",
+    "engine.compile_scope": "compiles the new scope from the resumed step on",
     "checkpoint": "checkpoints with the new settings",
     "tracking": "tracks with the new settings",
 }
