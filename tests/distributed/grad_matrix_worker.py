@@ -399,8 +399,6 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
-    from torch._dynamo.utils import counters as dynamo_counters_raw
-
     from albert_dist.engine.compile import compile_engine, dynamo_counters
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.grad_norm import install_exact_clipping
@@ -443,9 +441,12 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     after_initialize(engine)
     install_exact_clipping(engine)  # as the trainer does (ZeRO-0 fp32 only)
     if cfg.engine.compile:
-        torch._dynamo.reset()  # each compiled cell compiles afresh (inductor's on-disk caches make repeats cheap)
-        dynamo_counters_raw.clear()
+        # Compiled once per process and reused: dynamo guards on structure, not on the module instance, so the
+        # block graphs serve every later cell of any sharing mode (the model scope's, every cell of one sharing
+        # mode). A guard failure past the recompile limit would fall back to eager silently: here it raises.
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         compile_engine(engine, cfg.engine.compile_scope)
+        result_dynamo_before = dynamo_counters()
     # Count DeepSpeed's backward prologue (ZeRO bookkeeping, BF16_Optimizer clearing its bf16 gradients): it
     # runs only from hooks DeepSpeed puts on the output tensors it can find, i.e. only if it can walk our
     # output type. The hook closure looks the method up on the engine at call time, so an instance attribute
@@ -507,8 +508,11 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     result["prologue_calls"] = prologue_calls[0]
     result["grad_norm_f64"] = ref["grad_norm_f64"]
     result["step_s"] = step_s
-    if cfg.engine.compile:
-        result["dynamo"] = dynamo_after
+    if cfg.engine.compile:  # process-wide counts at the cell's start, after step 1, after step 2
+        result["dynamo"] = [result_dynamo_before] + dynamo_after
+        result["compiled"] = (engine.module.albert.encoder.run_block is not albert_module._run_block
+                              if cfg.engine.compile_scope == "block"
+                              else getattr(engine.module, "_compiled_call_impl", None) is not None)
     engine.destroy()
     result["seconds"] = time.perf_counter() - t_setup
     if cell.static_head and not cell.compile:  # an eager twin: kept for the compiled cell that follows it
