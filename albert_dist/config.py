@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Optional, Sequence, get_args, get_type_hints
+from typing import Any, Optional, Sequence, get_args, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
@@ -126,6 +127,8 @@ def _apply_layer(merged, layer: dict, source: str):
     `model=NAME` is short for `model.preset=NAME`. Warmup given in one form (`warmup_steps` or
     `warmup_ratio`) replaces the other form of earlier layers; both in one layer is an error (OptimConfig).
     """
+    if _INDEXED in layer:
+        return _set_indexed(merged, *layer[_INDEXED], source)
     model = layer.get("model")
     if isinstance(model, str):
         model = {"preset": model}
@@ -142,6 +145,34 @@ def _apply_layer(merged, layer: dict, source: str):
         other = {"warmup_ratio": None} if "warmup_steps" in optimizer else {"warmup_steps": 0}
         merged = _merge(merged, {"optimizer": other}, source)
     return _merge(merged, layer, source)
+
+
+#: Key of an override layer that sets a list item by index (`load_config`), never a config field.
+_INDEXED = "__indexed_override__"
+_INDEX_RE = re.compile(r"\[(\d+)\]")
+
+
+def _set_indexed(merged, key: str, value: Any, source: str):
+    """`merged` with `key` (dotted, with list indices: data.train[0].paths) set to `value`.
+
+    Raises ValueError naming the override when an index is past the end of its list or the key is malformed.
+    """
+    dotted = _INDEX_RE.sub(lambda m: f".{m.group(1)}", key)
+    if "[" in dotted or "]" in dotted:
+        raise ValueError(f"{source}: {key!r} is not a dotted key with list indices like data.train[0].paths")
+    node = merged
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):  # OmegaConf.update would create list items past the end (then fail obscurely)
+        if OmegaConf.is_list(node) and not (part.isdigit() and int(part) < len(node)):
+            where = ".".join(parts[:i])
+            raise ValueError(f"{source}: {where} has {len(node)} item(s), so {where}[{part}] does not exist "
+                             f"(give the whole list to add items: {where}=[...])")
+        node = node[int(part)] if OmegaConf.is_list(node) else (node.get(part) if OmegaConf.is_dict(node) else None)
+    try:
+        OmegaConf.update(merged, dotted, value, merge=True)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{source}: {_describe(err)}") from err
+    return merged
 
 
 def _merge(merged, layer: dict, source: str):
@@ -229,8 +260,13 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ValueError(f"override {item!r} must look like dotted.key=value")
+        key, value = item.split("=", 1)
         try:
-            layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
+            if "[" in key:  # a list item by index (data.train[0].paths=[...]): set into what is merged so far
+                value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
+                layers.append((f"override {item!r}", {_INDEXED: (key, value)}))
+            else:
+                layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
         except OmegaConfBaseException as err:
             raise ValueError(f"override {item!r}: {_describe(err)}") from err
     return resolve_paths(_load(layers))
@@ -242,12 +278,12 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
     an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.sources.resolve_path`, the rule the data section always had).
+    repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     from dataclasses import replace
 
-    from albert_dist.data.sources import resolve_path
+    from albert_dist.data.paths import resolve_path
 
     def inputs(paths: list[str]) -> list[str]:
         return [str(resolve_path(p)) for p in paths]
@@ -310,6 +346,16 @@ def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
         if not _is_model_preset(_read_yaml(Path(ref), "a config")):
             return load_config(ref).model
     return _load([(ref, {"model": {"preset": ref}})]).model
+
+
+def model_config_of(config: dict, source: str) -> AlbertConfig:
+    """The `AlbertConfig` of a resolved config as plain dicts (`to_container`; a checkpoint's albert_dist.json
+    holds one), with `load_config`'s strictness; `source` names it in errors.
+
+    Raises:
+        ValueError: unknown key, wrong type or invalid value (naming `model.<field>`).
+    """
+    return _load([(source, {"model": dict(config.get("model") or {})})]).model
 
 
 def check_derived(cfg: TrainConfig, world_size: int) -> int:

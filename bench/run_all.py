@@ -60,6 +60,9 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "resume": {"repeats": 3},
     # cold compiles of two scopes (~40 and ~120 CPU s of inductor on 2 idle cores), then 5 steps of 4 variants
     "compile_step": {"repeats": 5},
+    # read amplification on 40 MB corpora, one slot's throughput 128 MB vs 16 MB, 1-step runs over 2,000 files,
+    # a 1,024 x 8-slot plan (~2 min); --full sizes in docs/data.md
+    "data_scale": {"repeats": 1, "full": False},
     # ours (matched recipe) vs the peer as the standalone 1,000-step run (bench/convergence.py), on 60 steps and
     # 200 scored blocks (~80 s); at 60 steps both sit near the unigram floor: it checks the harness end to end
     "convergence": {"steps": 60, "report_steps": [30, 60], "curve_every": 30, "score_blocks": 200,

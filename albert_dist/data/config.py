@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, get_args
 
-#: source formats understood by :mod:`albert_dist.data.sources`; "auto" picks one from the file suffix.
+#: source formats understood by :mod:`albert_dist.data.paths`; "auto" picks one from the file suffix.
 SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
 FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.

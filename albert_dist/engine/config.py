@@ -260,6 +260,13 @@ class CheckpointConfig:
     on_save_error: str = "fail"
     """A save that fails (disk full, any OS error): "fail" = exit with EXIT_SAVE_FAILED; "continue" = log it, keep training, retry at the next interval."""
 
+    def directory(self, run_dir: Optional[str]) -> Optional[str]:
+        """Where the job's checkpoints live: `dir`, else `<run_dir>/checkpoints`; None while the run directory
+        is still to be chosen (`run_dir` None: the trainer picks runs/<recipe>-<time> once the ranks are up)."""
+        if self.dir is not None:
+            return self.dir
+        return None if run_dir is None else f"{run_dir.rstrip('/')}/checkpoints"
+
     def __post_init__(self) -> None:
         if self.save_interval_steps < 0:
             raise ValueError(f"checkpoint.save_interval_steps must be >= 0, got {self.save_interval_steps!r}")
