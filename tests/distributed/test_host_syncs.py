@@ -99,6 +99,8 @@ def test_micro_steps_read_nothing_from_the_device(tmp_path, zero_stage):
         assert stops == {s: 1 for s in range(1, STEPS + 1)}, stops
         log_steps = {c["step"] for c in ours if c["phase"] == "log"}
         assert log_steps == set(range(LOG_EVERY, STEPS + 1, LOG_EVERY)), log_steps
+        # save() runs after every step but writes only at the last one here (save_interval_steps: 0)
+        assert {c["step"] for c in ours if c["phase"] == "save"} <= {STEPS}
         assert not [c for c in ours if c["phase"] not in ("step", "stop", "log", "save")]
         upstream = Counter((c["site"], c["method"]) for c in calls if c["owner"] != "ours" and c["phase"] == "step")
         print(f"ZeRO-{zero_stage} rank {rank}: DeepSpeed/other host reads in {STEPS} steps: {dict(upstream)}")
