@@ -61,6 +61,8 @@ MODEL_OVERRIDES = [
 OPTIM_OVERRIDES = ["optimizer.type=adamw", "optimizer.lr=1.0", "optimizer.eps=1.0", "optimizer.weight_decay=0.01",
                    "optimizer.warmup_steps=0", "engine.gradient_clipping=0.5", "max_steps=1"]
 
+#: Slots per row of the static MLM gather in the cells that use it: more than any row of `global_batch` holds.
+STATIC_SLOTS = 9
 SHARINGS = ("all", "attention", "ffn", "none")
 STAGES = (0, 1, 2, 3)
 GAS = (1, 3)
@@ -430,10 +432,13 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
         ref32 = ref_cache[key32]
 
     ds_config = build_deepspeed_config(cfg.engine, world_size)
-    # The trainer's static gather has data.prediction_slots slots; here the longest row of the cell's batches.
-    slots = (max(int((b["mlm_labels"] != -100).sum(1).max()) for b in batches + (second_batches or []))
-             if cell.static_head else None)
-    model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=slots)
+    # The trainer's static gather has data.prediction_slots slots; here STATIC_SLOTS for every cell (one shape,
+    # so the compiled graphs serve every cell), checked to hold the longest row.
+    if cell.static_head:
+        longest = max(int((b["mlm_labels"] != -100).sum(1).max()) for b in batches + (second_batches or []))
+        if longest > STATIC_SLOTS:
+            raise ValueError(f"a row of cell {cell.id} has {longest} labels, more than STATIC_SLOTS={STATIC_SLOTS}")
+    model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=STATIC_SLOTS if cell.static_head else None)
     model.load_state_dict(ref["state"])
     optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
     t0 = time.perf_counter()
@@ -445,6 +450,12 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
         # block graphs serve every later cell of any sharing mode (the model scope's, every cell of one sharing
         # mode). A guard failure past the recompile limit would fall back to eager silently: here it raises.
         torch._dynamo.config.fail_on_recompile_limit_hit = True
+        # Each family of cells (scope; ZeRO-3 or not: its hooks break the graphs at every submodule) starts from
+        # an empty dynamo cache, so the graphs a family compiles are counted on their own.
+        family = (cfg.engine.compile_scope, cell.zero_stage == 3)
+        if ref_cache.get("compile_family") != family:
+            torch._dynamo.reset()
+            ref_cache["compile_family"] = family
         compile_engine(engine, cfg.engine.compile_scope)
         result_dynamo_before = dynamo_counters()
     # Count DeepSpeed's backward prologue (ZeRO bookkeeping, BF16_Optimizer clearing its bf16 gradients): it
