@@ -151,6 +151,22 @@ def compile_cells(scope: str, sharings=("all", "none"), stages=STAGES, gas=GAS) 
     return cells
 
 
+def warm_compile_caches(cells: list[Cell]) -> None:
+    """Compile, in this process, the ZeRO 0-2 graphs the compiled `cells` will need (the plain model of each
+    (scope, sharing), the same config, static slots, batch shapes and thread count), so that the spawned ranks
+    load them from inductor's on-disk caches instead of both compiling them on the same two cores. ZeRO-3's
+    graphs (cut by DeepSpeed's hooks) cannot be made without DeepSpeed and are compiled by the ranks."""
+    from albert_dist.engine.compile import compile_model
+    from albert_dist.model import AlbertForPreTraining
+
+    torch.set_num_threads(1)
+    for scope, sharing in sorted({(c.compile, c.sharing) for c in cells if c.compile and c.zero_stage < 3}):
+        cfg = train_config(Cell(sharing, 0, 1, False)).model
+        model = AlbertForPreTraining(cfg, max_predictions_per_seq=STATIC_SLOTS)
+        compile_model(model, scope)
+        model(**global_batch(cfg, 1, seed=SEED)[0]).loss.backward()
+
+
 def control_cells() -> list[Cell]:
     """Cells that must fail: reentrant activation checkpointing under ZeRO-2 (DeepSpeed's hook sees a shared
     parameter's gradient once per checkpointed segment)."""

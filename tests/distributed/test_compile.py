@@ -45,6 +45,7 @@ NORM_TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
+    gm.warm_compile_caches(COMPILED)
     return _keep(gm.run_matrix(CELLS, timeout_s=2300), "compile")
 
 
