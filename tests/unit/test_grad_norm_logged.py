@@ -2,7 +2,7 @@
 `norm()` (5.75e-5 low on the tied embedding) and keeps no norm. The trainer installs ZeRO-1/2's float64 norm for
 clipping and logging, so 8 clipped steps of ZeRO-0 and ZeRO-1 (same init, same batches, one rank) log the same
 `train/grad_norm` at every step to 1e-6 and end with the same weights (the tied embedding to 2e-6, where
-DeepSpeed's own ZeRO-0 clipping was 1.2e-5 off)."""
+DeepSpeed's own ZeRO-0 clipping was 1.2e-5 off; the control runs it and must be off by more than 4e-6)."""
 import json
 import math
 import os
@@ -26,12 +26,18 @@ SHORT = [f"max_steps={STEPS}", "engine.train_micro_batch_size_per_gpu=2", "data.
 TIED = "albert.embeddings.word_embeddings.weight"
 
 
-def _run(stage: int, run_dir: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+#: The control's entry point: the CLI with the trainer's exact clipping switched off (DeepSpeed's own fp32 one).
+DEEPSPEED_CLIPPING = ("import sys, albert_dist.trainer as t; t.install_exact_clipping = lambda engine: False; "
+                      "from albert_dist.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _run(stage: int, run_dir: Path, deepspeed_clipping: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
     """(train/grad_norm of every step, the module's weights after the last step) of a 1-rank CLI run."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config",
+    entry = ["-c", DEEPSPEED_CLIPPING] if deepspeed_clipping else ["-m", "albert_dist.cli"]
+    proc = subprocess.run([sys.executable, *entry, "train", "--config",
                            "configs/pretrain/albert-tiny-wikitext.yaml", *SHORT, f"engine.zero_stage={stage}",
                            f"run_dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -53,6 +59,9 @@ def test_zero0_fp32_clips_and_logs_with_zero1s_norm(tmp_path):
     assert float((w0[TIED] - w1[TIED]).abs().max()) / scale < 2e-6
     for name in w1:
         assert float((w0[name] - w1[name]).abs().max()) <= 2e-6 * max(float(w1[name].abs().max()), 1e-3), name
+    # Control: DeepSpeed's own ZeRO-0 clipping (fp32 norms) drifts from ZeRO-1 by more than the bound above.
+    _, w_ds = _run(0, tmp_path / "z0-deepspeed", deepspeed_clipping=True)
+    assert float((w_ds[TIED] - w1[TIED]).abs().max()) / scale > 4e-6
 
 
 def test_global_grad_norm_is_zero1s_float64_norm():
