@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, get_args, get_type_hints
 
@@ -21,9 +21,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
+from albert_dist.data.paths import resolve_path
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
+from albert_dist.on_resume import APPLIES, NOTE_KEY, QUIET, REFUSE, RULE_KEY, RULES, flatten, on_resume
 from albert_dist.tracking.config import TrackingConfig
 
 
@@ -31,31 +33,36 @@ from albert_dist.tracking.config import TrackingConfig
 class TrainConfig:
     """A whole pretraining job. Sections configure their component; the scalars configure the training loop."""
 
-    model: AlbertConfig = field(default_factory=AlbertConfig)
+    model: AlbertConfig = field(default_factory=AlbertConfig, metadata=on_resume(REFUSE))
     """Model hyper-parameters (albert_dist.model.config.AlbertConfig, transformers' names)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Corpora, tokenizer, SOP/MLM example construction and loader workers."""
     optimizer: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser, weight decay and learning-rate schedule."""
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig, metadata=on_resume(
+        APPLIES, "follows the new SOP weight schedule from the checkpoint's step on"))
     """Weight and schedule of the SOP loss against the MLM loss (albert_dist.engine.objective)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """DeepSpeed settings: ZeRO stage, batch sizes, precision, clipping."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=on_resume(QUIET))
     """Checkpoint interval, retention and resume."""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=on_resume(QUIET))
     """Experiment tracking (MLflow)."""
-    max_steps: int = 1000
+    max_steps: int = field(default=1000, metadata=on_resume(
+        APPLIES, "trains on to the new max_steps; the learning rate follows the new max_steps' schedule from the "
+                 "checkpoint's step on (lr_factor(step, warmup_steps, max_steps) of the current config)"))
     """Optimiser steps to train; also the length of the learning-rate schedule."""
-    seed: int = 1234
+    seed: int = field(default=1234, metadata=on_resume(
+        APPLIES, "loads the checkpoint's weights and RNG states: the seed only seeds dropout where a rank's RNG "
+                 "state cannot be restored (another number of ranks)"))
     """Seed of model initialisation (same on every rank) and of dropout (offset by the rank)."""
-    run_dir: Optional[str] = None
+    run_dir: Optional[str] = field(default=None, metadata=on_resume(QUIET))
     """Directory of this run's outputs (config, ds_config.json, metrics.jsonl, checkpoints); None: runs/<recipe>-<UTC time>."""
-    log_interval_steps: int = 10
+    log_interval_steps: int = field(default=10, metadata=on_resume(QUIET))
     """Optimiser steps between two metric records (loss, accuracies, lr, grad norm, throughput, MFU, memory)."""
-    eval_interval_steps: int = 100
+    eval_interval_steps: int = field(default=100, metadata=on_resume(QUIET))
     """Optimiser steps between two validations (the fixed set of data.eval_examples; 0: only after the last step)."""
-    progress_bar: bool = True
+    progress_bar: bool = field(default=True, metadata=on_resume(QUIET))
     """Show a tqdm progress bar with ETA on rank 0."""
 
     def __post_init__(self) -> None:
@@ -281,10 +288,6 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
-    from dataclasses import replace
-
-    from albert_dist.data.paths import resolve_path
-
     def inputs(paths: list[str]) -> list[str]:
         return [str(resolve_path(p)) for p in paths]
 
@@ -377,17 +380,67 @@ def to_container(cfg: TrainConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
-#: Sections and fields whose change does not change what the run computes (where it writes, how it logs).
-_HASH_EXCLUDED = ("run_dir", "checkpoint", "tracking", "log_interval_steps", "progress_bar")
+def resume_rules() -> dict[str, tuple[str, str]]:
+    """The one table of what changing a config field means on resume: dotted field -> (rule, note), from the
+    `on_resume` tag of each field (`albert_dist.on_resume`; a field without a tag takes its section's).
+
+    Sections (dataclass fields) are descended; lists, e.g. `data.train` or `optimizer.betas`, are single fields.
+    Raises `ValueError` for a field with no rule at all (every field must say what a resume does with it).
+    """
+    table: dict[str, tuple[str, str]] = {}
+
+    def walk(cls: type, prefix: str, inherited: Optional[tuple[str, str]]) -> None:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            key = f"{prefix}{f.name}"
+            own = (f.metadata[RULE_KEY], f.metadata.get(NOTE_KEY, "")) if RULE_KEY in f.metadata else None
+            rule = own or inherited
+            if is_dataclass(hints[f.name]):
+                walk(hints[f.name], key + ".", rule)
+            elif rule is None:
+                raise ValueError(f"config field {key} has no on_resume rule (albert_dist.on_resume)")
+            else:
+                table[key] = rule
+
+    walk(TrainConfig, "", None)
+    return table
+
+
+def resume_table_markdown() -> str:
+    """The resume-semantics table as docs/checkpoints.md shows it: one row per (rule, note), its fields (a
+    section whose fields all share the row as `section.*`), and what happens."""
+    table = resume_rules()
+    rows: dict[tuple[str, str], list[str]] = {}
+    for key, rule in table.items():
+        rows.setdefault(rule, []).append(key)
+
+    def collapse(keys: list[str]) -> list[str]:
+        out, done = [], set()
+        for key in keys:
+            parts = key.split(".")
+            for depth in range(1, len(parts)):  # the shortest section all of whose fields are in this row
+                section = ".".join(parts[:depth]) + "."
+                if all(k in keys for k in table if k.startswith(section)):
+                    if section not in done:
+                        done.add(section)
+                        out.append(section + "*")
+                    break
+            else:
+                out.append(key)
+        return out
+
+    order = list(RULES)
+    lines = ["| on resume | fields | what the resumed run does |", "|---|---|---|"]
+    for (rule, note), keys in sorted(rows.items(), key=lambda item: (order.index(item[0][0]), item[0][1])):
+        what = f"the run {note}; warned" if note else RULES[rule]
+        lines.append(f"| `{rule}` | {', '.join(f'`{k}`' for k in collapse(keys))} | {what} |")
+    return "\n".join(lines) + "\n"
 
 
 def config_hash(cfg: TrainConfig) -> str:
-    """SHA-256 (16 hex digits) of the config fields that determine the training trajectory.
-
-    Excludes output/logging fields (`_HASH_EXCLUDED`). The engine section is included, so a resume with
-    another accumulation count (e.g. to keep the global batch on another world size) is reported as a
-    changed config.
-    """
-    data = {k: v for k, v in to_container(cfg).items() if k not in _HASH_EXCLUDED}
+    """SHA-256 (16 hex digits) of the config fields that determine the training trajectory: every field but the
+    ones `resume_rules` calls quiet (where the run writes, how often it logs, evaluates or saves, tracking)."""
+    rules = resume_rules()
+    data = {k: v for k, v in flatten(to_container(cfg)).items() if rules.get(k, ("",))[0] != QUIET}
     blob = json.dumps(data, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -43,6 +43,7 @@ from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, rea
 from albert_dist.engine.checkpoint.plan import newest_verified
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
+from albert_dist.model.hf import to_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
     if path.suffix != ".safetensors":
         torch.save(state, path)
         return path
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # here: only the .safetensors suffix needs it
 
     out = {}
     for key, tensor in state.items():
@@ -177,6 +178,7 @@ def consolidate_fp32(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
         FileNotFoundError: no such checkpoint.
         ValueError: DeepSpeed cannot read it (message from DeepSpeed).
     """
+    # here: importing DeepSpeed costs seconds, and a consolidated state dict does not need it
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     path = os.path.join(ckpt_dir, tag)
@@ -215,7 +217,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # here: only the .safetensors suffix needs it
 
         state = load_file(str(path), device="cpu")
     else:
@@ -252,8 +254,6 @@ def export(checkpoint: str | Path, config: AlbertConfig | str | Path, output: st
 
     Raises `ValueError` for a mismatching checkpoint or a model transformers cannot represent.
     """
-    from albert_dist.model.hf import to_transformers  # here: transformers is an optional extra
-
     if not isinstance(config, AlbertConfig):
         config = load_config(config)
     model = load_model(checkpoint, config)
@@ -327,14 +327,21 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
         yaml.safe_dump(dataclasses.asdict(model_config), f, sort_keys=False)
     written["fp32"] = fp32_dir
     try:
-        from albert_dist.model.hf import to_transformers  # here: transformers is an optional extra
-
-        hf_model = to_transformers(model)
+        hf_model = to_transformers(model)  # ImportError without the hf extra
     except (ImportError, ValueError) as exc:
         logger.warning("no transformers export: %s", exc)
         return written
     hf_dir = os.path.join(out_dir, "hf")
-    hf_model.save_pretrained(hf_dir)
+    from transformers.utils import logging as hf_logging  # importable: to_transformers succeeded
+
+    # the end of a training job: transformers' "Writing model shards" bar would land in the job's log file
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        hf_model.save_pretrained(hf_dir)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
     if tokenizer_path:
         shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
         write_transformers_config(hf_dir, model_config.max_position_embeddings)

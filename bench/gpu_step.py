@@ -248,9 +248,7 @@ def model_step_vs_hf(model_name: str, batches: list[dict], data_cfg, warmup: int
     opts = {"ours": torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=fused),
             "hf": torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=fused)}
 
-    def make_step(name):
-        model, opt = (ours, opts["ours"]) if name == "ours" else (hf, opts["hf"])
-
+    def make_step(name, model, opt):
         def step(b):
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -268,8 +266,8 @@ def model_step_vs_hf(model_name: str, batches: list[dict], data_cfg, warmup: int
     half = max(1, steps // 2)
     for block in range(2):  # ours, hf, ours, hf: drift hits both
         for name in ("ours", "hf"):
-            times[name] += _time_steps(make_step(name), batches[: warmup + half], warmup if block == 0 else 0,
-                                       device)
+            step = make_step(name, ours if name == "ours" else hf, opts[name])
+            times[name] += _time_steps(step, batches[: warmup + half], warmup if block == 0 else 0, device)
     positions = micro * seq
     out = {"seq": seq, "micro_batch": micro,
            "ours_tokens_per_s": [positions / t for t in times["ours"]],

@@ -8,11 +8,12 @@ Every rank yields a batch on every call, forever, so ranks cannot diverge in ste
 
 The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
 
-Resume requires the same world size, ``num_workers``, micro batch size, corpus and config (checked:
-``ValueError`` on a mismatch of the slot layout or the stream's fingerprint). The pieces are planned for this
-stream's slots (world_size x num_workers), so they are part of the fingerprint: a job resumed on another world
-size rebuilds the old streams as "rank r of the old world size" (`albert_dist.engine.reshard`), which plans the
-same pieces again.
+Resume requires the same world size, ``num_workers``, micro batch size, corpus and stream settings (checked:
+``ValueError`` on a mismatch of the slot layout or the stream's fingerprint); a resume whose config changes any of
+them restarts the streams instead (`albert_dist.engine.checkpoint.drift`, by the same ``on_resume`` tags). The
+pieces are planned for this stream's slots (world_size x num_workers), so they are part of the fingerprint: a job
+resumed on another world size rebuilds the old streams as "rank r of the old world size"
+(`albert_dist.engine.reshard`), which plans the same pieces again.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -34,8 +35,16 @@ from albert_dist.data.plan import SourcePlan, amplification_warning, summarize_p
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.stream import SourceStream, plan_source
 from albert_dist.data.tokenizer import load_tokenizer
+from albert_dist.on_resume import RESTART_STREAMS, RULE_KEY
 
 logger = logging.getLogger(__name__)
+
+#: The DataConfig fields a stream's batches depend on: those whose change restarts the streams on resume (the
+#: `on_resume` tags, one table with the drift check), except the sources (the fingerprint holds their pieces
+#: and settings instead) and num_workers (it sizes the pieces, which are fingerprinted; the slot is checked when
+#: iterating).
+FINGERPRINT_FIELDS = tuple(f.name for f in fields(DataConfig) if f.metadata.get(RULE_KEY) == RESTART_STREAMS
+                           and f.name not in ("train", "num_workers"))
 #: Extra bytes read per epoch (over reading every byte once) below which read amplification is an info line,
 #: not the warning: a small corpus read a few times costs less than one training step.
 QUIET_EXTRA_BYTES = 64 << 20
@@ -84,10 +93,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
     def _fingerprint(self, micro_batch_size: int) -> str:
         """Hash of what defines this stream's batches: the sources' pieces (file names and byte ranges, not
         absolute paths, so a checkpoint survives moving the corpus; they depend on world_size x num_workers through
-        their size), example settings, seed, batch size. Fields that do not change the batches (eval_examples,
-        eval_seed) are left out; the slot itself is checked when iterating."""
-        keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
-                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shuffle_documents", "shard_piece_bytes", "max_document_bytes")
+        their size), the settings of `FINGERPRINT_FIELDS`, the batch size. Fields that do not change the batches
+        (the validation set's) are left out; the slot itself is checked when iterating."""
         pieces = [
             None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
             for plan in self.plans
@@ -96,7 +103,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             "split": self.split, "micro_batch_size": micro_batch_size, "pieces": pieces,
             "sources": [asdict(s) | {"paths": s.paths if s.format == "hub" else None} for s in self.sources],
             # the tokenizer by file name, like the pieces: config paths are absolute since load_config resolves them
-            "settings": {k: getattr(self.cfg, k) for k in keys} | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
+            "settings": {k: getattr(self.cfg, k) for k in FINGERPRINT_FIELDS}
+            | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

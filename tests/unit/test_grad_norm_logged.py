@@ -3,20 +3,18 @@
 clipping and logging, so 8 clipped steps of ZeRO-0 and ZeRO-1 (same init, same batches, one rank) log the same
 `train/grad_norm` at every step to 1e-6 and end with the same weights (the tied embedding to 2e-6, where
 DeepSpeed's own ZeRO-0 clipping was 1.2e-5 off; the control runs it and must be off by more than 4e-6)."""
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, clean_env, read_metrics, run_cli
 
 from albert_dist.engine import metric_names as names
 from albert_dist.engine.grad_norm import global_grad_norm
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 CLIP = 0.5
 SHORT = [f"max_steps={STEPS}", "engine.train_micro_batch_size_per_gpu=2", "data.max_seq_length=32",
@@ -25,7 +23,6 @@ SHORT = [f"max_steps={STEPS}", "engine.train_micro_batch_size_per_gpu=2", "data.
          "checkpoint.save_interval_steps=0", "eval_interval_steps=0"]
 TIED = "albert.embeddings.word_embeddings.weight"
 
-
 #: The control's entry point: the CLI with the trainer's exact clipping switched off (DeepSpeed's own fp32 one).
 DEEPSPEED_CLIPPING = ("import sys, albert_dist.trainer as t; t.install_exact_clipping = lambda engine: False; "
                       "from albert_dist.cli import main; sys.exit(main(sys.argv[1:]))")
@@ -33,21 +30,21 @@ DEEPSPEED_CLIPPING = ("import sys, albert_dist.trainer as t; t.install_exact_cli
 
 def _run(stage: int, run_dir: Path, deepspeed_clipping: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
     """(train/grad_norm of every step, the module's weights after the last step) of a 1-rank CLI run."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
-    env["OMP_NUM_THREADS"] = "1"
-    entry = ["-c", DEEPSPEED_CLIPPING] if deepspeed_clipping else ["-m", "albert_dist.cli"]
-    proc = subprocess.run([sys.executable, *entry, "train", "--config",
-                           "configs/pretrain/albert-tiny-wikitext.yaml", *SHORT, f"engine.zero_stage={stage}",
-                           f"run_dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    args = ["train", "--config", "configs/pretrain/albert-tiny-wikitext.yaml", *SHORT, f"engine.zero_stage={stage}",
+            f"run_dir={run_dir}"]
+    if deepspeed_clipping:
+        proc = subprocess.run([sys.executable, "-c", DEEPSPEED_CLIPPING, *args], cwd=REPO, env=clean_env(),
+                              capture_output=True, text=True, timeout=600)
+    else:
+        proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    norms = [r[names.TRAIN_GRAD_NORM] for r in records if names.TRAIN_GRAD_NORM in r]
+    norms = [r[names.TRAIN_GRAD_NORM] for r in read_metrics(run_dir, names.TRAIN_GRAD_NORM)]
     states = torch.load(run_dir / "checkpoints" / f"step_{STEPS}" / "mp_rank_00_model_states.pt",
                         map_location="cpu", weights_only=False)
     return norms, states["module"]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_zero0_fp32_clips_and_logs_with_zero1s_norm(tmp_path):
     (n0, w0), (n1, w1) = _run(0, tmp_path / "z0"), _run(1, tmp_path / "z1")

@@ -57,18 +57,21 @@ def to_universal(point: ResumePoint) -> str:
     return tag
 
 
-def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
+def load_checkpoint(engine, point: ResumePoint, universal: Optional[bool] = None) -> dict[str, Any]:
     """Load `point` into `engine` on every rank (collective); returns the saved `client_state["albert_dist"]`.
 
-    When the world size or ZeRO stage differs (`point.needs_universal`), the engine must have been built with
-    `checkpoint.load_universal=true` in its DeepSpeed config (`CheckpointManager.resume` does it). RNG states
+    `universal` (default: `point.needs_universal`, another number of ranks) loads through DeepSpeed's universal
+    checkpoint (`to_universal`, once); the engine must then have been built with `checkpoint.load_universal=true`
+    in its DeepSpeed config (`CheckpointManager.resume` does it, also for a changed ZeRO stage). RNG states
     are not restored here. The optimiser's hyper-parameters are the *current config's* afterwards, whatever the
     checkpoint holds: every param group's weight_decay, betas, eps, ... (`albert_dist.engine.optim.
     repair_optimizer_after_load`, which also repairs DeepSpeed's ZeRO-3 universal load) and the schedule's peak
     lr (`_follow_config_schedule`); moments, step counters and parameters are the checkpoint's. Raises
     `CheckpointError` naming the checkpoint when DeepSpeed loads nothing or fails.
     """
-    tag = to_universal(point) if point.needs_universal(world_size()) else point.tag
+    if universal is None:
+        universal = point.needs_universal(world_size())
+    tag = to_universal(point) if universal else point.tag
     hyperparameters = group_hyperparameters(engine.optimizer)  # the config's, before DeepSpeed overwrites them
     peak_lrs = _peak_lrs(engine)
     try:

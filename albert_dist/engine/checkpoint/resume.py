@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from albert_dist.engine.checkpoint.drift import Drift, check_drift, log_drift
+from albert_dist.engine.checkpoint.drift import Drift, Rules, check_drift, log_drift
 from albert_dist.engine.checkpoint.plan import ResumePoint, plan_resume
 from albert_dist.engine.checkpoint.state import rng_state, set_rng_state
 
@@ -24,6 +24,9 @@ class ResumePlan:
     """The verified checkpoint to load; None: a fresh start."""
     drift: Drift = field(default_factory=lambda: Drift({}))
     """The config's differences from the checkpoint's (already checked: nothing in it is refused)."""
+    universal: bool = False
+    """Load through DeepSpeed's universal checkpoint: the number of ranks changed (ZeRO >= 1), or a field with
+    rule "convert" did (the ZeRO stage, a partition-layout option)."""
 
     @property
     def step(self) -> Optional[int]:
@@ -32,10 +35,10 @@ class ResumePlan:
 
 
 def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: dict, world_size: int,
-         log: bool = True) -> ResumePlan:
+                rules: Rules, log: bool = True) -> ResumePlan:
     """The resume `checkpoint.resume` asks for (`plan_resume`: "auto" = the newest checkpoint of `ckpt_dir` that
-    verifies, a path = that checkpoint), checked against `config` (`check_drift`) and, with `log`, each change
-    warned once (`log_drift`). Reads files only: call it before the process group, on every rank (all read the
+    verifies, a path = that checkpoint), checked against `config` by `rules` (`check_drift`) and, with `log`,
+    each change warned once (`log_drift`). Reads files only: call it before the process group, on every rank (all read the
     same files, so all agree).
 
     Args:
@@ -44,6 +47,7 @@ def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: d
             is chosen at start, which only an explicit path can resume from.
         config: the resolved config as plain dicts (`albert_dist.config.to_container`).
         world_size: ranks of this job.
+        rules: what changing each field means (`albert_dist.config.resume_rules()`).
 
     Raises:
         ValueError: "auto" without a fixed place to look (`run_dir` and `checkpoint.dir` both unset).
@@ -57,10 +61,10 @@ def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: d
         if resume == "auto" and log:  # a mistyped run_dir would otherwise restart silently
             logger.warning("--resume auto: no checkpoint in %s; starting from step 0", ckpt_dir)
         return ResumePlan()
-    drift = check_drift(point, config, world_size)
+    drift = check_drift(point, config, world_size, rules)
     if log:
         log_drift(point, drift)
-    return ResumePlan(point, drift)
+    return ResumePlan(point, drift, point.needs_universal(world_size) or (drift.converts and point.zero_stage > 0))
 
 
 @dataclass
