@@ -1,6 +1,6 @@
 """One rank of a training job whose device->host reads are counted: the real `Trainer`, loop and all.
 
-    python tests/distributed/host_sync_worker.py --config C --out PATH [k=v ...]
+    python tests/distributed/host_sync_worker.py --config C --out DIR [k=v ...]
 
 On CPU there is no device to wait for, so the reads a GPU would wait on are counted instead: every call of
 ``Tensor.item``, ``tolist``, ``cpu``, ``numpy``, ``__bool__``, ``__int__``, ``__float__``, ``__index__`` and
@@ -13,7 +13,7 @@ bench/gpu_step.py). Each call is attributed to
 * an *owner*: the innermost frame outside torch's own package: albert_dist's code (``ours``), DeepSpeed's
   (``deepspeed``) or anything else (``other``), with that frame's ``file:function``.
 
-Writes ``{"steps": N, "calls": [{"phase", "owner", "site", "method", "step"}]}`` (JSON) to --out, per rank.
+Writes ``{"steps": N, "calls": [{"phase", "owner", "site", "method", "step"}]}`` (JSON) to ``DIR/rank<r>.json``.
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from the environment.
 """
 from __future__ import annotations
@@ -111,7 +111,8 @@ def main(argv: list[str]) -> int:
         finally:
             counter.active = False
             trainer.close("FINISHED")
-    Path(args.out).write_text(json.dumps({"steps": trainer.step, "calls": counter.calls}))
+    out = Path(args.out) / f"rank{trainer.dist_env.rank}.json"
+    out.write_text(json.dumps({"steps": trainer.step, "calls": counter.calls}))
     return code
 
 

@@ -14,75 +14,32 @@ none in the static gather's.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-
-from albert_dist.engine.distributed import free_port
+from fixtures.ranks import CONFIG, run_ok
 from host_sync_worker import METHODS, SyncCounter
 
 pytestmark = pytest.mark.distributed
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("host_sync_worker.py")
 STEPS, LOG_EVERY, WORLD = 6, 3, 2
-
-CONFIG = """
-model: {vocab_size: 8000, embedding_size: 16, hidden_size: 32, num_hidden_layers: 3, num_hidden_groups: 2,
-        num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 32, sharing: all}
-data:
-  train: [{paths: ["data/sample/wikitext-2-train-*.txt"]}]
-  validation: []
-  tokenizer_path: data/sample/spiece.model
-  max_seq_length: 32
-  max_predictions_per_seq: 5
-  num_workers: 0
-  shard_piece_bytes: 65536
-optimizer: {lr: 0.003, warmup_steps: 2}
-engine: {train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 2, gradient_clipping: 1.0,
-         peak_tflops_per_device: 1.0}
-checkpoint: {save_interval_steps: 0}
-tracking: {enabled: false}
-max_steps: 6
-log_interval_steps: 3
-eval_interval_steps: 0
-progress_bar: false
-"""
+#: the shared tiny job (tests/fixtures/ranks.py), clipped, logged every 3 steps, saved only at the end
+OVERRIDES = [f"max_steps={STEPS}", f"log_interval_steps={LOG_EVERY}", "engine.gradient_clipping=1.0",
+             "checkpoint.save_interval_steps=0", "data.num_workers=0"]
 
 
 def run_job(tmp_path: Path, zero_stage: int) -> list[dict]:
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG)
-    port, procs, logs = free_port(), [], []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-        log = open(tmp_path / f"zero{zero_stage}.rank{rank}.log", "wb")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), "--config", str(config), "--out", str(tmp_path / f"z{zero_stage}r{rank}.json"),
-             f"engine.zero_stage={zero_stage}", f"run_dir={tmp_path / f'run{zero_stage}'}"],
-            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.time() + 400
-    try:
-        codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    tails = "\n".join((tmp_path / f"zero{zero_stage}.rank{r}.log").read_text()[-3000:] for r in range(WORLD))
-    assert codes == [0] * WORLD, f"exit codes {codes}\n{tails}"
-    return [json.loads((tmp_path / f"z{zero_stage}r{r}.json").read_text()) for r in range(WORLD)]
+    out = tmp_path / f"counts{zero_stage}"
+    out.mkdir()
+    run_ok(WORLD, config, tmp_path / f"run{zero_stage}", ["--out", str(out)],
+           [*OVERRIDES, f"engine.zero_stage={zero_stage}"], command=[sys.executable, str(WORKER)])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 @pytest.mark.timeout(900)

@@ -2,22 +2,18 @@
 session runs does not rot. Tiny model, two steps, the "eager" compile backend (dynamo traces, inductor generates
 nothing): it checks the check, it measures nothing. The figures of a real run are in docs/benchmarks.md."""
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import REPO, clean_env
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(900)
 def test_gpu_check_cpu_smoke_run(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
-    env.update(OUT=str(tmp_path), OMP_NUM_THREADS="1")
-    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=850)
+    proc = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu"], cwd=REPO, env=clean_env(OUT=str(tmp_path)),
+                          capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert (tmp_path / "gpu_check.log").stat().st_size > 0

@@ -1,8 +1,10 @@
 """The gradient norm at fp32 ZeRO-0 (`albert_dist.engine.grad_norm`): DeepSpeed 0.19 clips there with torch's fp32
 `norm()` (5.75e-5 low on the tied embedding) and keeps no norm. The trainer installs ZeRO-1/2's float64 norm for
 clipping and logging, so 8 clipped steps of ZeRO-0 and ZeRO-1 (same init, same batches, one rank) log the same
-`train/grad_norm` at every step to 1e-6 and end with the same weights (the tied embedding to 2e-6, where
-DeepSpeed's own ZeRO-0 clipping was 1.2e-5 off; the control runs it and must be off by more than 4e-6)."""
+`train/grad_norm` at every step to 1e-6 and end with the same weights to fp32 rounding carried through 8 Adam
+steps: measured 2.6e-6 on the tied embedding (of its largest weight; bound 1e-5) and at most 6.1e-6 on any tensor
+(bound 2e-5). The control, the same ZeRO-0 run with DeepSpeed's own clipping, ends 1.7e-4 off on the tied embedding
+(asserted > 5e-5), so the bounds tell the two clippings apart."""
 import math
 import subprocess
 import sys
@@ -53,12 +55,12 @@ def test_zero0_fp32_clips_and_logs_with_zero1s_norm(tmp_path):
     for step, (a, b) in enumerate(zip(n0, n1), start=1):
         assert a == pytest.approx(b, rel=1e-6), f"step {step}: ZeRO-0 {a!r} vs ZeRO-1 {b!r}"
     scale = float(w1[TIED].abs().max())
-    assert float((w0[TIED] - w1[TIED]).abs().max()) / scale < 2e-6
+    assert float((w0[TIED] - w1[TIED]).abs().max()) / scale < 1e-5
     for name in w1:
-        assert float((w0[name] - w1[name]).abs().max()) <= 2e-6 * max(float(w1[name].abs().max()), 1e-3), name
-    # Control: DeepSpeed's own ZeRO-0 clipping (fp32 norms) drifts from ZeRO-1 by more than the bound above.
+        assert float((w0[name] - w1[name]).abs().max()) <= 2e-5 * max(float(w1[name].abs().max()), 1e-3), name
+    # Control: DeepSpeed's own ZeRO-0 clipping (fp32 norms) drifts from ZeRO-1 far beyond the bound above.
     _, w_ds = _run(0, tmp_path / "z0-deepspeed", deepspeed_clipping=True)
-    assert float((w_ds[TIED] - w1[TIED]).abs().max()) / scale > 4e-6
+    assert float((w_ds[TIED] - w1[TIED]).abs().max()) / scale > 5e-5
 
 
 def test_global_grad_norm_is_zero1s_float64_norm():
