@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from albert_dist.config import TrainConfig, check_derived, load_config
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine import memory
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.trainer import Trainer
@@ -55,6 +56,7 @@ def cli(argv: Sequence[str]) -> int:
         check_derived(cfg, env.world_size)
         build_deepspeed_config(cfg.engine, env.world_size)  # precision / accelerator checks
         check_inputs(cfg)
+        memory.preflight(cfg, env.world_size, env.local_rank, log=env.rank == 0)  # the memory line; refusal on a GPU
         if cfg.checkpoint.resume == "auto" and cfg.run_dir is None and cfg.checkpoint.dir is None:
             raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
         if args.resume_from is not None:  # MLflow resume: checked here, before any process group
