@@ -60,6 +60,10 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "resume": {"repeats": 3},
     # ours (matched recipe) vs the peer as the standalone 1,000-step run (bench/convergence.py), on 60 steps and
     # 200 scored blocks (~80 s); at 60 steps both sit near the unigram floor: it checks the harness end to end
+    # albert-base, bf16 (the like-with-like cells of DeepSpeed's estimators), ZeRO-2/3 on 1 and 4 ranks, and its
+    # activations at S=512 (~90 s on idle cores); `python bench/memory_scale.py --full` measures every preset
+    "memory_scale": {"presets": ["albert-base"], "stages": [2, 3], "worlds": [1, 4], "precisions": ["bf16"],
+                     "activation_presets": ["albert-base"], "seqs": [512]},
     "convergence": {"steps": 60, "report_steps": [30, 60], "curve_every": 30, "score_blocks": 200,
                     "recipes": ["matched"]},
 }

@@ -368,14 +368,12 @@ def check_memory(cfg: "TrainConfig", world_size: int, device: Optional[tuple[str
 
     logger = logging.getLogger(__name__)
     est = estimate(cfg, world_size)
-    if log:
-        logger.info(describe(est, cfg, world_size))
-    if device is None:
+    usable = USABLE_FRACTION * device[1] if device is not None else float("inf")
+    if est.total_bytes <= usable:
+        if log:
+            logger.info(describe(est, cfg, world_size))
         return est
     name, total = device
-    usable = USABLE_FRACTION * total
-    if est.total_bytes <= usable:
-        return est
     found = smallest_fitting_change(cfg, world_size, usable)
     advice = (f"the smallest change that fits: {' '.join(found[0])} (estimate {fmt_bytes(found[1].total_bytes)})"
               if found else "no change this check knows fits: use more ranks (ZeRO-3 partitions the model states) "
