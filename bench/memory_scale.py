@@ -101,7 +101,9 @@ def _walk(obj: Any, path: str, out: list, seen: dict, depth: int = 0) -> None:
     if torch.is_tensor(obj):
         out.append((path, obj))
         for attr in ("grad", "grad_accum", "ds_tensor"):
-            t = getattr(obj, attr, None) if attr != "grad" else obj.grad
+            if attr == "grad" and not obj.is_leaf:
+                continue  # only leaves carry .grad (reading it on a view warns)
+            t = getattr(obj, attr, None)
             if torch.is_tensor(t):
                 out.append((f"{path}.{attr}", t))
         return

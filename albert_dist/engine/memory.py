@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.sharing import block_parameter_counts, parameter_numels, shares_attention, shares_ffn
 
-if TYPE_CHECKING:  # the torch-free config layer; imported for annotations only
-    from albert_dist.config import TrainConfig
+#: A whole job's config, `albert_dist.config.TrainConfig` (the app layer: not imported here, layers run down).
+TrainConfig = Any
 
 #: Bytes per element of the weights and activations of each `engine.precision`.
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -107,12 +107,12 @@ class ActivationEstimate:
         return asdict(self)
 
 
-def _zero_option(cfg: "TrainConfig", name: str) -> int:
+def _zero_option(cfg: TrainConfig, name: str) -> int:
     value = getattr(cfg.engine.zero_optimization, name, None)
     return int(DEEPSPEED_DEFAULTS[name] if value is None else value)
 
 
-def model_state_bytes(cfg: "TrainConfig", world_size: int) -> MemoryEstimate:
+def model_state_bytes(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
     """Model states (parameters, gradients, optimiser), buffers and ZeRO-3's gathered parameters per rank for
     `cfg` on `world_size` ranks, per the table of the module docstring; activations 0 (`estimate` adds them).
 
@@ -166,7 +166,7 @@ def model_state_bytes(cfg: "TrainConfig", world_size: int) -> MemoryEstimate:
                           gathered_bytes=gathered, offloaded_bytes=offloaded)
 
 
-def masked_positions(cfg: "TrainConfig", seq_len: Optional[int] = None) -> int:
+def masked_positions(cfg: TrainConfig, seq_len: Optional[int] = None) -> int:
     """MLM predictions per sequence: min(max_predictions_per_seq, round(masked_lm_prob x S)), at least 1."""
     S = seq_len or cfg.data.max_seq_length
     return max(1, min(cfg.data.max_predictions_per_seq, round(cfg.data.masked_lm_prob * S)))
@@ -215,7 +215,7 @@ def activation_bytes(model: AlbertConfig, micro_batch: int, seq_len: int, precis
     return ActivationEstimate(retained_bytes=int(retained), peak_bytes=int(peak))
 
 
-def estimate(cfg: "TrainConfig", world_size: int) -> MemoryEstimate:
+def estimate(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
     """Per-device bytes of `cfg` on `world_size` ranks: `model_state_bytes` + activations of one micro-batch
     (`engine.train_micro_batch_size_per_gpu` x `data.max_seq_length`, the run's precision)."""
     states = model_state_bytes(cfg, world_size)
@@ -237,7 +237,7 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def describe(est: MemoryEstimate, cfg: "TrainConfig", world_size: int) -> str:
+def describe(est: MemoryEstimate, cfg: TrainConfig, world_size: int) -> str:
     """The memory line: total per device and its parts, with the settings they follow from."""
     e = cfg.engine
     ckpt = "checkpointing" if cfg.model.gradient_checkpointing else "no checkpointing"
@@ -261,7 +261,7 @@ def _parse(value: str):
     return {"true": True, "false": False}.get(value, int(value) if value.lstrip("-").isdigit() else value)
 
 
-def _apply(cfg: "TrainConfig", overrides: list[str]) -> "TrainConfig":
+def _apply(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
     """A copy of `cfg` with dotted `key=value` overrides applied in order (dataclasses.replace, so every
     section validates again); only the int/bool/str values `candidate_changes` writes."""
 
@@ -280,7 +280,7 @@ def _apply(cfg: "TrainConfig", overrides: list[str]) -> "TrainConfig":
 MIN_EFFICIENT_MICRO_BATCH = 8
 
 
-def candidate_changes(cfg: "TrainConfig") -> list[list[str]]:
+def candidate_changes(cfg: TrainConfig) -> list[list[str]]:
     """Single changes that lower the per-device memory, cheapest (in throughput) first, as dotted overrides.
 
     A smaller gradient bucket (free); ZeRO-1 -> 2 (free); half the micro-batch with twice the accumulation
@@ -314,7 +314,7 @@ def candidate_changes(cfg: "TrainConfig") -> list[list[str]]:
     return out
 
 
-def smallest_fitting_change(cfg: "TrainConfig", world_size: int,
+def smallest_fitting_change(cfg: TrainConfig, world_size: int,
                             usable_bytes: float) -> Optional[tuple[list[str], MemoryEstimate]]:
     """The first of `candidate_changes` whose estimate fits in `usable_bytes`; else the shortest run of them
     applied together (in that order) that fits; None when even all of them together do not fit."""
@@ -351,7 +351,7 @@ def device_memory(local_rank: int) -> Optional[tuple[str, int]]:
     return f"GPU {index} ({props.name})", int(props.total_memory)
 
 
-def check_memory(cfg: "TrainConfig", world_size: int, device: Optional[tuple[str, int]],
+def check_memory(cfg: TrainConfig, world_size: int, device: Optional[tuple[str, int]],
                  log: bool = True) -> MemoryEstimate:
     """The preflight memory check: log the memory line (when `log`), and on a GPU whose usable memory
     (`USABLE_FRACTION` of `device`'s bytes) the estimate exceeds, refuse with the smallest change that fits.
@@ -387,7 +387,7 @@ def check_memory(cfg: "TrainConfig", world_size: int, device: Optional[tuple[str
     raise ValueError(message)
 
 
-def preflight(cfg: "TrainConfig", world_size: int, local_rank: int, log: bool = True) -> MemoryEstimate:
+def preflight(cfg: TrainConfig, world_size: int, local_rank: int, log: bool = True) -> MemoryEstimate:
     """`check_memory` on this rank's device (`device_memory`): the app's one call before any process group.
     Raises `ValueError` (exit code 2) when the estimate exceeds the GPU; on CPU only logs the line."""
     return check_memory(cfg, world_size, device_memory(local_rank), log=log)
