@@ -2,6 +2,7 @@
 
     albert-dist train      --config configs/pretrain/<recipe>.yaml [dotted.key=value ...]
     albert-dist tokenizer  train --input <paths/globs> --vocab-size N --output DIR
+    albert-dist data       prepare --input <paths/globs> --output DIR | plan --config R --ranks N --workers W
     albert-dist export     <checkpoint dir or run> --output DIR     (HF-format export)
     albert-dist compare    <run ids or run dirs> | --experiment NAME
     albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
@@ -19,6 +20,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("albert_dist.train", "pretrain ALBERT (deepspeed launcher, torchrun, srun or plain python)"),
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
+    "data": ("albert_dist.data_cli", "data prepare: reshard corpora into parquet shards; data plan: a job's slot plan"),
     "export": ("albert_dist.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
     "compare": ("albert_dist.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
     "tracking": ("albert_dist.tracking_sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields, is_dataclass
+import re
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence, get_args, get_type_hints
+from typing import Any, Optional, Sequence, get_args, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
+from albert_dist.data.paths import resolve_path
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
+from albert_dist.on_resume import APPLIES, NOTE_KEY, QUIET, REFUSE, RULE_KEY, RULES, flatten, on_resume
 from albert_dist.tracking.config import TrackingConfig
 
 
@@ -30,31 +33,36 @@ from albert_dist.tracking.config import TrackingConfig
 class TrainConfig:
     """A whole pretraining job. Sections configure their component; the scalars configure the training loop."""
 
-    model: AlbertConfig = field(default_factory=AlbertConfig)
+    model: AlbertConfig = field(default_factory=AlbertConfig, metadata=on_resume(REFUSE))
     """Model hyper-parameters (albert_dist.model.config.AlbertConfig, transformers' names)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Corpora, tokenizer, SOP/MLM example construction and loader workers."""
     optimizer: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser, weight decay and learning-rate schedule."""
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig, metadata=on_resume(
+        APPLIES, "follows the new SOP weight schedule from the checkpoint's step on"))
     """Weight and schedule of the SOP loss against the MLM loss (albert_dist.engine.objective)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """DeepSpeed settings: ZeRO stage, batch sizes, precision, clipping."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=on_resume(QUIET))
     """Checkpoint interval, retention and resume."""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=on_resume(QUIET))
     """Experiment tracking (MLflow)."""
-    max_steps: int = 1000
+    max_steps: int = field(default=1000, metadata=on_resume(
+        APPLIES, "trains on to the new max_steps; the learning rate follows the new max_steps' schedule from the "
+                 "checkpoint's step on (lr_factor(step, warmup_steps, max_steps) of the current config)"))
     """Optimiser steps to train; also the length of the learning-rate schedule."""
-    seed: int = 1234
+    seed: int = field(default=1234, metadata=on_resume(
+        APPLIES, "loads the checkpoint's weights and RNG states: the seed only seeds dropout where a rank's RNG "
+                 "state cannot be restored (another number of ranks)"))
     """Seed of model initialisation (same on every rank) and of dropout (offset by the rank)."""
-    run_dir: Optional[str] = None
+    run_dir: Optional[str] = field(default=None, metadata=on_resume(QUIET))
     """Directory of this run's outputs (config, ds_config.json, metrics.jsonl, checkpoints); None: runs/<recipe>-<UTC time>."""
-    log_interval_steps: int = 10
+    log_interval_steps: int = field(default=10, metadata=on_resume(QUIET))
     """Optimiser steps between two metric records (loss, accuracies, lr, grad norm, throughput, MFU, memory)."""
-    eval_interval_steps: int = 100
+    eval_interval_steps: int = field(default=100, metadata=on_resume(QUIET))
     """Optimiser steps between two validations (the fixed set of data.eval_examples; 0: only after the last step)."""
-    progress_bar: bool = True
+    progress_bar: bool = field(default=True, metadata=on_resume(QUIET))
     """Show a tqdm progress bar with ETA on rank 0."""
 
     def __post_init__(self) -> None:
@@ -126,6 +134,8 @@ def _apply_layer(merged, layer: dict, source: str):
     `model=NAME` is short for `model.preset=NAME`. Warmup given in one form (`warmup_steps` or
     `warmup_ratio`) replaces the other form of earlier layers; both in one layer is an error (OptimConfig).
     """
+    if _INDEXED in layer:
+        return _set_indexed(merged, *layer[_INDEXED], source)
     model = layer.get("model")
     if isinstance(model, str):
         model = {"preset": model}
@@ -142,6 +152,34 @@ def _apply_layer(merged, layer: dict, source: str):
         other = {"warmup_ratio": None} if "warmup_steps" in optimizer else {"warmup_steps": 0}
         merged = _merge(merged, {"optimizer": other}, source)
     return _merge(merged, layer, source)
+
+
+#: Key of an override layer that sets a list item by index (`load_config`), never a config field.
+_INDEXED = "__indexed_override__"
+_INDEX_RE = re.compile(r"\[(\d+)\]")
+
+
+def _set_indexed(merged, key: str, value: Any, source: str):
+    """`merged` with `key` (dotted, with list indices: data.train[0].paths) set to `value`.
+
+    Raises ValueError naming the override when an index is past the end of its list or the key is malformed.
+    """
+    dotted = _INDEX_RE.sub(lambda m: f".{m.group(1)}", key)
+    if "[" in dotted or "]" in dotted:
+        raise ValueError(f"{source}: {key!r} is not a dotted key with list indices like data.train[0].paths")
+    node = merged
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):  # OmegaConf.update would create list items past the end (then fail obscurely)
+        if OmegaConf.is_list(node) and not (part.isdigit() and int(part) < len(node)):
+            where = ".".join(parts[:i])
+            raise ValueError(f"{source}: {where} has {len(node)} item(s), so {where}[{part}] does not exist "
+                             f"(give the whole list to add items: {where}=[...])")
+        node = node[int(part)] if OmegaConf.is_list(node) else (node.get(part) if OmegaConf.is_dict(node) else None)
+    try:
+        OmegaConf.update(merged, dotted, value, merge=True)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{source}: {_describe(err)}") from err
+    return merged
 
 
 def _merge(merged, layer: dict, source: str):
@@ -229,8 +267,13 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ValueError(f"override {item!r} must look like dotted.key=value")
+        key, value = item.split("=", 1)
         try:
-            layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
+            if "[" in key:  # a list item by index (data.train[0].paths=[...]): set into what is merged so far
+                value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
+                layers.append((f"override {item!r}", {_INDEXED: (key, value)}))
+            else:
+                layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
         except OmegaConfBaseException as err:
             raise ValueError(f"override {item!r}: {_describe(err)}") from err
     return resolve_paths(_load(layers))
@@ -242,13 +285,9 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
     an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.sources.resolve_path`, the rule the data section always had).
+    repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
-    from dataclasses import replace
-
-    from albert_dist.data.sources import resolve_path
-
     def inputs(paths: list[str]) -> list[str]:
         return [str(resolve_path(p)) for p in paths]
 
@@ -312,6 +351,16 @@ def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
     return _load([(ref, {"model": {"preset": ref}})]).model
 
 
+def model_config_of(config: dict, source: str) -> AlbertConfig:
+    """The `AlbertConfig` of a resolved config as plain dicts (`to_container`; a checkpoint's albert_dist.json
+    holds one), with `load_config`'s strictness; `source` names it in errors.
+
+    Raises:
+        ValueError: unknown key, wrong type or invalid value (naming `model.<field>`).
+    """
+    return _load([(source, {"model": dict(config.get("model") or {})})]).model
+
+
 def check_derived(cfg: TrainConfig, world_size: int) -> int:
     """Check the values that depend on the world size and return the global batch size (sequences/step).
 
@@ -331,17 +380,67 @@ def to_container(cfg: TrainConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
-#: Sections and fields whose change does not change what the run computes (where it writes, how it logs).
-_HASH_EXCLUDED = ("run_dir", "checkpoint", "tracking", "log_interval_steps", "progress_bar")
+def resume_rules() -> dict[str, tuple[str, str]]:
+    """The one table of what changing a config field means on resume: dotted field -> (rule, note), from the
+    `on_resume` tag of each field (`albert_dist.on_resume`; a field without a tag takes its section's).
+
+    Sections (dataclass fields) are descended; lists, e.g. `data.train` or `optimizer.betas`, are single fields.
+    Raises `ValueError` for a field with no rule at all (every field must say what a resume does with it).
+    """
+    table: dict[str, tuple[str, str]] = {}
+
+    def walk(cls: type, prefix: str, inherited: Optional[tuple[str, str]]) -> None:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            key = f"{prefix}{f.name}"
+            own = (f.metadata[RULE_KEY], f.metadata.get(NOTE_KEY, "")) if RULE_KEY in f.metadata else None
+            rule = own or inherited
+            if is_dataclass(hints[f.name]):
+                walk(hints[f.name], key + ".", rule)
+            elif rule is None:
+                raise ValueError(f"config field {key} has no on_resume rule (albert_dist.on_resume)")
+            else:
+                table[key] = rule
+
+    walk(TrainConfig, "", None)
+    return table
+
+
+def resume_table_markdown() -> str:
+    """The resume-semantics table as docs/checkpoints.md shows it: one row per (rule, note), its fields (a
+    section whose fields all share the row as `section.*`), and what happens."""
+    table = resume_rules()
+    rows: dict[tuple[str, str], list[str]] = {}
+    for key, rule in table.items():
+        rows.setdefault(rule, []).append(key)
+
+    def collapse(keys: list[str]) -> list[str]:
+        out, done = [], set()
+        for key in keys:
+            parts = key.split(".")
+            for depth in range(1, len(parts)):  # the shortest section all of whose fields are in this row
+                section = ".".join(parts[:depth]) + "."
+                if all(k in keys for k in table if k.startswith(section)):
+                    if section not in done:
+                        done.add(section)
+                        out.append(section + "*")
+                    break
+            else:
+                out.append(key)
+        return out
+
+    order = list(RULES)
+    lines = ["| on resume | fields | what the resumed run does |", "|---|---|---|"]
+    for (rule, note), keys in sorted(rows.items(), key=lambda item: (order.index(item[0][0]), item[0][1])):
+        what = f"the run {note}; warned" if note else RULES[rule]
+        lines.append(f"| `{rule}` | {', '.join(f'`{k}`' for k in collapse(keys))} | {what} |")
+    return "\n".join(lines) + "\n"
 
 
 def config_hash(cfg: TrainConfig) -> str:
-    """SHA-256 (16 hex digits) of the config fields that determine the training trajectory.
-
-    Excludes output/logging fields (`_HASH_EXCLUDED`). The engine section is included, so a resume with
-    another accumulation count (e.g. to keep the global batch on another world size) is reported as a
-    changed config.
-    """
-    data = {k: v for k, v in to_container(cfg).items() if k not in _HASH_EXCLUDED}
+    """SHA-256 (16 hex digits) of the config fields that determine the training trajectory: every field but the
+    ones `resume_rules` calls quiet (where the run writes, how often it logs, evaluates or saves, tracking)."""
+    rules = resume_rules()
+    data = {k: v for k, v in flatten(to_container(cfg)).items() if rules.get(k, ("",))[0] != QUIET}
     blob = json.dumps(data, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""Exit codes of `albert-dist train`: the contract between a job and whatever requeues it.
+"""Exit codes of `albert-dist train`: the contract between a job and whatever requeues it; and the one line a
+command prints for an input error.
 
 `slurm/common.sh` mirrors these numbers (a requeue script tells "stopped, try again" from success and errors).
 """
@@ -17,4 +18,16 @@ EXIT_PREEMPTED = 75
 """Stopped by SIGTERM/SIGUSR1 after writing a checkpoint (sysexits' EX_TEMPFAIL, "try again"); rerun with
 `--resume auto` to continue."""
 
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED"]
+
+
+def error_line(command: str, err: BaseException) -> str:
+    """``"<command>: <reason>"``, the line a command prints before exiting with `EXIT_CONFIG_ERROR`.
+
+    The reason is never empty: an exception without a message (some library errors have none) is named by its
+    type, so the user always reads what went wrong; the message itself names the file or field (our errors do).
+    """
+    reason = str(err).strip() or f"{type(err).__name__} (raised without a message)"
+    return f"{command}: {reason}"
+
+
+__all__ = ["error_line", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED"]

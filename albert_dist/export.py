@@ -1,19 +1,25 @@
-"""`albert-dist export`: a checkpoint -> a transformers `save_pretrained` directory (an app, beside train.py:
-it reads DeepSpeed checkpoints, so it lives outside the pure-PyTorch `albert_dist.model`).
+"""`albert-dist export`: a checkpoint or a run -> a transformers `save_pretrained` directory (an app, beside
+train.py: it reads DeepSpeed checkpoints, so it lives outside the pure-PyTorch `albert_dist.model`).
 
-    albert-dist export CHECKPOINT --config MODEL_OR_TRAIN_YAML --output DIR [--tokenizer spiece.model]
+    albert-dist export RUN_DIR|CHECKPOINT --output DIR [--config YAML] [--tokenizer spiece.model]
                        [--fp32 FILE.safetensors|FILE.pt]
 
-CHECKPOINT is one of
+What it reads (`locate`):
+* a run directory (holding ``config.yaml``): its newest checkpoint that verifies;
+* a checkpoint directory (``<run>/checkpoints``): the same; a DeepSpeed checkpoint ``<run>/checkpoints/step_<N>``
+  (any ZeRO stage and world size), consolidated with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``;
 * a consolidated state dict: a ``.safetensors`` file, a ``torch.save(model.state_dict())`` file (e.g. DeepSpeed's
-  ``zero_to_fp32.py`` output), or a directory holding ``model.safetensors``, ``pytorch_model.bin`` or ``model.pt``;
-* a DeepSpeed checkpoint directory (``<run>/checkpoints/step_<N>``, any ZeRO stage and world size): consolidated
-  here with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``. ``--fp32`` also writes the consolidated
-  state dict, as safetensors or pickle by its suffix (`save_state_dict`; DeepSpeed's own ``zero_to_fp32.py
-  --safe_serialization`` fails on ALBERT's tied decoder/embedding pair, this path does not).
+  ``zero_to_fp32.py`` output), or a directory holding ``model.safetensors``, ``pytorch_model.bin`` or
+  ``model.pt`` (a run's ``final_model/fp32/``).
 
-The YAML is a model preset (configs/model/*.yaml) or a training config with a ``model:`` section. Only
-``sharing: all`` models export (see `albert_dist.model.hf`). Needs the `hf` extra (transformers).
+The model config and the tokenizer come from beside it: the resolved config every checkpoint carries in its
+``albert_dist.json``, else the run's ``config.yaml``, else the ``model.yaml`` beside a consolidated state dict
+(`final_model/fp32/model.yaml`); the tokenizer is the run's ``data.tokenizer_path``. ``--config`` (a model preset,
+configs/model/*.yaml, or a training YAML with a ``model:`` section) and ``--tokenizer`` override them; they are
+needed only for a state dict that came from elsewhere. ``--fp32`` also writes the consolidated state dict, as
+safetensors or pickle by its suffix (`save_state_dict`; DeepSpeed's own ``zero_to_fp32.py --safe_serialization``
+fails on ALBERT's tied decoder/embedding pair, this path does not). Only ``sharing: all`` models export (see
+`albert_dist.model.hf`). Needs the `hf` extra (transformers).
 """
 from __future__ import annotations
 
@@ -30,8 +36,14 @@ import torch
 import yaml
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from albert_dist.config import load_model_config, model_config_of
+from albert_dist.data.paths import resolve_path
+from albert_dist.data.tokenizer import write_transformers_config
+from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
+from albert_dist.engine.checkpoint.plan import newest_verified
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
+from albert_dist.model.hf import to_transformers
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +56,95 @@ TIED_TO = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weig
 _DEEPSPEED_MARKER = "model_states.pt"
 
 
+#: The run's resolved config, written by the trainer into the run directory.
+RUN_CONFIG = "config.yaml"
+#: The model config written beside a consolidated state dict (`export_final_model`).
+MODEL_CONFIG = "model.yaml"
+
+
 def load_config(path: str | Path) -> AlbertConfig:
     """The model config from a flat preset or from the ``model:`` section of a training YAML (a run's
     config.yaml), through the package's one YAML loader (`albert_dist.config.load_model_config`)."""
-    from albert_dist.config import load_model_config
-
     return load_model_config(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """What `albert-dist export SOURCE` exports, and the configuration found beside it."""
+
+    checkpoint: Path
+    """A DeepSpeed checkpoint tag directory or a consolidated state dict (file or directory)."""
+    model: Optional[AlbertConfig]
+    """The model config found beside it; None when nothing was found (then `--config` is needed)."""
+    tokenizer: Optional[Path]
+    """The run's tokenizer (`data.tokenizer_path`); None when the run's config names none."""
+    config_source: str
+    """Where `model` (and `tokenizer`) came from, for messages."""
+
+
+def _run_config(run_dir: Path) -> Optional[dict]:
+    """The resolved TrainConfig of a run directory as plain dicts (its config.yaml), or None."""
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text())
+    return data if isinstance(data, dict) and isinstance(data.get("model"), dict) else None
+
+
+def _from_train_config(checkpoint: Path, config: dict, source: str) -> Located:
+    tokenizer = (config.get("data") or {}).get("tokenizer_path")
+    return Located(checkpoint, model_config_of(config, source), resolve_path(tokenizer) if tokenizer else None,
+                   source)
+
+
+def locate(source: str | Path) -> Located:
+    """Resolve `albert-dist export`'s argument: a run directory, a checkpoint directory, a checkpoint, or a
+    consolidated state dict (file, or a directory holding one), and the model config and tokenizer beside it.
+
+    Rules, first match: a directory with ``config.yaml`` is a run: its newest verified checkpoint (in
+    ``checkpoint.dir`` or ``<run>/checkpoints``); a directory with ``latest`` or ``step_<N>`` directories is a
+    checkpoint directory: its newest verified checkpoint; a DeepSpeed tag directory takes the config of its
+    ``albert_dist.json``, else the run's ``config.yaml`` two levels up; a consolidated state dict takes the
+    ``model.yaml`` beside it, else the ``config.yaml`` of the run it lies in (up to three levels up).
+
+    Raises:
+        FileNotFoundError: `source` does not exist, or a run / checkpoint directory holds no checkpoint.
+        CheckpointError: checkpoints exist but none verifies (each listed with its reason).
+        ValueError: the config found is not a valid model config (naming the file and field).
+    """
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run, checkpoint or file")
+    run_config = _run_config(path) if path.is_dir() else None
+    if run_config is not None:  # a run directory
+        ckpt_dir = (run_config.get("checkpoint") or {}).get("dir") or str(path / "checkpoints")
+        point = newest_verified(ckpt_dir, log=True) if Path(ckpt_dir).is_dir() else None
+        if point is None:
+            raise FileNotFoundError(f"{path}: a run directory without a checkpoint in {ckpt_dir}")
+        path = point.path
+    elif path.is_dir() and ((path / "latest").is_file() or any(p.name.startswith("step_") for p in path.iterdir())):
+        point = newest_verified(path, log=True)
+        if point is None:
+            raise FileNotFoundError(f"{path}: a checkpoint directory without a checkpoint")
+        path = point.path
+    if _is_deepspeed_checkpoint(path):
+        if (path / META_FILE).is_file() and read_meta(path).get("config"):
+            return _from_train_config(path, read_meta(path)["config"], str(path / META_FILE))
+        run_config = _run_config(path.parent.parent)
+        if run_config is not None:
+            return _from_train_config(path, run_config, str(path.parent.parent / RUN_CONFIG))
+        return Located(path, None, None, "")
+    beside = (path if path.is_dir() else path.parent) / MODEL_CONFIG
+    for run_dir in list(path.parents)[:3]:
+        run_config = _run_config(run_dir)
+        if run_config is not None:
+            found = _from_train_config(path, run_config, str(run_dir / RUN_CONFIG))
+            if beside.is_file():
+                return dataclasses.replace(found, model=load_config(beside), config_source=str(beside))
+            return found
+    if beside.is_file():
+        return Located(path, load_config(beside), None, str(beside))
+    return Located(path, None, None, "")
 
 
 def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
@@ -64,7 +159,7 @@ def save_state_dict(state: dict[str, torch.Tensor], path: str | Path) -> Path:
     if path.suffix != ".safetensors":
         torch.save(state, path)
         return path
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # here: only the .safetensors suffix needs it
 
     out = {}
     for key, tensor in state.items():
@@ -83,6 +178,7 @@ def consolidate_fp32(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
         FileNotFoundError: no such checkpoint.
         ValueError: DeepSpeed cannot read it (message from DeepSpeed).
     """
+    # here: importing DeepSpeed costs seconds, and a consolidated state dict does not need it
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     path = os.path.join(ckpt_dir, tag)
@@ -121,7 +217,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint file")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # here: only the .safetensors suffix needs it
 
         state = load_file(str(path), device="cpu")
     else:
@@ -150,16 +246,16 @@ def load_model(checkpoint: str | Path, config: AlbertConfig) -> AlbertForPreTrai
     return model.eval()
 
 
-def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
+def export(checkpoint: str | Path, config: AlbertConfig | str | Path, output: str | Path,
            tokenizer: str | Path | None = None, fp32: str | Path | None = None) -> Path:
-    """Write ``output`` as a transformers `AlbertForPreTraining` directory (config.json + safetensors), and with
-    `fp32` the checked consolidated state dict too (`save_state_dict`).
+    """Write ``output`` as a transformers `AlbertForPreTraining` directory (config.json + safetensors; with
+    `tokenizer` also spiece.model + tokenizer_config.json), and with `fp32` the checked consolidated state dict
+    too (`save_state_dict`). `config` is an `AlbertConfig` or a YAML (`load_config`).
 
     Raises `ValueError` for a mismatching checkpoint or a model transformers cannot represent.
     """
-    from albert_dist.model.hf import to_transformers
-
-    config = load_config(config_path)
+    if not isinstance(config, AlbertConfig):
+        config = load_config(config)
     model = load_model(checkpoint, config)
     if fp32 is not None:
         save_state_dict(model.state_dict(), fp32)
@@ -167,8 +263,6 @@ def export(checkpoint: str | Path, config_path: str | Path, output: str | Path,
     output = Path(output)
     hf.save_pretrained(output)
     if tokenizer is not None:
-        from albert_dist.data.tokenizer import write_transformers_config
-
         shutil.copyfile(tokenizer, output / "spiece.model")
         write_transformers_config(output, config.max_position_embeddings)
     logger.info("exported %s to %s", checkpoint, output)
@@ -229,22 +323,17 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
     os.makedirs(fp32_dir, exist_ok=True)
     # safetensors: no pickle to trust on load; the tied decoder alias is left out (export restores it)
     save_state_dict(model.state_dict(), os.path.join(fp32_dir, "model.safetensors"))
-    with open(os.path.join(fp32_dir, "model.yaml"), "w") as f:
+    with open(os.path.join(fp32_dir, MODEL_CONFIG), "w") as f:
         yaml.safe_dump(dataclasses.asdict(model_config), f, sort_keys=False)
     written["fp32"] = fp32_dir
     try:
-        from albert_dist.model.hf import to_transformers
-
-        hf_model = to_transformers(model)
+        hf_model = to_transformers(model)  # ImportError without the hf extra
     except (ImportError, ValueError) as exc:
         logger.warning("no transformers export: %s", exc)
         return written
     hf_dir = os.path.join(out_dir, "hf")
     hf_model.save_pretrained(hf_dir)
     if tokenizer_path:
-        from albert_dist.data.sources import resolve_path
-        from albert_dist.data.tokenizer import write_transformers_config
-
         shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
         write_transformers_config(hf_dir, model_config.max_position_embeddings)
     written["hf"] = hf_dir
@@ -253,22 +342,42 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
 
 
 def cli(argv: list[str]) -> int:
-    """`albert-dist export CHECKPOINT --config YAML --output DIR [--tokenizer spiece.model]`; returns 0, or 2 (with
-    one line on stderr) for a missing file or a checkpoint/config mismatch."""
-    parser = argparse.ArgumentParser(prog="albert-dist export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="consolidated state dict (.safetensors or pickle), a directory holding "
-                                           "one, or a DeepSpeed checkpoint directory (step_<N>)")
-    parser.add_argument("--config", required=True, help="model preset or training YAML (model: section)")
+    """`albert-dist export RUN_DIR|CHECKPOINT --output DIR [--config YAML] [--tokenizer spiece.model] [--fp32 FILE]`;
+    returns 0, or 2 (with one line on stderr) for a missing file, a missing config, or a checkpoint/config
+    mismatch."""
+    parser = argparse.ArgumentParser(prog="albert-dist export", description=__doc__.split("\n\n", 1)[0],
+                                     epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", metavar="RUN_DIR|CHECKPOINT",
+                        help="a run directory or its checkpoints/ (the newest checkpoint that verifies), a DeepSpeed "
+                             "checkpoint (step_<N>), or a consolidated state dict (.safetensors, pickle, or a "
+                             "directory holding one)")
     parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
+    parser.add_argument("--config", default=None,
+                        help="model preset or training YAML (model: section); default: the config found beside "
+                             "the checkpoint")
     parser.add_argument("--tokenizer", default=None,
-                        help="sentencepiece model to copy as spiece.model (+ tokenizer_config.json for transformers)")
+                        help="sentencepiece model to copy as spiece.model (+ tokenizer_config.json for "
+                             "transformers); default: the run's data.tokenizer_path")
     parser.add_argument("--fp32", default=None, help="also write the consolidated fp32 state dict here "
                                                      "(.safetensors, or pickle for any other suffix)")
     args = parser.parse_args(argv)
     try:
-        export(args.checkpoint, args.config, args.output, args.tokenizer, args.fp32)
-    except (FileNotFoundError, ValueError) as err:  # a wrong path or config: one line, not a traceback
+        found = locate(args.checkpoint)
+        config = args.config if args.config is not None else found.model
+        if config is None:
+            raise ValueError(f"{args.checkpoint}: no config beside it (albert_dist.json, a run's {RUN_CONFIG} or "
+                             f"{MODEL_CONFIG}): pass --config")
+        tokenizer = args.tokenizer if args.tokenizer is not None else found.tokenizer
+        if args.tokenizer is None and tokenizer is not None and not Path(tokenizer).is_file():
+            logger.warning("the run's tokenizer %s (%s) is not there any more: exported without spiece.model; "
+                           "pass --tokenizer", tokenizer, found.config_source)
+            tokenizer = None
+        if args.config is None:
+            print(f"model config from {found.config_source}" + (f"; tokenizer {tokenizer}" if tokenizer else ""))
+        export(found.checkpoint, config, args.output, tokenizer, args.fp32)
+    except (ValueError, OSError, CheckpointError) as err:  # a wrong path or config: one line, not a traceback
         print(f"albert-dist export: {err}", file=sys.stderr)
         return 2
-    print(f"exported to {args.output}")
+    print(f"exported {found.checkpoint} to {args.output}")
     return 0

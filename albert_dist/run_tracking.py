@@ -1,5 +1,5 @@
 """The app's MLflow glue (what the trainer calls): build the job's tracker, fetch a run's checkpoint for
-``--resume-from``, and log the final model. Kept here so the trainer's MLflow code is three calls.
+``--resume-from``, and write (and log) the final model. Kept here so the trainer's MLflow code is three calls.
 """
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from albert_dist.data.paths import resolve_path
 from albert_dist.engine.distributed import barrier, broadcast_object
+from albert_dist.export import export_final_model
+from albert_dist.model.sharing import model_param_counts
+from albert_dist.tracking.checkpoints import download_checkpoint
+from albert_dist.tracking.tracker import MLflowTracker, parse_run_ref, read_run_id, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +38,7 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
         ValueError: ``ref`` is not a run reference. RuntimeError: on every rank, when rank 0 could not fetch
         a complete checkpoint (message included).
     """
-    from mlflow import MlflowClient
-
-    from albert_dist.tracking.checkpoints import download_checkpoint
-    from albert_dist.tracking.tracker import parse_run_ref, resolve_tracking_uri
+    from mlflow import MlflowClient  # here: importing MLflow costs seconds, and only --resume-from needs it
 
     run_id = parse_run_ref(ref)
     client = MlflowClient(resolve_tracking_uri(cfg.tracking_uri))
@@ -74,9 +76,6 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
     """
     if not cfg.tracking.enabled:
         return local
-    from albert_dist.model.sharing import model_param_counts
-    from albert_dist.tracking.tracker import MLflowTracker, parse_run_ref, read_run_id
-
     run_id = parse_run_ref(resume_from) if resume_from else (read_run_id(str(run_dir)) if resuming else None)
     keep = cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last
     tracker = MLflowTracker(cfg.tracking, run_dir=str(run_dir), rank=rank, world_size=world_size,
@@ -91,8 +90,6 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
                 tracker.log_artifact(str(Path(run_dir) / name), "config")
         tokenizer = cfg.data.tokenizer_path
         if tokenizer:
-            from albert_dist.data.sources import resolve_path
-
             if resolve_path(tokenizer).is_file():
                 tracker.log_artifact(str(resolve_path(tokenizer)), "tokenizer")
     return tracker
@@ -100,15 +97,12 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
 
 def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
     """Rank 0, after the final checkpoint: export the consolidated fp32 and HF models to
-    ``<run_dir>/final_model`` and queue them as the run's ``model/fp32`` and ``model/hf`` artifacts.
+    ``<run_dir>/final_model`` (whether or not MLflow tracking is on) and, with ``tracking.log_final_model``,
+    queue them as the run's ``model/fp32`` and ``model/hf`` artifacts (the local tracker keeps no artifacts).
 
-    Returns the written directories, or None when MLflow tracking or ``tracking.log_final_model`` is off.
-    An export error is logged (the checkpoint itself stays the job's result) and tagged ``final_model_error``.
+    Returns the written directories (`albert_dist.export.export_final_model`), or None when the export failed:
+    logged, and tagged ``final_model_error`` (the checkpoint itself stays the job's result).
     """
-    if not (cfg.tracking.enabled and cfg.tracking.log_final_model):
-        return None
-    from albert_dist.export import export_final_model
-
     out = Path(run_dir) / "final_model"
     try:
         written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), cfg.data.tokenizer_path)
@@ -116,6 +110,7 @@ def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_
         log.exception("final model export failed")
         tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
         return None
-    for kind, path in written.items():
-        tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
+    if cfg.tracking.log_final_model:
+        for kind, path in written.items():
+            tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
     return written

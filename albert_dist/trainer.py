@@ -28,17 +28,26 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
-from albert_dist.config import TrainConfig, check_derived, config_hash, to_container, to_yaml
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from albert_dist.config import TrainConfig, check_derived, config_hash, resume_rules, to_container, to_yaml
+from albert_dist.data.loader import build_train_loader
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
-from albert_dist.engine.distributed import broadcast_object, is_multi_rank, setup_logging
+from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
+from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.loss import optimizer_step
+from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
+from albert_dist.engine.objective import sop_weight_at
+from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.reshard import ReshardedLoader
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
-from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.objective import sop_weight_at
-from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
+from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
+from albert_dist.model import AlbertForPreTraining
+from albert_dist.model.flops import training_flops_per_token
+from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
@@ -48,65 +57,98 @@ seed_for = ckpt.seed_for
 
 
 class Trainer:
-    """One pretraining job: `setup()` builds everything and resumes, `train()` runs the loop, `run()` both.
+    """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
+    rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
+    `albert_dist.train.cli` (the app's main) drives them and turns exceptions into exit codes.
+
+    `__init__` (no process group, no files written): the world-size arithmetic (`check_derived`), the DeepSpeed
+    config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`ckpt.resume_plan`: the
+    checkpoint `checkpoint.resume` names, verified, and what the config's changes mean there). It raises
+    `ValueError`, `FileNotFoundError`, `ckpt.CheckpointError` or `ckpt.ConfigDriftError` for a job that must not
+    start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
+    download the process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `ckpt.CheckpointManager`).
-
-    `resume_point`, with `resume_planned=True`: the resume the app planned (and checked for config drift)
-    before the process group started; otherwise `setup()` plans it.
     """
 
-    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
-                 resume_point: Optional[ckpt.ResumePoint] = None, resume_planned: bool = False):
+    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None):
         self.cfg = cfg
-        self.resume_from = resume_from  # MLflow run to continue (--resume-from)
-        self._planned = (resume_point,) if resume_planned else None
         self.recipe_name = recipe_name
+        self.resume_from = resume_from  # MLflow run to continue (--resume-from)
+        self.dist_env = discover()
+        world = self.dist_env.world_size
+        self.global_batch = check_derived(cfg, world)
+        self.ds_config = build_deepspeed_config(cfg.engine, world)
+        self.config, self.config_hash = to_container(cfg), config_hash(cfg)
+        self.resume_plan = ckpt.ResumePlan() if resume_from is not None else self._plan(
+            cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
+        self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
         self.engine = None
         self.tracker: Any = NullTracker()
         self._stop = StopFlag()
-        self._evaluator = None  # albert_dist.engine.evaluation.Evaluator, built at the first evaluation
+        self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Start the process group, build model/optimiser/engine/data, resume, open the tracker."""
-        import deepspeed
-
-        from albert_dist.data.loader import build_train_loader
-        from albert_dist.engine.distributed import init_distributed
-        from albert_dist.engine.optim import build_optimizer, build_scheduler
-        from albert_dist.model import AlbertForPreTraining
-        from albert_dist.model.flops import training_flops_per_token
-
+        """Start the process group, resume (`CheckpointManager.resume`: engine, loaders, RNGs; fetching the
+        MLflow run's checkpoint first for `resume_from`), open the tracker."""
         cfg = self.cfg
         self.dist_env = init_distributed()
+        self.started = True
         rank, world = self.dist_env.rank, self.dist_env.world_size
-        setup_logging(rank)
         self.run_dir = Path(self._agree_run_dir())
-        self.ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.run_dir / "checkpoints"
-        self.config_hash = config_hash(cfg)
+        self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
         self.checkpoints = ckpt.CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
-                                                  config=to_container(cfg), config_hash=self.config_hash,
-                                                  seed=cfg.seed)
-        fetch = None
-        if self.resume_from is not None:  # MLflow: fetch the run's newest complete checkpoint, then resume it
-            from albert_dist.run_tracking import fetch_run_checkpoint
-
-            def fetch(ckpt_dir: Path) -> None:
-                fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
-
-        if self._planned is not None and fetch is None:
-            point = self.checkpoints.plan(planned=True, point=self._planned[0])
-        else:
-            point = self.checkpoints.plan(fetch=fetch)
-        ds_config = {**build_deepspeed_config(cfg.engine, world), **self.checkpoints.deepspeed_overrides()}
+                                                  config=self.config, config_hash=self.config_hash,
+                                                  seed=cfg.seed, plan=self.resume_plan)
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
+        fetch = None
+        if self.resume_from is not None:  # MLflow: the run's newest complete checkpoint, then resumed as "auto"
+            def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:
+                fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
+                return self._plan("auto", ckpt_dir)
 
+        resumed = self.checkpoints.resume(self._build_engine, self._build_loader, fetch=fetch)
+        self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
+        self._stop.install()
+        with ckpt.rng_kept():  # the first step must see the RNG state the resume set
+            self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
+            device = self.engine.device
+            self.device = torch.device(device) if not isinstance(device, torch.device) else device
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.engine.precision, torch.float32)
+            self.flops_per_position = training_flops_per_token(cfg.model, cfg.data.max_seq_length)
+            self.peak_tflops, peak_source = (resolve_peak_tflops(cfg.engine.peak_tflops_per_device, self.device,
+                                                                 dtype) if rank == 0 else (0.0, ""))
+            self.tracker = self._build_tracker(resumed_step=None if resumed.point is None else resumed.step)
+        if rank == 0:
+            logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
+                        self.run_dir, self.dist_env.describe(), self.n_params, self.global_batch,
+                        self.peak_tflops, peak_source)
+            params = dict(self.config)
+            params["derived"] = {"world_size": world, "train_batch_size": self.global_batch,
+                                 "n_parameters": self.n_params, "config_hash": self.config_hash}
+            self.tracker.log_params(params)
+
+    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> ckpt.ResumePlan:
+        """`ckpt.resume_plan` for this job (its config, world size and the config's resume rules); rank 0 warns."""
+        return ckpt.resume_plan(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
+                                log=self.dist_env.rank == 0)
+
+    def _build_engine(self, overrides: dict) -> Any:
+        """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`
+        (what the resume needs); rank 0 writes that config to `<run_dir>/ds_config.json`."""
+        # Imported here: DeepSpeed's import costs seconds and logs its accelerator choice, which a refused
+        # config or `--help` should not pay, and which must come after setup_logging's noise filter.
+        import deepspeed
+
+        cfg, world = self.cfg, self.dist_env.world_size
+        ds_config = {**self.ds_config, **overrides}
+        if self.dist_env.rank == 0:
+            (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
         ckpt.seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
         model = AlbertForPreTraining(cfg.model)
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
@@ -114,45 +156,23 @@ class Trainer:
         self.n_params = sum(p.numel() for p in model.parameters())
         optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
         scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.max_steps)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                    config=ds_config)
-        after_initialize(self.engine)  # LAMB: DeepSpeed's partition map
-        self.ga_steps = self.engine.gradient_accumulation_steps()
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                               config=ds_config)
+        after_initialize(engine)  # LAMB: DeepSpeed's partition map
+        self.ga_steps = engine.gradient_accumulation_steps()
         if self.ga_steps != cfg.engine.gradient_accumulation_steps:  # the loop and DeepSpeed must agree
             raise RuntimeError(f"DeepSpeed runs {self.ga_steps} accumulation steps, the config says "
-                               f"{cfg.engine.gradient_accumulation_steps}")
+                               f"{cfg.engine.gradient_accumulation_steps} (world size {world})")
+        return engine
 
-        def make_loader(base_rank: int, base_world: int):
-            loader = build_train_loader(cfg.data, cfg.engine.train_micro_batch_size_per_gpu, base_rank, base_world)
-            # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
-            # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
-            loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
-            return loader
-
-        # Same world size: exact resume; another: the old streams continue (albert_dist.engine.reshard).
-        self.step, self.train_loader = self.checkpoints.load(self.engine, make_loader)
-        self._stop.install()
-        self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed from torch's RNG
-
-        device = self.engine.device
-        self.device = torch.device(device) if not isinstance(device, torch.device) else device
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.engine.precision, torch.float32)
-        self.flops_per_position = training_flops_per_token(cfg.model, cfg.data.max_seq_length)
-        self.peak_tflops, peak_source = (resolve_peak_tflops(cfg.engine.peak_tflops_per_device, self.device, dtype)
-                                         if rank == 0 else (0.0, ""))
-        self.tracker = self._build_tracker(resumed_step=self.step if point is not None else None)
-        if rank == 0:
-            logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
-                        self.run_dir, self.dist_env.describe(), self.n_params, check_derived(cfg, world),
-                        self.peak_tflops, peak_source)
-            params = to_container(cfg)
-            params["derived"] = {"world_size": world, "train_batch_size": check_derived(cfg, world),
-                                 "n_parameters": self.n_params, "config_hash": self.config_hash}
-            self.tracker.log_params(params)
-
-        # RNGs last (the loader's iterator, the matmul peak measurement and the tracker draw from them), so the
-        # first step sees exactly the state the interrupted run had when it saved.
-        self.checkpoints.restore_rng()
+    def _build_loader(self, base_rank: int, base_world: int) -> Any:
+        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.reshard`)."""
+        loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
+                                    base_world)
+        # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
+        # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
+        loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
+        return loader
 
     def _agree_run_dir(self) -> str:
         """cfg.run_dir, or runs/<recipe>-<UTC time> chosen by rank 0 and broadcast (ranks' clocks differ)."""
@@ -166,8 +186,6 @@ class Trainer:
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
         checkpoint's step) and, unless tracking.enabled is false, the MLflow run over it (collective;
         `albert_dist.run_tracking.build_tracker`)."""
-        from albert_dist.run_tracking import build_tracker
-
         rank = self.dist_env.rank
         local = JsonlTracker(self.run_dir, resumed_step=resumed_step or 0) if rank == 0 else NullTracker()
         return build_tracker(self.cfg, self.run_dir, rank, self.dist_env.world_size, local,
@@ -181,9 +199,6 @@ class Trainer:
 
     def train(self) -> int:
         """Run optimiser steps until max_steps or a stop signal; returns EXIT_OK or EXIT_PREEMPTED."""
-        from tqdm import tqdm
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
         cfg, engine = self.cfg, self.engine
         rank = self.dist_env.rank
         acc = MetricAccumulator(self.device)
@@ -271,8 +286,6 @@ class Trainer:
         if not self.cfg.data.validation:
             return None
         if self._evaluator is None:
-            from albert_dist.engine.evaluation import Evaluator
-
             self._evaluator = Evaluator(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
                                         self.dist_env.rank, self.dist_env.world_size, self.device)
             if self.dist_env.rank == 0:
@@ -299,37 +312,20 @@ class Trainer:
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
 
-    # ------------------------------------------------------------------------------------------------- run
-    def run(self) -> int:
-        """setup + train with the tracker closed and the process group destroyed whatever happens."""
-        status, code = "FAILED", EXIT_CRASHED
-        try:
-            self.setup()
-            code = self.train()
-            status = "FINISHED" if code == EXIT_OK else "KILLED"
-            if code == EXIT_OK and self.dist_env.rank == 0:  # MLflow: consolidated fp32 + HF export as artifacts
-                from albert_dist.run_tracking import log_final_model
-
-                log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
-            if self.dist_env.rank == 0:
-                logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/)",
-                            self.run_dir.resolve())
-            return code
-        except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
-            logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
-            return EXIT_SAVE_FAILED
-        except ckpt.ConfigDriftError as err:  # --resume-from: the fetched checkpoint's config differs
-            logger.error("%s", err)
-            return EXIT_CONFIG_ERROR
-        except Exception:
-            logger.exception("training failed")  # the one traceback: the entry point returns the code
-            return EXIT_CRASHED
-        finally:
-            self.close(status)
+    # ----------------------------------------------------------------------------------------------- finish
+    def export_final_model(self) -> Optional[dict]:
+        """After the last step, on rank 0: the final checkpoint as `<run_dir>/final_model/` (consolidated fp32
+        and transformers directories, `albert_dist.export.export_final_model`), uploaded as the MLflow run's
+        `model/` artifacts when tracking and `tracking.log_final_model` are on. Returns the written directories
+        (None on other ranks, or when the export failed: logged, and tagged in MLflow; the checkpoint stays
+        the job's result)."""
+        if self.dist_env.rank != 0:
+            return None
+        return log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
 
     def close(self, status: str) -> None:
-        """Restore signal handlers, stop the loader workers, close the tracker with `status`, destroy the
-        process group. Idempotent; `run()` calls it, callers of `setup()`/`train()` must."""
+        """Restore signal handlers, stop the loader workers, close the tracker with `status` ("FINISHED",
+        "KILLED", "FAILED"), destroy the process group. Idempotent; whoever calls `setup()` must call it."""
         self._stop.restore()
         # Explicitly: the workers ignore SIGTERM (see IgnoreStopSignals), so multiprocessing's exit-time
         # terminate() could not stop them if the iterator were left for the interpreter to clean up.

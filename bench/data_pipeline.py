@@ -77,7 +77,8 @@ def run(repeats: int = 5) -> dict:
     from transformers import AlbertTokenizer, DataCollatorForLanguageModeling
 
     from albert_dist.data.config import DataConfig
-    from albert_dist.data.sources import iter_texts, resolve_path
+    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.stream import iter_texts
 
     torch.set_num_threads(1)
     cfg = DataConfig(max_seq_length=SEQ, num_workers=0)

@@ -56,8 +56,8 @@ class Headline:
         return value >= self.target if self.target_op == ">=" else value <= self.target
 
 
-#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB), 8, 11
-#: and 20 (memory).
+#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB), 8, 11, 19
+#: (data at scale) and 20 (memory).
 #: Keys follow what each benchmark's ``run()`` returns; a row whose ratio key is missing is shown as "n/a".
 HEADLINES: tuple[Headline, ...] = (
     Headline("model_step", "train step ALBERT-base B=8 S=128 fp32, 1 thread: ours / transformers (SDPA)",
@@ -94,6 +94,18 @@ HEADLINES: tuple[Headline, ...] = (
              "docs/convergence.md): ours (matched) / transformers run_mlm peer",
              "matched.step_60.ratio_accuracy_over_peer", None, None,
              "matched.step_60.mlm_accuracy", "peer.step_60.mlm_accuracy", "accuracy"),
+    Headline("data_scale", "read amplification of uncompressed .jsonl (many small / few large files), worst of 1, 8, "
+             "64, 512 slots", "amplification.max_uncompressed_jsonl", "<=", 1.1),
+    Headline("data_scale", "read amplification after `data prepare` (.jsonl.zst, parquet), worst of 1-512 slots",
+             "amplification.max_after_prepare", "<=", 1.1),
+    Headline("data_scale", "one slot's tokens per CPU-second: large corpus / small corpus",
+             "throughput.ratio_large_over_small", ">=", 0.9, "throughput.tokens_per_cpu_s_large",
+             "throughput.tokens_per_cpu_s_small", "tokens/CPU-s"),
+    Headline("data_scale", "1-step train over 2,000 .jsonl files, wall seconds (target from issue 19)",
+             "startup.many_files.wall_s", "<=", 30.0),
+    Headline("data_scale", "1-step train CPU seconds: 2,000 files / the bundled 8 (same text size)",
+             "startup.ratio_cpu_many_over_sample", None, None, "startup.many_files.cpu_s",
+             "startup.bundled_sample.cpu_s", "CPU s"),
     Headline("memory_scale", "model states per rank of albert-base (ZeRO-2/3, 1 and 4 ranks, bf16): DeepSpeed's "
              "tensors / our estimate (albert_dist.engine.memory), lowest cell", "headline.states_vs_ours_min", ">=", 0.8),
     Headline("memory_scale", "the same, highest cell", "headline.states_vs_ours_max", "<=", 1.25),

@@ -58,6 +58,9 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "lamb": {"repeats": 2},
     "checkpoint_io": {"repeats": 3},
     "resume": {"repeats": 3},
+    # read amplification on 40 MB corpora, one slot's throughput 128 MB vs 16 MB, 1-step runs over 2,000 files,
+    # a 1,024 x 8-slot plan (~2 min); --full sizes in docs/data.md
+    "data_scale": {"repeats": 1, "full": False},
     # ours (matched recipe) vs the peer as the standalone 1,000-step run (bench/convergence.py), on 60 steps and
     # 200 scored blocks (~80 s); at 60 steps both sit near the unigram floor: it checks the harness end to end
     # albert-base, bf16 (the like-with-like cells of DeepSpeed's estimators), ZeRO-2/3 on 1 and 4 ranks, and its

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, get_args
 
-#: source formats understood by :mod:`albert_dist.data.sources`; "auto" picks one from the file suffix.
+from albert_dist.on_resume import APPLIES, RESTART_STREAMS, on_resume
+
+#: source formats understood by :mod:`albert_dist.data.paths`; "auto" picks one from the file suffix.
 SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
 FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.
@@ -66,58 +68,63 @@ def _default_validation() -> list[SourceConfig]:
     return [SourceConfig(paths=["data/sample/wikitext-2-validation.txt"])]
 
 
+#: The fixed validation set's fields (built once per job from the current config).
+_VALIDATION_SET = on_resume(APPLIES, "validates on the new fixed validation set")
+
+
 @dataclass
 class DataConfig:
     """Corpora, tokenizer and ALBERT pretraining-example settings (names from ALBERT's create_pretraining_data)."""
 
-    train: list[SourceConfig] = field(default_factory=_default_train)
+    train: list[SourceConfig] = field(default_factory=_default_train, metadata=on_resume(RESTART_STREAMS))
     """Training corpora; cycled forever, a new shuffle seed every epoch."""
-    validation: list[SourceConfig] = field(default_factory=_default_validation)
+    validation: list[SourceConfig] = field(default_factory=_default_validation,
+                                           metadata=on_resume(APPLIES, "validates on the new sources"))
     """Validation corpora: the fixed validation set is their first ``eval_examples`` examples (file order)."""
-    tokenizer_path: str = "data/sample/spiece.model"
+    tokenizer_path: str = field(default="data/sample/spiece.model", metadata=on_resume(RESTART_STREAMS))
     """sentencepiece model with ALBERT's special ids (see albert_dist.data.tokenizer)."""
-    max_seq_length: int = 512
+    max_seq_length: int = field(default=512, metadata=on_resume(RESTART_STREAMS))
     """Tokens per example including [CLS] and two [SEP]; every batch is padded to exactly this length."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: float = field(default=0.1, metadata=on_resume(RESTART_STREAMS))
     """Probability that an example targets a random shorter length in [2, max_seq_length - 3] (ALBERT: 0.1)."""
-    masked_lm_prob: float = 0.15
+    masked_lm_prob: float = field(default=0.15, metadata=on_resume(RESTART_STREAMS))
     """Fraction of the (non-special) tokens to mask (ALBERT: 0.15)."""
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int = field(default=20, metadata=on_resume(RESTART_STREAMS))
     """Cap on masked tokens per example (ALBERT: 20 at sequence length 512)."""
-    max_ngram: int = 3
+    max_ngram: int = field(default=3, metadata=on_resume(RESTART_STREAMS))
     """Longest masked n-gram in whole words; p(n) proportional to 1/n (ALBERT paper, section 4.1)."""
-    whole_word_masking: bool = True
+    whole_word_masking: bool = field(default=True, metadata=on_resume(RESTART_STREAMS))
     """Mask units are whole words (ALBERT); false: single pieces, as transformers' DataCollatorForLanguageModeling."""
-    random_token_prob: float = 0.1
+    random_token_prob: float = field(default=0.1, metadata=on_resume(RESTART_STREAMS))
     """Of the selected tokens: this fraction gets a random token, as many are kept, the rest become [MASK]."""
-    num_workers: int = 2
+    num_workers: int = field(default=2, metadata=on_resume(RESTART_STREAMS))
     """Training DataLoader worker processes per rank (0 = in the training process)."""
-    seed: int = 12345
+    seed: int = field(default=12345, metadata=on_resume(RESTART_STREAMS))
     """Seed of the training stream: shard order, document order, example lengths, SOP swaps and masks."""
-    shuffle: bool = True
+    shuffle: bool = field(default=True, metadata=on_resume(RESTART_STREAMS))
     """Shuffle the order of shard pieces and of documents inside each piece, with a new seed every epoch."""
-    shuffle_documents: int = 32
+    shuffle_documents: int = field(default=32, metadata=on_resume(RESTART_STREAMS))
     """Training examples are built from this many consecutive documents of a slot at a time and shuffled together
     before batching (only when ``shuffle``), so that a micro batch mixes documents. With 1, a batch holds
     consecutive examples of one document: a WikiText article gives ~35 examples at length 128, so every batch of
     16 came from one article and learning per token was slower (docs/convergence.md). Google's
     create_pretraining_data shuffles all instances of its input; a window keeps memory and the re-reading on
     resume bounded (``shuffle_documents`` x ``max_document_bytes``)."""
-    eval_examples: int = 2000
+    eval_examples: int = field(default=2000, metadata=_VALIDATION_SET)
     """Examples (= SOP pairs) in the fixed validation set: the first this many of one pass over ``validation``
     (fewer, with a warning, when the pass ends first). Built once per job, identical for every world size; each
     rank evaluates a contiguous 1/world of it. The default gives 2000 SOP pairs and ~36k masked tokens at
     max_seq_length 128 on the bundled sample (about ±0.011 SOP and ±0.002 MLM accuracy, one standard error)."""
-    eval_masked_lm_prob: float = 0.15
+    eval_masked_lm_prob: float = field(default=0.15, metadata=_VALIDATION_SET)
     """Fraction of the tokens the fixed validation set masks, whatever ``masked_lm_prob`` training uses (BERT's
     and ALBERT's 0.15), so runs that differ in masking rate are scored on the same task. The cap
     ``max_predictions_per_seq`` still applies."""
-    eval_seed: int = 1234
+    eval_seed: int = field(default=1234, metadata=_VALIDATION_SET)
     """Seed of the validation set's example lengths, SOP swaps and masks; independent of ``seed``, so runs that
     differ only in ``seed`` are scored on the same set."""
-    shard_piece_bytes: int = 4194304
+    shard_piece_bytes: int = field(default=4194304, metadata=on_resume(RESTART_STREAMS))
     """Uncompressed .txt/.jsonl files are split into byte ranges of about this size (units of split and resume)."""
-    max_document_bytes: int = 4194304
+    max_document_bytes: int = field(default=4194304, metadata=on_resume(RESTART_STREAMS))
     """Documents (and JSON lines) longer than this are skipped and counted, never buffered whole."""
 
     def __post_init__(self) -> None:

@@ -2,13 +2,18 @@
 
 ``build_train_loader`` returns an infinite ``StatefulDataLoader`` whose ``state_dict()`` (plain dicts, lists, ints,
 strings; fit for DeepSpeed's ``client_state``/``torch.save``) restores the exact batch sequence, with or without
-worker processes, without replaying the stream (see :mod:`albert_dist.data.sources` for splitting and resume).
+worker processes, without replaying the stream (see :mod:`albert_dist.data.stream` for resume and
+:mod:`albert_dist.data.paths` for splitting).
 Every rank yields a batch on every call, forever, so ranks cannot diverge in step count.
 
 The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
 
-Resume requires the same world size, ``num_workers``, micro batch size, corpus and config (checked:
-``ValueError`` on a mismatch of the slot layout or the stream's fingerprint).
+Resume requires the same world size, ``num_workers``, micro batch size, corpus and stream settings (checked:
+``ValueError`` on a mismatch of the slot layout or the stream's fingerprint); a resume whose config changes any of
+them restarts the streams instead (`albert_dist.engine.checkpoint.drift`, by the same ``on_resume`` tags). The
+pieces are planned for this stream's slots (world_size x num_workers), so they are part of the fingerprint: a job
+resumed on another world size rebuilds the old streams as "rank r of the old world size"
+(`albert_dist.engine.reshard`), which plans the same pieces again.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -25,12 +30,24 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from albert_dist.data.config import DataConfig
+from albert_dist.data.paths import slot_shares
+from albert_dist.data.plan import SourcePlan, amplification_warning, summarize_pieces
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
-from albert_dist.data.sources import SourceStream, plan_pieces
+from albert_dist.data.stream import SourceStream, plan_source
 from albert_dist.data.tokenizer import load_tokenizer
+from albert_dist.on_resume import RESTART_STREAMS, RULE_KEY
 
 logger = logging.getLogger(__name__)
-_LOUD_AMPLIFICATION_BYTES = 1 << 28  # record-level splitting reads this much more than needed -> warning
+
+#: The DataConfig fields a stream's batches depend on: those whose change restarts the streams on resume (the
+#: `on_resume` tags, one table with the drift check), except the sources (the fingerprint holds their pieces
+#: and settings instead) and num_workers (it sizes the pieces, which are fingerprinted; the slot is checked when
+#: iterating).
+FINGERPRINT_FIELDS = tuple(f.name for f in fields(DataConfig) if f.metadata.get(RULE_KEY) == RESTART_STREAMS
+                           and f.name not in ("train", "num_workers"))
+#: Extra bytes read per epoch (over reading every byte once) below which read amplification is an info line,
+#: not the warning: a small corpus read a few times costs less than one training step.
+QUIET_EXTRA_BYTES = 64 << 20
 
 
 class PretrainingStream(torch.utils.data.IterableDataset):
@@ -59,15 +76,13 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             raise ValueError(f"data.{split} lists no source")
         self.shuffle = cfg.shuffle and split == "train"
         # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts.
-        self.plans: list[Optional[list[dict]]] = []
-        for i, src in enumerate(self.sources):
-            if src.format == "hub":
-                self.plans.append(None)
-                continue
-            pieces, stats = plan_pieces(src, f"data.{split}[{i}]", cfg.shard_piece_bytes)
-            if not pieces:
-                raise ValueError(f"data.{split}[{i}]: {src.paths!r} holds only empty files ({dict(stats)})")
-            self.plans.append(pieces)
+        # Pieces are sized for this stream's slots (albert_dist.data.paths.piece_bytes_for).
+        self.num_slots = world_size * max(1, cfg.num_workers)
+        self.plans: list[Optional[list[dict]]] = [
+            None if src.format == "hub" else plan_source(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
+                                                         self.num_slots)
+            for i, src in enumerate(self.sources)
+        ]
         weights = np.array([s.weight for s in self.sources], dtype=np.float64)
         self.weights = weights / weights.sum()
         self.fingerprint = self._fingerprint(micro_batch_size)
@@ -77,10 +92,9 @@ class PretrainingStream(torch.utils.data.IterableDataset):
 
     def _fingerprint(self, micro_batch_size: int) -> str:
         """Hash of what defines this stream's batches: the sources' pieces (file names and byte ranges, not
-        absolute paths, so a checkpoint survives moving the corpus), example settings, seed, batch size. Fields
-        that do not change the batches (num_workers: checked per slot; eval_examples, eval_seed) are left out."""
-        keys = ("tokenizer_path", "max_seq_length", "short_seq_prob", "masked_lm_prob", "max_predictions_per_seq",
-                "max_ngram", "whole_word_masking", "random_token_prob", "seed", "shuffle", "shuffle_documents", "shard_piece_bytes", "max_document_bytes")
+        absolute paths, so a checkpoint survives moving the corpus; they depend on world_size x num_workers through
+        their size), the settings of `FINGERPRINT_FIELDS`, the batch size. Fields that do not change the batches
+        (the validation set's) are left out; the slot itself is checked when iterating."""
         pieces = [
             None if plan is None else [(os.path.basename(p["path"]), p["start"], p["end"], p["row_group"]) for p in plan]
             for plan in self.plans
@@ -89,7 +103,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             "split": self.split, "micro_batch_size": micro_batch_size, "pieces": pieces,
             "sources": [asdict(s) | {"paths": s.paths if s.format == "hub" else None} for s in self.sources],
             # the tokenizer by file name, like the pieces: config paths are absolute since load_config resolves them
-            "settings": {k: getattr(self.cfg, k) for k in keys} | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
+            "settings": {k: getattr(self.cfg, k) for k in FINGERPRINT_FIELDS}
+            | {"tokenizer_path": os.path.basename(self.cfg.tokenizer_path)},
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -100,28 +115,30 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         return self.rank * workers + worker, self.world_size * workers
 
     def log_plan(self, num_workers: int) -> None:
-        """Log, per source, how many pieces and bytes each slot of this rank owns (rank prefix in the logger)."""
+        """Log, per source, how many pieces and bytes each slot of this rank reads; on rank 0, one warning when
+        a source would be read more than `albert_dist.data.plan.AMPLIFICATION_LIMIT` times per epoch (with the
+        ``albert-dist data prepare`` command), an info line instead when the extra reading is small."""
         slots = self.world_size * max(1, num_workers)
+        plans: list[SourcePlan] = []
         for i, pieces in enumerate(self.plans):
             where = f"data.{self.split}[{i}]"
             if pieces is None:
                 logger.info("%s: hub dataset %s streamed over %d slots", where, self.sources[i].paths[0], slots)
                 continue
-            if len(pieces) < slots:
-                # loud only when the extra reading matters (a small validation file read twice does not)
-                extra_bytes = sum(p["nbytes"] for p in pieces) * (slots - 1)
-                log = logger.warning if extra_bytes > _LOUD_AMPLIFICATION_BYTES else logger.info
-                log(
-                    "%s: %d pieces < %d slots (ranks x workers): every slot reads the whole source and keeps 1 record "
-                    "in %d (read amplification x%d); split the files or lower shard_piece_bytes", where, len(pieces),
-                    slots, slots, slots,
-                )
-                continue
+            plan = summarize_pieces(self.sources[i], where, slots, pieces, manifest=False)
+            plan.ranks, plan.workers, plan.weight = self.world_size, num_workers, self.sources[i].weight
+            plan.only_source = len(self.sources) == 1
+            plans.append(plan)
             for w in range(max(1, num_workers)):
-                slot = self.rank * max(1, num_workers) + w
-                own = pieces[slot::slots]
-                logger.info("%s: rank %d worker %d owns %d pieces, %d bytes", where, self.rank, w, len(own),
-                            sum(p["nbytes"] for p in own))
+                shares = slot_shares(len(pieces), slots, self.rank * max(1, num_workers) + w)
+                shared = max(k for _, k, _ in shares)
+                logger.info("%s: rank %d worker %d reads %d of %d pieces, %d bytes%s", where, self.rank, w,
+                            len(shares), len(pieces), sum(pieces[i]["nbytes"] for i, _, _ in shares),
+                            f" (each shared with {shared - 1} other slots)" if shared > 1 else "")
+        warning = amplification_warning(plans)
+        if warning and self.rank == 0:
+            extra = sum(p.bytes * (p.amplification - 1) for p in plans)
+            (logger.warning if extra > QUIET_EXTRA_BYTES else logger.info)(warning)
 
     # -- state -----------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -134,8 +151,9 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         """Resume from ``state_dict()``; raises ValueError when it was taken under another config or layout."""
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(
-                f"data loader state was saved with another data config, corpus or micro batch size "
-                f"(fingerprint {state.get('fingerprint')!r}, now {self.fingerprint!r})"
+                f"data loader state was saved with another data config, corpus, micro batch size or number of "
+                f"slots (world size x num_workers, which sizes the pieces) (fingerprint "
+                f"{state.get('fingerprint')!r}, now {self.fingerprint!r})"
             )
         self._resume = copy.deepcopy(state)
         self._live = None

@@ -63,7 +63,8 @@ def train_tokenizer(
     """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``, and the transformers files of
     `write_transformers_config`) from local files, directories or globs.
 
-    Reads every input through :mod:`albert_dist.data.sources` (txt/jsonl/parquet, .gz/.zst) as one stream;
+    Reads every input through :func:`albert_dist.data.stream.iter_texts` (txt/jsonl/parquet, .gz/.zst; bad
+    records and the rest of damaged files skipped and counted) as one stream;
     sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
     memory is bounded whatever the corpus size. Normalisation is NFKC (``nmt_nfkc``), with case folding
     (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
@@ -71,8 +72,10 @@ def train_tokenizer(
     hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
     """
+    from collections import Counter
+
     from albert_dist.data.config import SourceConfig
-    from albert_dist.data.sources import iter_texts
+    from albert_dist.data.stream import iter_texts
 
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
@@ -81,7 +84,8 @@ def train_tokenizer(
     if not inputs:
         raise ValueError("inputs must name at least one file, directory or glob")
     sources = [SourceConfig(paths=[p], text_field=text_field) for p in inputs]
-    texts = iter_texts(sources, "tokenizer.input", max_document_bytes=1 << 30)
+    counters: Counter = Counter()
+    texts = iter_texts(sources, "--input", max_document_bytes=1 << 30, counters=counters)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
@@ -91,7 +95,9 @@ def train_tokenizer(
     except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         if "sentences_.empty()" in detail:
-            detail = "the inputs hold no text"
+            skipped = {k[len("skipped_"):]: v for k, v in counters.items() if k.startswith("skipped_")}
+            detail = (f"the inputs hold no text ({counters['documents']} usable documents; skipped records: "
+                      f"{skipped or 'none'})")
         raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
@@ -171,7 +177,7 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
 
     Raises ValueError when the file is missing or the special ids differ.
     """
-    from albert_dist.data.sources import resolve_path
+    from albert_dist.data.paths import resolve_path
 
     p = resolve_path(path)
     if not p.is_file():
@@ -210,8 +216,10 @@ def cli(argv: Optional[list[str]] = None) -> int:
             args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
             byte_fallback=args.byte_fallback,
         )
-    except ValueError as err:
-        print(f"albert-dist tokenizer: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:
+        from albert_dist.exit_codes import error_line
+
+        print(error_line("albert-dist tokenizer: error", err), file=sys.stderr)
         return 2
     # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -31,7 +31,7 @@ import torch
 from albert_dist.data.config import DataConfig
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
-from albert_dist.data.sources import SourceStream, iter_texts, plan_pieces
+from albert_dist.data.stream import SourceStream, iter_texts, plan_source
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer
 from albert_dist.model.config import IGNORE_INDEX
 
@@ -96,11 +96,8 @@ def _validation_streams(cfg: DataConfig) -> list[SourceStream]:
     streams = []
     for i, src in enumerate(cfg.validation):
         where = f"data.validation[{i}]"
-        plan = None
-        if src.format != "hub":
-            plan, stats = plan_pieces(src, where, cfg.shard_piece_bytes)
-            if not plan:
-                raise ValueError(f"{where}: {src.paths!r} holds only empty files ({dict(stats)})")
+        # one slot: the set is read in file order by every rank alike, whatever the world size
+        plan = None if src.format == "hub" else plan_source(src, where, cfg.shard_piece_bytes, slots=1)
         streams.append(SourceStream(src, where, plan, 0, 1, cfg.eval_seed + 1000 * i, False, cfg.max_document_bytes))
     return streams
 

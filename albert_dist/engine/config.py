@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional, get_args
 
+from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, on_resume
+
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 GradAccumDtype = Literal["fp32", "bf16"]
@@ -19,25 +21,25 @@ GRAD_ACCUM_DTYPES: tuple[str, ...] = get_args(GradAccumDtype)
 class ZeroOptimizationConfig:
     """Pass-through of DeepSpeed `zero_optimization` options (same names); None keeps DeepSpeed's default."""
 
-    overlap_comm: Optional[bool] = None
+    overlap_comm: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
     """Overlap gradient reduction with the backward pass."""
-    contiguous_gradients: Optional[bool] = None
+    contiguous_gradients: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
     """Copy gradients into a contiguous buffer as they are produced (less fragmentation)."""
-    reduce_scatter: Optional[bool] = None
+    reduce_scatter: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-1/2: reduce gradients with reduce-scatter instead of all-reduce."""
-    reduce_bucket_size: Optional[int] = None
+    reduce_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """Elements reduced at a time."""
-    allgather_bucket_size: Optional[int] = None
+    allgather_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-1/2: elements all-gathered at a time after the optimiser step."""
-    stage3_param_persistence_threshold: Optional[int] = None
+    stage3_param_persistence_threshold: Optional[int] = field(default=None, metadata=on_resume(CONVERT))
     """ZeRO-3: parameters with fewer elements stay unpartitioned (DeepSpeed default 1e5; 0 partitions all)."""
-    stage3_prefetch_bucket_size: Optional[int] = None
+    stage3_prefetch_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-3: elements prefetched ahead of use."""
-    stage3_max_live_parameters: Optional[int] = None
+    stage3_max_live_parameters: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-3: maximum gathered elements kept alive."""
-    stage3_max_reuse_distance: Optional[int] = None
+    stage3_max_reuse_distance: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-3: keep a gathered parameter if it is reused within this many elements (shared ALBERT groups)."""
-    round_robin_gradients: Optional[bool] = None
+    round_robin_gradients: Optional[bool] = field(default=None, metadata=on_resume(CONVERT))
     """ZeRO-1/2: round-robin gradient partition assignment (helps CPU offload)."""
 
     def __post_init__(self) -> None:
@@ -65,9 +67,9 @@ class OffloadConfig:
     not offered). Validated by `EngineConfig`, which knows the dotted path.
     """
 
-    device: str = "none"
+    device: str = field(default="none", metadata=on_resume(CONVERT))
     """"none" (stay on the accelerator) or "cpu" (keep them in host memory; the optimiser steps there)."""
-    pin_memory: bool = False
+    pin_memory: bool = field(default=False, metadata=on_resume(APPLIES))
     """Page-locked host buffers: faster host<->GPU copies, costs pinned memory (no effect on a CPU-only run)."""
 
 
@@ -75,19 +77,24 @@ class OffloadConfig:
 class EngineConfig:
     """DeepSpeed engine settings (the `engine:` section of a recipe); names follow DeepSpeed's JSON keys."""
 
-    zero_stage: int = 2
+    zero_stage: int = field(default=2, metadata=on_resume(
+        REFUSE, "DeepSpeed 0.19.8 loads no checkpoint of one ZeRO stage into an engine of another, not even through "
+                "its universal checkpoint (measured, 2 -> 3: state_dict_factory finds none of the per-rank model "
+                "states ZeRO-3 reads)"))
     """ZeRO stage: 0 (data parallel), 1 (optimiser states), 2 (+ gradients), 3 (+ parameters) partitioned."""
-    train_micro_batch_size_per_gpu: int = 8
+    train_micro_batch_size_per_gpu: int = field(default=8, metadata=on_resume(RESTART_STREAMS))
     """Sequences per rank per forward/backward pass (micro-step)."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = field(default=1, metadata=on_resume(
+        APPLIES, "accumulates the new number of micro-steps; the global batch must stay the same (checked), so the "
+                 "trajectory continues"))
     """Micro-steps per optimiser step; the training loop runs exactly this many."""
-    train_batch_size: Optional[int] = None
+    train_batch_size: Optional[int] = field(default=None, metadata=on_resume(QUIET))
     """Global sequences per optimiser step; must equal micro x accumulation x world size (None: derived)."""
-    gradient_clipping: float = 1.0
+    gradient_clipping: float = field(default=1.0, metadata=on_resume(APPLIES))
     """Clip the global gradient 2-norm to this value before each step (0: no clipping)."""
-    precision: Precision = "fp32"
+    precision: Precision = field(default="fp32", metadata=on_resume(REFUSE))
     """"fp32", "bf16" (bf16 weights/activations, fp32 master weights) or "fp16" (dynamic loss scaling, GPU only)."""
-    grad_accum_dtype: Optional[GradAccumDtype] = None
+    grad_accum_dtype: Optional[GradAccumDtype] = field(default=None, metadata=on_resume(REFUSE))
     """bf16 only: dtype gradients are accumulated and reduced across ranks in, "fp32" (needs ZeRO >= 1) or "bf16";
     None: fp32 at ZeRO 1-3, bf16 at ZeRO-0 (see `accumulation_dtype`)."""
     zero_optimization: ZeroOptimizationConfig = field(default_factory=ZeroOptimizationConfig)
@@ -96,7 +103,7 @@ class EngineConfig:
     """ZeRO-Offload of the fp32 master weights and optimiser states (needs zero_stage >= 1)."""
     offload_param: OffloadConfig = field(default_factory=OffloadConfig)
     """ZeRO-Infinity parameter offload of the partitioned parameters (needs zero_stage 3)."""
-    peak_tflops_per_device: Optional[float] = None
+    peak_tflops_per_device: Optional[float] = field(default=None, metadata=on_resume(QUIET))
     """Peak dense TFLOP/s of one device for MFU; None: $ALBERT_DIST_PEAK_TFLOPS, else a matmul measured at start."""
 
     @property
@@ -171,6 +178,8 @@ def _batch_hint(target: int, micro: int, world_size: int) -> str:
 
 
 OptimizerType = Literal["adamw", "lamb"]
+#: The schedule's fields: `lr_factor` is a function of the step and the current config (resume included).
+_SCHEDULE = on_resume(APPLIES, "follows the new learning-rate schedule from the checkpoint's step on")
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerType)
 Decay = Literal["linear", "polynomial"]
 DECAYS: tuple[str, ...] = get_args(Decay)
@@ -180,24 +189,25 @@ DECAYS: tuple[str, ...] = get_args(Decay)
 class OptimConfig:
     """Optimiser, weight decay and learning-rate schedule (the `optimizer:` section of a recipe)."""
 
-    type: OptimizerType = "adamw"
+    type: OptimizerType = field(default="adamw", metadata=on_resume(REFUSE))
     """Optimiser: "adamw" (torch.optim.AdamW) or "lamb" (albert_dist.engine.lamb, exact under ZeRO)."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=on_resume(
+        APPLIES, "uses the new peak lr from the next step (lr x lr_factor(step) of the current schedule)"))
     """Peak learning rate, reached at the end of warmup."""
-    weight_decay: float = 0.01
+    weight_decay: float = field(default=0.01, metadata=on_resume(APPLIES))
     """Decoupled weight decay on weight matrices and embeddings (never on LayerNorm weights or biases)."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata=on_resume(APPLIES))
     """Adam (beta1, beta2): decay rates of the first and second moment estimates."""
-    eps: float = 1e-6
+    eps: float = field(default=1e-6, metadata=on_resume(APPLIES))
     """Adam epsilon added to the square root of the second moment (ALBERT/BERT: 1e-6)."""
-    warmup_steps: int = 0
+    warmup_steps: int = field(default=0, metadata=_SCHEDULE)
     """Optimiser steps of linear warmup from 0 to lr (ALBERT: 3125); 0 with `warmup_ratio` set."""
-    warmup_ratio: Optional[float] = None
+    warmup_ratio: Optional[float] = field(default=None, metadata=_SCHEDULE)
     """Warmup as a fraction of max_steps, in [0, 1] (ALBERT: 3125 / 125000 = 0.025); rounded to whole steps.
     An alternative to warmup_steps, so that a short run (max_steps=5) of a recipe needs no second override."""
-    decay: Decay = "linear"
+    decay: Decay = field(default="linear", metadata=_SCHEDULE)
     """Decay after warmup, to 0 at the last step: "linear" or "polynomial" (with `power`)."""
-    power: float = 1.0
+    power: float = field(default=1.0, metadata=_SCHEDULE)
     """Exponent of the polynomial decay (1.0 = linear, ALBERT's setting); used when decay is "polynomial"."""
 
     def __post_init__(self) -> None:
@@ -249,6 +259,13 @@ class CheckpointConfig:
     """None: start fresh; "auto": the newest checkpoint in `dir` that verifies, if any; else a checkpoint directory or tag dir to resume from."""
     on_save_error: str = "fail"
     """A save that fails (disk full, any OS error): "fail" = exit with EXIT_SAVE_FAILED; "continue" = log it, keep training, retry at the next interval."""
+
+    def directory(self, run_dir: Optional[str]) -> Optional[str]:
+        """Where the job's checkpoints live: `dir`, else `<run_dir>/checkpoints`; None while the run directory
+        is still to be chosen (`run_dir` None: the trainer picks runs/<recipe>-<time> once the ranks are up)."""
+        if self.dir is not None:
+            return self.dir
+        return None if run_dir is None else f"{run_dir.rstrip('/')}/checkpoints"
 
     def __post_init__(self) -> None:
         if self.save_interval_steps < 0:

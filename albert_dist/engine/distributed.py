@@ -71,7 +71,8 @@ class DistEnv:
     num_nodes: int = 1
     """number of nodes in the job"""
     source: str = "single"
-    """which launcher the numbers came from: "torchrun" (torchrun or deepspeed), "slurm" or "single\""""
+    """which launcher the numbers came from: "torchrun", "deepspeed" (its launcher, also under ``--no_ssh``: the
+    same variables plus LOCAL_SIZE/CROSS_RANK/CROSS_SIZE), "slurm" (srun tasks) or "single\""""
 
     def describe(self) -> str:
         """One log line: ``rank 3/8 (local 1/2, node 1/4) master 10.0.0.1:20042 via slurm``."""
@@ -239,7 +240,9 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
         else:
             raise ValueError(f"RANK={rank} WORLD_SIZE={world} set but MASTER_ADDR/MASTER_PORT missing "
                              "(needed to find rank 0 when WORLD_SIZE > 1)")
-    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, num_nodes, "torchrun")
+    # DeepSpeed's launcher sets its own per-node variables beside torchrun's (deepspeed/launcher/launch.py)
+    launcher = "deepspeed" if any(v in env for v in ("LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")) else "torchrun"
+    return DistEnv(rank, world, local_rank, local_world, node_rank, addr, port, num_nodes, launcher)
 
 
 def _slurm_master(env: Mapping[str, str], nodes: list[str] | None = None) -> tuple[str, int]:

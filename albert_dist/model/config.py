@@ -1,8 +1,10 @@
 """`AlbertConfig`: the model hyper-parameters, with transformers' field names plus the sharing mode."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+from albert_dist.on_resume import APPLIES, on_resume
 
 #: Activations accepted in `hidden_act` (transformers' names). "gelu_new" and "gelu_pytorch_tanh" are both the
 #: tanh approximation of GELU (Hendrycks & Gimpel 2016, eq. for the approximation) used by BERT/ALBERT.
@@ -45,21 +47,22 @@ class AlbertConfig:
     """Feed-forward inner size I."""
     hidden_act: Activation = "gelu_new"
     """Feed-forward and MLM-head activation, one of ACTIVATIONS."""
-    hidden_dropout_prob: float = 0.0
+    hidden_dropout_prob: float = field(default=0.0, metadata=on_resume(APPLIES))
     """Dropout on embeddings and on the attention / feed-forward outputs, in [0, 1)."""
-    attention_probs_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = field(default=0.0, metadata=on_resume(APPLIES))
     """Dropout on the attention probabilities, in [0, 1)."""
     max_position_embeddings: int = 512
     """Number of learned absolute positions (maximum sequence length)."""
     type_vocab_size: int = 2
     """Number of token types (segment A / B)."""
-    initializer_range: float = 0.02
+    initializer_range: float = field(default=0.02, metadata=on_resume(
+        APPLIES, "loads the checkpoint's weights: the initialiser range has no effect"))
     """Standard deviation of the normal weight initialisation (BERT/ALBERT)."""
-    layer_norm_eps: float = 1e-12
+    layer_norm_eps: float = field(default=1e-12, metadata=on_resume(APPLIES))
     """LayerNorm epsilon."""
     sharing: Sharing = "all"
     """Cross-layer sharing: "all" | "attention" | "ffn" | "none" (see albert_dist.model.sharing)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = field(default=False, metadata=on_resume(APPLIES))
     """Recompute every executed block in backward (non-reentrant torch.utils.checkpoint)."""
 
     def __post_init__(self) -> None:

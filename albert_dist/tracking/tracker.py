@@ -69,6 +69,15 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
+def artifact_location(uri: str) -> Optional[str]:
+    """Where a new experiment of a local SQLite store keeps its artifacts: ``mlruns/`` beside the database file
+    (MLflow's own default is ``./mlruns`` of the working directory, so jobs started from different directories
+    would scatter one store's artifacts); None for any other store (a server or file store decides)."""
+    if uri.startswith("sqlite:////"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
+    return None
+
+
 def resolve_tracking_uri(uri: Optional[str] = None) -> str:
     """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<default_store_dir()>/mlruns.db``; absolute."""
     return absolute_uri(uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -225,7 +234,8 @@ class MLflowTracker(Tracker):
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 try:
-                    client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                    client.create_experiment(name, artifact_location=artifact_location(self.tracking_uri),
+                                             tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
                 except MlflowException:  # another job created it meanwhile
                     pass
                 exp = client.get_experiment_by_name(name)

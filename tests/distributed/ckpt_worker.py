@@ -59,20 +59,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
-    parser.add_argument("--run", action="store_true", help="Trainer.run() (the app's exit codes) instead of setup/train")
+    parser.add_argument("--run", action="store_true", help="albert_dist.train.cli (the app's main and exit codes) "
+                                                           "instead of setup/train")
     parser.add_argument("--enospc-step", type=int)
     parser.add_argument("--enospc-rank", type=int, default=0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
+    from albert_dist import train
     from albert_dist.config import load_config
     from albert_dist.engine.checkpoint import save as ckpt_save
+    from albert_dist.engine.distributed import discover, setup_logging
     from albert_dist.trainer import Trainer
 
     import deepspeed.ops
 
-    trainer = Trainer(load_config(args.config, args.overrides))
+    job: dict = {}  # "trainer": the job's Trainer (built by train.cli with --run)
+
+    class RecordedTrainer(Trainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            job["trainer"] = self
+
     with pytest.MonkeyPatch.context() as mp:
         # Plain gloo collectives instead of DeepSpeed's JIT-built shared-memory op: its build takes minutes on
         # a busy machine and a process killed during it (these tests kill ranks) leaves a stale file lock.
@@ -81,6 +90,7 @@ def main(argv: list[str]) -> int:
             barrier = ckpt_save._barrier
 
             def crashing_barrier() -> None:
+                trainer = job["trainer"]
                 if trainer.step == args.crash_save_step and trainer.dist_env.rank == args.crash_rank:
                     os._exit(CRASH_EXIT)
                 barrier()
@@ -94,6 +104,7 @@ def main(argv: list[str]) -> int:
             save = TorchCheckpointEngine.save
 
             def full_disk_save(self, state_dict, path):
+                trainer = job["trainer"]
                 if trainer.step == args.enospc_step and trainer.dist_env.rank == args.enospc_rank:
                     with open(path, "wb") as fh:  # what a full disk leaves: the start of the file
                         fh.write(b"PK\x03\x04")
@@ -102,11 +113,14 @@ def main(argv: list[str]) -> int:
 
             mp.setattr(TorchCheckpointEngine, "save", full_disk_save)
         if args.no_guard:
-            from albert_dist.engine import optim
+            from albert_dist.engine.checkpoint import load as ckpt_load
 
-            mp.setattr(optim, "repair_optimizer_after_load", lambda engine, expected: [])
-        if args.run:
-            return trainer.run()
+            mp.setattr(ckpt_load, "repair_optimizer_after_load", lambda engine, expected: [])
+        if args.run:  # the app's main: its exit codes
+            mp.setattr(train, "Trainer", RecordedTrainer)
+            return train.cli(["--config", args.config, *args.overrides])
+        setup_logging(discover().rank)
+        trainer = RecordedTrainer(load_config(args.config, args.overrides))
         try:
             trainer.setup()
             if args.dump and not args.dump_at_end:

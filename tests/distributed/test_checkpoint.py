@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -362,3 +363,62 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
         assert any(".albert_layer_groups.2." in n for n in consolidated)
     with safe_open(str(tmp_path / "fp32.safetensors"), "pt") as f:
         assert "predictions.decoder.weight" not in set(f.keys())  # the alias safetensors cannot store
+
+
+# ------------------------------------------------------------- what a config change means on resume (issue 21)
+def test_resume_with_a_new_lr_uses_it_from_the_next_step(config, reference, tmp_path):
+    """optimizer.lr 0.003 -> 0.006 at step_6 (the table: "applies"): steps 7 and 8 log twice the reference's lr;
+    step 7's loss equals the reference's (same weights, data and RNG), step 8's does not (step 7's update used
+    the new lr; before the fix the checkpoint's peak lr was kept and both steps were bit-identical)."""
+    ref_dir, want, _ = reference
+    run_dir = tmp_path / "run"
+    job = run_ok(2, config, run_dir, [], [f"checkpoint.resume={ref_dir / 'checkpoints' / 'step_6'}",
+                                         "optimizer.lr=0.006"])
+    got = train_records(run_dir)
+    assert sorted(got) == [7, 8]
+    for step in (7, 8):
+        assert got[step][names.TRAIN_LR] == pytest.approx(2 * want[step][names.TRAIN_LR], rel=1e-12, abs=0), step
+    assert got[7][names.TRAIN_LOSS] == want[7][names.TRAIN_LOSS]
+    assert got[8][names.TRAIN_LOSS] != want[8][names.TRAIN_LOSS]
+    assert _log_lines(job, "optimizer.lr changed (0.003 -> 0.006): the run uses the new peak lr from the next step")
+    assert not _log_lines(job, "Traceback")
+
+
+def test_resume_converting_the_partition_layout_and_restarting_the_streams(config, reference, tmp_path):
+    """step_8 resumed on the same 2 ranks with engine.zero_optimization.round_robin_gradients set ("convert": another
+    ZeRO-2 partition layout) and data.whole_word_masking flipped ("restart_streams": before, the loader raised its
+    fingerprint ValueError and the job hung): the checkpoint goes through DeepSpeed's universal checkpoint, the
+    parameters and both Adam moments load exactly, the streams restart and say so, the job trains on."""
+    _, _, ref = reference
+    run_dir, dump = tmp_path / "run", tmp_path / "loaded.pt"
+    ckpt_dir = _copy_checkpoints(reference, tmp_path / "copy")
+    shutil.rmtree(ckpt_dir / "step_8_universal", ignore_errors=True)  # another test may have converted it
+    job = run_ok(2, config, run_dir, ["--dump", str(dump)],
+                 [f"checkpoint.resume={ckpt_dir / 'step_8'}", "max_steps=9",
+                  "engine.zero_optimization.round_robin_gradients=true", "data.whole_word_masking=false"])
+    got = torch.load(dump, weights_only=False)
+    assert got["step"] == ref["step"] == MAX_STEPS
+    for name, tensors in ref["params"].items():
+        for what, g, w in zip(("param", "exp_avg", "exp_avg_sq"), got["params"][name], tensors):
+            assert torch.equal(g, w), f"{name} {what}"
+    assert _log_lines(job, "round_robin_gradients changed (None -> True): the run converts the checkpoint with "
+                           "DeepSpeed's universal-checkpoint tool")
+    assert _log_lines(job, f"resumed from {ckpt_dir}/step_8_universal at step 8")
+    assert _log_lines(job, "the data streams restart from the corpus start because data.whole_word_masking changed "
+                           "(True -> False)")
+    assert list(train_records(run_dir)) == [MAX_STEPS + 1] and not _log_lines(job, "Traceback")
+
+
+def test_export_of_a_run_directory_needs_neither_config_nor_tokenizer(reference, tmp_path):
+    """`albert-dist export RUN_DIR`: the newest verified checkpoint (step_8), its config from albert_dist.json, the
+    run's tokenizer; transformers loads the result with the run's final weights."""
+    transformers = pytest.importorskip("transformers")
+    from albert_dist.export import cli as export_cli
+
+    ref_dir, _, ref = reference
+    out = tmp_path / "hf"
+    assert export_cli([str(ref_dir), "--output", str(out)]) == 0
+    assert (out / "spiece.model").read_bytes() == (REPO / "data/sample/spiece.model").read_bytes()
+    hf = transformers.AlbertForPreTraining.from_pretrained(out)
+    name = "albert.embeddings.word_embeddings.weight"
+    assert torch.equal(dict(hf.named_parameters())[name].detach(), ref["params"][name][0])

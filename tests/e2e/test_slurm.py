@@ -227,7 +227,7 @@ def test_deepspeed_sbatch_two_nodes(jobs, launcher):
     _assert_completed(info, output, restarts=0)
     assert (jobs.run_dir / "hostfile").read_text() == "n1 slots=1\nn2 slots=1\n"
     # slurm: ranks are srun tasks (Slurm variables); nossh: DeepSpeed's per-node launcher sets RANK etc.
-    source = {"slurm": "slurm", "nossh": "torchrun"}[launcher]
+    source = {"slurm": "slurm", "nossh": "deepspeed"}[launcher]
     assert re.search(rf"rank 0/2 \(local 0/1, node 0/2\) master 127\.0\.0\.1:{port_from_job_id(int(job))} "
                      rf"via {source}", output), output[-4000:]
     _assert_checkpoint(jobs.run_dir, step=3, world=2)

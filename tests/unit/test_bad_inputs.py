@@ -14,7 +14,9 @@ import pytest
 
 from albert_dist import train
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources import check_text_field, plan_pieces
+from albert_dist.data.files import check_text_field
+from albert_dist.data.paths import plan_pieces
+from albert_dist.data.stream import plan_source
 from albert_dist.engine import distributed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +28,7 @@ def no_process_group(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
-    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 def _jsonl(path: Path, records: list[dict]) -> Path:
@@ -39,7 +41,7 @@ def test_missing_text_field_is_found_on_the_first_records_naming_field_file_and_
     bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b", "id": i} for i in range(40)])
     check_text_field(SourceConfig(paths=[str(good)]), "data.train[0]")
     with pytest.raises(ValueError) as err:
-        plan_pieces(SourceConfig(paths=[str(bad)]), "data.train[1]", 1 << 16)  # what building the loader does
+        plan_source(SourceConfig(paths=[str(bad)]), "data.train[1]", 1 << 16)  # what building the loader does
     assert str(err.value) == (f"data.train[1].text_field='text' is not a key of the first 16 records of {bad} "
                               f"(keys found: ['content', 'id'])")
     check_text_field(SourceConfig(paths=[str(bad)], text_field="content"), "data.train[1]")
@@ -99,7 +101,7 @@ def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
 
 
 def test_skipped_records_are_named_by_file_and_line(tmp_path, caplog):
-    from albert_dist.data.sources import SourceStream
+    from albert_dist.data.stream import SourceStream
 
     path = tmp_path / "c.jsonl"
     rows = [json.dumps({"text": f"document number {i} with words"}) for i in range(6)]

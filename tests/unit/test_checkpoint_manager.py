@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.config import TrainConfig, to_container
+from albert_dist.config import TrainConfig, resume_rules, to_container
 from albert_dist.engine import checkpoint as ckpt
+
+RULES = resume_rules()
 
 FILES = {"mp_rank_00_model_states.pt": 300, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 500,
          "zero_pp_rank_1_mp_rank_00_optim_states.pt": 500}
@@ -123,7 +125,7 @@ def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_pat
     point = ckpt.resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
     current = _config(model__sharing="none", model__hidden_size=64)
     with pytest.raises(ckpt.ConfigDriftError) as err:
-        ckpt.check_drift(point, current, world_size=2)
+        ckpt.check_drift(point, current, 2, RULES)
     msg = str(err.value)
     assert f"checkpoint {tmp_path / 'step_8'} has model.hidden_size=768, the config has model.hidden_size=64" in msg
     assert "model.sharing='all', the config has model.sharing='none'" in msg
@@ -131,25 +133,26 @@ def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_pat
 
 def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
     point = ckpt.resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
-    drift = ckpt.check_drift(point, _config(max_steps=2000, log_interval_steps=5, optimizer__lr=2e-3), 2)
-    assert sorted(drift.changes) == ["log_interval_steps", "max_steps", "optimizer.lr"]
+    drift = ckpt.check_drift(point, _config(max_steps=2000, log_interval_steps=5, optimizer__lr=2e-3), 2, RULES)
+    assert sorted(drift.changes) == ["max_steps", "optimizer.lr"]  # log_interval_steps cannot matter: quiet
     assert drift.changes["max_steps"] == (1000, 2000) and not drift.streams_restart
     with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
         ckpt.log_drift(point, drift)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "max_steps changed (1000 -> 2000): the run trains on to the new max_steps; the learning rate follows" in text
-    assert "optimizer.lr changed (0.001 -> 0.002): not a resumable field" in text
-    assert ckpt.check_drift(point, _config(data__num_workers=0), 2).streams_restart
+    assert "optimizer.lr changed (0.001 -> 0.002): the run uses the new peak lr from the next step" in text
+    assert "log_interval_steps" not in text
+    assert ckpt.check_drift(point, _config(data__num_workers=0), 2, RULES).streams_restart
 
 
 def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
     base = _config()
     micro, ga = base["engine"]["train_micro_batch_size_per_gpu"], base["engine"]["gradient_accumulation_steps"]
     point = ckpt.resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
-    ok = ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=1)
+    ok = ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=1, rules=RULES)
     assert "engine.gradient_accumulation_steps" in ok.changes
     with pytest.raises(ckpt.ConfigDriftError, match=f"global batch of {micro * ga * 2} sequences"):
-        ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=2)
+        ckpt.check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=2, rules=RULES)
 
 
 def test_a_new_number_of_ranks_that_changes_the_global_batch_is_warned(tmp_path, caplog):
@@ -157,9 +160,9 @@ def test_a_new_number_of_ranks_that_changes_the_global_batch_is_warned(tmp_path,
     batch = base["engine"]["train_micro_batch_size_per_gpu"] * base["engine"]["gradient_accumulation_steps"]
     point = ckpt.resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
     with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
-        ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=2))  # same ranks: nothing to say
+        ckpt.log_drift(point, ckpt.check_drift(point, _config(), 2, RULES))  # same ranks: nothing to say
         assert caplog.records == []
-        ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=1))
+        ckpt.log_drift(point, ckpt.check_drift(point, _config(), world_size=1, rules=RULES))
     assert [r.getMessage() for r in caplog.records] == [
         f"checkpoint {tmp_path / 'step_8'} was trained with a global batch of {2 * batch} sequences (2 ranks); on 1 "
         f"ranks it continues with {batch} (the learning rate is not rescaled); to keep {2 * batch} set "

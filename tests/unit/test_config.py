@@ -248,3 +248,17 @@ def test_offload_options():
         load_config(None, ["engine.zero_stage=2", "engine.offload_param.device=cpu"])
     with pytest.raises(ValueError, match=r"engine\.offload_optimizer\.device must be one of"):
         load_config(None, ["engine.offload_optimizer.device=nvme"])
+
+
+QUICKSTART = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
+
+
+def test_override_sets_a_list_item_by_index_and_names_a_bad_index():
+    base = load_config(QUICKSTART)
+    cfg = load_config(QUICKSTART, ["data.train[0].text_field=body", "data.train[0]={txt_documents: file}"])
+    assert cfg.data.train[0].text_field == "body" and cfg.data.train[0].txt_documents == "file"
+    assert cfg.data.train[0].paths == base.data.train[0].paths  # the item's other fields are kept
+    with pytest.raises(ValueError, match=r"data.train has 1 item\(s\), so data.train\[3\] does not exist"):
+        load_config(QUICKSTART, ["data.train[3].paths=[x]"])
+    with pytest.raises(ValueError, match=r"data.train\[0\].nope"):
+        load_config(QUICKSTART, ["data.train[0].nope=1"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from albert_dist.data import sources
+from albert_dist.data import stream as stream_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
 
@@ -69,14 +69,14 @@ def test_resume_reads_only_the_current_window(monkeypatch, window):
     expected = _take(it, 2)
 
     records_read = []
-    real = sources.read_piece
+    real = stream_mod.read_piece
 
     def counting(piece, *args, **kwargs):
         for rec in real(piece, *args, **kwargs):
             records_read.append(piece["start"])
             yield rec
 
-    monkeypatch.setattr(sources, "read_piece", counting)
+    monkeypatch.setattr(stream_mod, "read_piece", counting)
     resumed = build_train_loader(cfg, 8, rank=0, world_size=1)
     resumed.load_state_dict(state)
     _assert_same(_take(iter(resumed), 2), expected)

@@ -14,7 +14,9 @@ from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
-from albert_dist.data.sources import SourceStream, iter_texts, plan_pieces, split_records
+from albert_dist.data.files import split_records
+from albert_dist.data.paths import plan_pieces
+from albert_dist.data.stream import SourceStream, iter_texts
 
 
 def _reference_records(data: bytes, separator: str) -> list[bytes]:
@@ -95,7 +97,7 @@ def test_missing_path_and_empty_glob_fail_at_start(tmp_path):
         build_train_loader(cfg, 2, 0, 1)
     (tmp_path / "empty.txt").write_bytes(b"")
     cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "empty.txt")])], num_workers=0)
-    with pytest.raises(ValueError, match="only empty files"):
+    with pytest.raises(ValueError, match="only empty or damaged files"):
         build_train_loader(cfg, 2, 0, 1)
 
 
@@ -167,7 +169,7 @@ def _epoch_docs(stream: SourceStream) -> list[int]:
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("piece_bytes", [1024, 1 << 20])  # many pieces (shard split) / 5 pieces (record split at 8 slots)
+@pytest.mark.parametrize("piece_bytes", [1024, 1 << 20])  # many pieces / 5 pieces (shared by the slots at 8)
 def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, piece_bytes):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])

@@ -102,7 +102,7 @@ def test_deepspeed_launcher_variables():
     # deepspeed/launcher/launch.py: CROSS_RANK = node rank, CROSS_SIZE = nodes, LOCAL_SIZE = procs per node
     env = D.discover({"RANK": "2", "WORLD_SIZE": "6", "LOCAL_RANK": "0", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
                       "CROSS_SIZE": "3", "MASTER_ADDR": "h1", "MASTER_PORT": "29501"})
-    assert env == D.DistEnv(2, 6, 0, 2, 1, "h1", 29501, 3, "torchrun")
+    assert env == D.DistEnv(2, 6, 0, 2, 1, "h1", 29501, 3, "deepspeed")
 
 
 def test_launcher_variables_win_over_slurm(no_scontrol):
@@ -112,7 +112,7 @@ def test_launcher_variables_win_over_slurm(no_scontrol):
                     "CROSS_SIZE": "2", "MASTER_ADDR": "gpu01", "MASTER_PORT": "29500"})
     env = D.discover(environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.source) == (
-        3, 4, 1, 2, 1, "torchrun")
+        3, 4, 1, 2, 1, "deepspeed")
 
 
 def test_slurm_variables(no_scontrol):

@@ -79,16 +79,18 @@ def test_config_layer_imports_no_torch(module):
 
 
 #: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
-#: `base` is the process-exit contract every layer may name; `app` is every top-level module but it.
+#: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
+#: its fields with (what a change means on resume); `app` is every other top-level module.
 LAYERS = ("base", "model", "data", "engine", "tracking", "app")
 
 
 def layer_of(module: str) -> str:
-    """The layer of an albert_dist module: its sub-package, else base (exit_codes) or app (the top level)."""
+    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume) or app (the top
+    level)."""
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("model", "data", "engine", "tracking"):
         return parts[1]
-    return "base" if module in ("albert_dist", "albert_dist.exit_codes") else "app"
+    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume") else "app"
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:

@@ -193,7 +193,7 @@ def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, caps
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
-    monkeypatch.setattr(train_app.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+    monkeypatch.setattr(train_app.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
     monkeypatch.setattr(memory, "device_memory", lambda local_rank: ("GPU 0 (fake 1 GiB)", 2**30))
     code = train_app.cli(["--config", RECIPE, "tracking.enabled=false", "engine.train_micro_batch_size_per_gpu=256"])
     err = capsys.readouterr().err

@@ -65,3 +65,40 @@ def test_missing_checkpoint_file(tmp_path, capsys):
     assert cli([str(tmp_path / "nope.pt"), "--config", str(config), "--output", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("albert-dist export: ") and "nope.pt" in err and "Traceback" not in err
+
+
+def test_export_finds_the_config_and_tokenizer_beside_a_runs_final_model(tmp_path, capsys):
+    """A run's final_model/fp32/ exports with no --config and no --tokenizer: model.yaml beside it, the
+    tokenizer named by the run's config.yaml; without anything beside it, --config is asked for."""
+    import dataclasses
+
+    import yaml
+
+    from albert_dist.config import load_config, to_yaml
+    from albert_dist.export import save_state_dict
+
+    run = tmp_path / "run"
+    fp32 = run / "final_model" / "fp32"
+    cfg = load_config(None, [f"model.{k}={v}" for k, v in TINY.items()] + [f"run_dir={run}"])
+    fp32.mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    torch.manual_seed(0)
+    model = AlbertForPreTraining(cfg.model).eval()
+    save_state_dict(model.state_dict(), fp32 / "model.safetensors")
+    (fp32 / "model.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg.model)))
+    assert cli([str(fp32), "--output", str(tmp_path / "hf")]) == 0
+    assert f"model config from {fp32 / 'model.yaml'}; tokenizer {cfg.data.tokenizer_path}" in capsys.readouterr().out
+    assert (tmp_path / "hf" / "spiece.model").is_file()
+    hf = transformers.AlbertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, 90, (2, 7))
+    with torch.no_grad():
+        mlm, _ = model.logits(ids, torch.ones_like(ids), torch.zeros_like(ids))
+        ref = hf(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+    torch.testing.assert_close(mlm, ref.prediction_logits, rtol=0, atol=1e-5)
+
+    alone = tmp_path / "alone.safetensors"
+    save_state_dict(model.state_dict(), alone)
+    assert cli([str(alone), "--output", str(tmp_path / "hf2")]) == 2
+    assert "no config beside it" in capsys.readouterr().err
+    assert cli([str(run), "--output", str(tmp_path / "hf3")]) == 2  # a run without checkpoints: nothing to export
+    assert f"{run}: a run directory without a checkpoint in {run / 'checkpoints'}" in capsys.readouterr().err

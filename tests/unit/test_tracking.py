@@ -421,3 +421,25 @@ def fake_checkpoint_dir(root):
     path.mkdir(parents=True)
     (path / "model.pt").write_bytes(b"w" * 64)
     return str(path)
+
+
+def test_a_sqlite_store_keeps_its_artifacts_beside_it_whatever_the_working_directory(tmp_path, monkeypatch):
+    """docs/mlflow.md: artifacts in mlruns/ beside the store (MLflow's default would be the job's cwd/mlruns)."""
+    from mlflow import MlflowClient
+
+    from albert_dist.tracking.tracker import MLflowTracker
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    uri = f"sqlite:///{store / 'mlruns.db'}"
+    cfg = TrackingConfig(tracking_uri=uri, experiment_name="beside", log_system_metrics=False, flush_interval_s=0.1)
+    tracker = MLflowTracker(cfg, run_dir=str(tmp_path / "run"))
+    note = tmp_path / "note.txt"
+    note.write_text("hello")
+    tracker.log_artifact(str(note), "notes")
+    assert tracker.close("FINISHED")["uploads"] == 0
+    exp = MlflowClient(uri).get_experiment_by_name("beside")
+    assert exp.artifact_location == (store / "mlruns").as_uri()
+    assert list((store / "mlruns").rglob("notes/note.txt")) and not (elsewhere / "mlruns").exists()

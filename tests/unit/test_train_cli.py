@@ -20,7 +20,7 @@ def no_process_group(monkeypatch):
         raise AssertionError("a bad config must be refused before the process group starts")
 
     monkeypatch.setattr(distributed, "init_distributed", fail)
-    monkeypatch.setattr(trainer.Trainer, "run", lambda self: pytest.fail("Trainer.run reached"))
+    monkeypatch.setattr(trainer.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 @pytest.mark.parametrize("args, fragments", [

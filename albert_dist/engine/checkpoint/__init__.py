@@ -1,16 +1,18 @@
 """Checkpoints through the DeepSpeed engine, with the training state DeepSpeed does not know about.
 
-`CheckpointManager` is the one place that decides about checkpoints: it plans a resume (fetching an MLflow
-run's checkpoint first when asked), checks the config against the checkpoint's, supplies the DeepSpeed-config
-overrides a resume needs, loads the engine, the data loaders and (last) the RNGs, saves on the loop's cadence
-and applies retention. The package's modules are its parts, usable on their own (bench, tests, tools):
+`CheckpointManager` is the one place that decides about checkpoints: its `resume()` is the job's one resume
+call (fetching an MLflow run's checkpoint first when asked; building the engine with the DeepSpeed-config
+overrides the resume needs; loading the engine, the data loaders and, last, the RNGs), and `maybe_save()`
+saves on the loop's cadence and applies retention. The resume itself is planned once, before any process group
+(`resume_plan`). The package's modules are its parts, usable on their own (bench, tests, tools):
 
     layout.py     tags, `latest`, `albert_dist.json`, verification (torch-free: tracking uses it too)
     state.py      TrainState (what DeepSpeed does not save), RNG states and seeds
     plan.py       ResumePoint, newest_verified, plan_resume (no process group needed)
     drift.py      what a config change means on resume
+    resume.py     resume_plan (plan + drift, made before the process group), Resumed, rng_kept
     save.py       the collective save protocol;  retention.py  which checkpoints are kept
-    load.py       universal conversion, engine load, LR realignment
+    load.py       universal conversion, engine load, the current config's lr and optimiser hyper-parameters
     manager.py    CheckpointManager and the loop's cadence rule `every`
 
 Every public name is importable from the package (`from albert_dist.engine import checkpoint as ckpt; ckpt.X`),
@@ -45,19 +47,22 @@ logging each newer one it skips and why (whatever `latest` says: a `latest` nami
 the same way). Retention (`prune`) never deletes the newest verified checkpoint, nor the one the job resumed
 from until a newer verified one exists; unverified directories are removed.
 
-Resume on another number of ranks (the saved world size differs): rank 0 converts the checkpoint with
+Resume on another number of ranks (the saved world size differs), or with a changed field whose resume rule is
+"convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `ResumePlan.universal`): rank 0 converts the checkpoint with
 DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), and the engine is built with
-`checkpoint.load_universal=true` (`CheckpointManager.deepspeed_overrides`), which re-partitions parameters
+`checkpoint.load_universal=true` (`CheckpointManager.resume` passes it to the engine factory), which re-partitions parameters
 and optimiser moments for the new world size. The converter needs the module to carry a
 `universal_checkpoint_info` attribute when the engine is built (`UNIVERSAL_CHECKPOINT_INFO`). The data streams
 continue by the rule of `albert_dist.engine.reshard`; dropout RNGs are re-seeded from (seed, rank, step),
 since the old ranks' RNG streams cannot be split or merged.
 
 Learning rate after a resume: the schedule is a function of the step and the *current* config, so after
-loading, every parameter group's lr is set to `base_lr * lr_factor(step, warmup_steps, max_steps)` of the
-current config (`_realign_lr`). With an unchanged config this is exactly the value the interrupted run would
-have used; with a larger `max_steps` the resumed run follows the longer schedule from the checkpoint's step
-on (DeepSpeed alone would run the first resumed step at the old schedule's last lr, e.g. 0.0).
+loading, the schedule's peak lr is the config's `optimizer.lr` again (DeepSpeed restores the checkpoint's) and
+every parameter group's lr is set to `lr * lr_factor(step, warmup_steps, max_steps)` of the current config
+(`load._follow_config_schedule`). With an unchanged config this is exactly the value the interrupted run would
+have used; with a larger `max_steps` the resumed run follows the longer schedule from the checkpoint's step on
+(DeepSpeed alone would run the first resumed step at the old schedule's last lr, e.g. 0.0), and a changed
+`optimizer.lr` is used from the next step.
 """
 import importlib
 from typing import Any
@@ -88,10 +93,14 @@ _HOME: dict[str, str] = {
     "newest_verified": "plan",
     "plan_resume": "plan",
     "resume_point": "plan",
+    "ResumePlan": "resume",
+    "Resumed": "resume",
+    "resume_plan": "resume",
+    "rng_kept": "resume",
     "ConfigDriftError": "drift",
-    "DATA_SHAPE_FIELDS": "drift",
-    "RESUMABLE_FIELDS": "drift",
     "Drift": "drift",
+    "Rules": "drift",
+    "rule_for": "drift",
     "check_drift": "drift",
     "log_drift": "drift",
     "CheckpointSaveError": "save",

@@ -1,5 +1,5 @@
-"""Loading a checkpoint into a DeepSpeed engine: universal conversion when the number of ranks changed,
-the optimiser repair after DeepSpeed's load, and the learning rate realigned to the current schedule.
+"""Loading a checkpoint into a DeepSpeed engine: universal conversion when the number of ranks or the ZeRO stage
+changed, the optimiser repair after DeepSpeed's load, and the learning rate following the current config.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -57,18 +57,23 @@ def to_universal(point: ResumePoint) -> str:
     return tag
 
 
-def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
+def load_checkpoint(engine, point: ResumePoint, universal: Optional[bool] = None) -> dict[str, Any]:
     """Load `point` into `engine` on every rank (collective); returns the saved `client_state["albert_dist"]`.
 
-    When the world size differs (`point.needs_universal`), the engine must have been built with
-    `checkpoint.load_universal=true` in its DeepSpeed config (`CheckpointManager.deepspeed_overrides`). RNG
-    states are not restored here: the caller does it last. Every load ends with
-    `albert_dist.engine.optim.repair_optimizer_after_load` (param-group hyper-parameters from the config, Adam
-    step counters unshared), which repairs DeepSpeed's ZeRO-3 universal load. Raises `CheckpointError` naming
-    the checkpoint when DeepSpeed loads nothing or fails.
+    `universal` (default: `point.needs_universal`, another number of ranks) loads through DeepSpeed's universal
+    checkpoint (`to_universal`, once); the engine must then have been built with `checkpoint.load_universal=true`
+    in its DeepSpeed config (`CheckpointManager.resume` does it, also for a changed ZeRO stage). RNG states
+    are not restored here. The optimiser's hyper-parameters are the *current config's* afterwards, whatever the
+    checkpoint holds: every param group's weight_decay, betas, eps, ... (`albert_dist.engine.optim.
+    repair_optimizer_after_load`, which also repairs DeepSpeed's ZeRO-3 universal load) and the schedule's peak
+    lr (`_follow_config_schedule`); moments, step counters and parameters are the checkpoint's. Raises
+    `CheckpointError` naming the checkpoint when DeepSpeed loads nothing or fails.
     """
-    tag = to_universal(point) if point.needs_universal(world_size()) else point.tag
+    if universal is None:
+        universal = point.needs_universal(world_size())
+    tag = to_universal(point) if universal else point.tag
     hyperparameters = group_hyperparameters(engine.optimizer)  # the config's, before DeepSpeed overwrites them
+    peak_lrs = _peak_lrs(engine)
     try:
         load_path, client_state = engine.load_checkpoint(point.ckpt_dir, tag=tag)
     except (OSError, RuntimeError, KeyError, ValueError) as err:
@@ -79,18 +84,29 @@ def load_checkpoint(engine, point: ResumePoint) -> dict[str, Any]:
     # DeepSpeed 0.19.8's ZeRO-3 universal load gives every param group group 0's hyper-parameters and one shared
     # Adam step counter (runtime/zero/stage3.py::load_hp_checkpoint_state_from_checkpoint_dir_stage3).
     repair_optimizer_after_load(engine, hyperparameters)
+    _follow_config_schedule(engine, peak_lrs)
     state = client_state[CLIENT_KEY]
     logger.info("resumed from %s/%s at step %d (saved by %d ranks, loaded on %d)", point.ckpt_dir, tag,
                 state["step"], state["world_size"], world_size())
     return state
 
 
-def _realign_lr(engine) -> None:
-    """Set every parameter group's lr from the current schedule at the loaded step (the module's LR rule)."""
+def _peak_lrs(engine) -> Optional[list[float]]:
+    """Every param group's peak lr as the current config built the schedule (None: no LambdaLR schedule)."""
     sched = getattr(engine, "lr_scheduler", None)
-    if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+    return list(sched.base_lrs) if isinstance(sched, torch.optim.lr_scheduler.LambdaLR) else None
+
+
+def _follow_config_schedule(engine, peak_lrs: Optional[list[float]]) -> None:
+    """After a load: the schedule's peak lrs back to the config's (`peak_lrs`; DeepSpeed restored the
+    checkpoint's `base_lrs` and `initial_lr`, so a changed `optimizer.lr` would be ignored) and every group's lr
+    set to `peak * lr_factor(step)` of the current schedule at the loaded step (its `lr_lambdas` are the current
+    config's: a changed max_steps or warmup applies as well). Unchanged config: the interrupted run's lr exactly."""
+    sched = getattr(engine, "lr_scheduler", None)
+    if peak_lrs is None or not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
         return
+    sched.base_lrs = list(peak_lrs)
     lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
-    for group, lr in zip(sched.optimizer.param_groups, lrs):
-        group["lr"] = lr
+    for group, base, lr in zip(sched.optimizer.param_groups, sched.base_lrs, lrs):
+        group["initial_lr"], group["lr"] = base, lr
     sched._last_lr = lrs  # what get_last_lr() reports, as LambdaLR.step() would set it

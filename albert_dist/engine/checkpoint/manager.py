@@ -1,5 +1,5 @@
-"""`CheckpointManager`: the one place that decides about a job's checkpoints (plan, load, save, retention),
-and the loop's cadence rule `every`.
+"""`CheckpointManager`: the one place that decides about a job's checkpoints (resume, save, retention), and
+the loop's cadence rule `every`.
 """
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from albert_dist.engine.checkpoint.drift import Drift, check_drift, log_drift
-from albert_dist.engine.checkpoint.load import load_checkpoint, _realign_lr
-from albert_dist.engine.checkpoint.plan import ResumePoint, plan_resume
+from albert_dist.engine.checkpoint.load import load_checkpoint
+from albert_dist.engine.checkpoint.resume import ResumePlan, Resumed
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
-from albert_dist.engine.reshard import build_resumed_loader
+from albert_dist.engine.reshard import LoaderFactory, build_resumed_loader
 
 logger = logging.getLogger(__name__)
 
@@ -25,91 +24,75 @@ def every(step: int, n: int, last: bool = False) -> bool:
 
 
 class CheckpointManager:
-    """Plans, loads, saves and prunes the checkpoints of one job (see the module docstring).
+    """Resumes, saves and prunes the checkpoints of one job (see the package docstring).
 
     Args:
-        cfg: the `CheckpointConfig` (interval, keep_last, resume, on_save_error).
+        cfg: the `CheckpointConfig` (interval, keep_last, on_save_error).
         ckpt_dir: where this job saves (and "auto" looks).
         rank, world_size: this process in the job.
         config: the resolved TrainConfig as plain dicts (`albert_dist.config.to_container`), stored with every
             checkpoint and compared with the checkpoint's on resume.
         config_hash: `albert_dist.config.config_hash` of it.
         seed: `TrainConfig.seed` (dropout seeds when RNG states cannot be restored).
+        plan: the job's `ResumePlan`, made before the process group (`resume_plan`); a fresh start by default.
 
-    Use: `plan()` (before the engine: no collectives unless `fetch` is given) -> `deepspeed_overrides()` into the
-    DeepSpeed config -> `load(engine, make_loader)` -> ... -> `restore_rng()` last -> `maybe_save(...)` every step.
+    Use: `resume(build_engine, build_loader)` once (collective) -> `maybe_save(...)` after every step.
     """
 
     def __init__(self, cfg: Any, ckpt_dir: str | Path, *, rank: int, world_size: int, config: dict,
-                 config_hash: str, seed: int):
+                 config_hash: str, seed: int, plan: Optional[ResumePlan] = None):
         self.cfg = cfg
         self.ckpt_dir = Path(ckpt_dir)
         self.rank, self.world_size = rank, world_size
         self.config, self.config_hash, self.seed = config, config_hash, seed
-        self.point: Optional[ResumePoint] = None
-        self.state: Optional[TrainState] = None
-        self.drift = Drift({})
+        self.plan = plan or ResumePlan()
         self.last_saved: Optional[int] = None
-        self._planned = False
 
-    def plan(self, fetch: Optional[Callable[[Path], Any]] = None, *, planned: bool = False,
-             point: Optional[ResumePoint] = None) -> Optional[ResumePoint]:
-        """Decide where to resume from (None: fresh start) and check the config against it.
+    def resume(self, build_engine: Callable[[dict], Any], build_loader: LoaderFactory,
+               fetch: Optional[Callable[[Path], ResumePlan]] = None) -> Resumed:
+        """The job's one resume call (collective): build the engine, load the planned checkpoint into it,
+        continue the data streams and set the RNGs; a fresh start when the plan holds no checkpoint.
 
-        `fetch(ckpt_dir)` (collective, e.g. downloading an MLflow run's newest complete checkpoint into
-        `ckpt_dir`) runs first and turns the resume into "auto". With `planned`, `point` is a plan already made
-        (by the app, before the process group) and is taken as is. Raises `ConfigDriftError`, `CheckpointError`,
-        `FileNotFoundError` as `plan_resume` and `check_drift`.
+        Args:
+            build_engine: `overrides -> DeepSpeedEngine`; merges `overrides` into the DeepSpeed config
+                (`{"checkpoint": {"load_universal": True}}` when the checkpoint must be re-partitioned: another
+                number of ranks or ZeRO stage) and initialises the engine.
+            build_loader: `(rank, world_size) -> loader` of that rank's stream (`albert_dist.engine.reshard`
+                calls it for the old ranks' streams on another number of ranks).
+            fetch: `fetch(ckpt_dir) -> ResumePlan` (collective), run first, puts a checkpoint into `ckpt_dir` (an
+                MLflow run's newest complete one, `--resume-from`) and plans its resume (`resume_plan("auto",
+                ckpt_dir, ...)`), which replaces the manager's plan.
+
+        The loader continues the saved streams unless the drift says they restart. The global RNGs are set
+        last: this rank's saved states on the same number of ranks, else seeded from (seed, rank, step)
+        (`seed_for`; an old rank's RNG stream cannot be split or merged). Set-up after this call that draws
+        from them belongs in `rng_kept()`.
+
+        Raises:
+            ConfigDriftError, CheckpointError, FileNotFoundError: from `fetch`'s `resume_plan`.
+            CheckpointError: DeepSpeed cannot load the checkpoint (`load_checkpoint`).
         """
-        resume = self.cfg.resume
         if fetch is not None:
-            fetch(self.ckpt_dir)
-            resume, planned = "auto", False
-        if not planned:
-            point = plan_resume(resume, self.ckpt_dir, log=self.rank == 0)
-            if resume == "auto" and point is None and self.rank == 0:  # a mistyped run_dir would restart silently
-                logger.warning("--resume auto: no checkpoint in %s; starting from step 0", self.ckpt_dir)
-        if point is not None:
-            self.drift = check_drift(point, self.config, self.world_size)
-            if self.rank == 0:
-                log_drift(point, self.drift)
-        self.point, self._planned = point, True
-        return point
-
-    def deepspeed_overrides(self) -> dict[str, Any]:
-        """Entries to merge into the DeepSpeed config: `checkpoint.load_universal` when resuming elsewhere."""
-        if self.point is not None and self.point.needs_universal(self.world_size):
-            return {"checkpoint": {"load_universal": True}}
-        return {}
-
-    def load(self, engine, make_loader: Callable[[int, int], Any]):
-        """Load the planned checkpoint into `engine` (collective) and return this rank's training loader,
-        continuing the saved data streams (`albert_dist.engine.reshard`), or fresh ones when there is nothing
-        to resume or the data config changed. Returns (step, loader). RNGs: call `restore_rng()` last."""
-        if self.point is None:
-            self.last_saved = None
-            return 0, make_loader(self.rank, self.world_size)
+            self.plan = fetch(self.ckpt_dir)
+        point = self.plan.point
+        engine = build_engine({"checkpoint": {"load_universal": True}} if self.plan.universal else {})
+        if point is None:
+            loader = build_loader(self.rank, self.world_size)
+            seed_all(seed_for(self.seed, self.rank, 0))
+            return Resumed(engine, loader, 0, None)
         state = TrainState()
-        state.load_state_dict(load_checkpoint(engine, self.point))
-        self.state = state
-        if state.config_hash != self.config_hash and not self.drift.changes and self.rank == 0:
+        state.load_state_dict(load_checkpoint(engine, point, universal=self.plan.universal))
+        if not point.config and state.config_hash != self.config_hash and self.rank == 0:  # no snapshot to compare
             logger.warning("config differs from the checkpoint's (hash %s -> %s); continuing with the new one",
                            state.config_hash, self.config_hash)
-        _realign_lr(engine)
         self.last_saved = state.step
-        saved = None if self.drift.streams_restart else state.data_states
-        return state.step, build_resumed_loader(make_loader, saved, self.world_size, self.rank)
-
-    def restore_rng(self) -> None:
-        """Restore this rank's saved RNG states (same world size), else seed from (seed, rank, step). Call it
-        after everything that draws from the global RNGs while setting up."""
-        state = self.state
-        if state is None:
-            seed_all(seed_for(self.seed, self.rank, 0))
-        elif state.world_size == self.world_size:
+        saved = None if self.plan.drift.streams_restart else state.data_states
+        loader = build_resumed_loader(build_loader, saved, self.world_size, self.rank)
+        if state.world_size == self.world_size:
             set_rng_state(state.rng_states[self.rank])
-        else:  # an old rank's RNG stream cannot be split or merged
+        else:
             seed_all(seed_for(self.seed, self.rank, state.step))
+        return Resumed(engine, loader, state.step, point)
 
     def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False) -> Optional[str]:
         """Save step `step` when the cadence says so (`every(step, save_interval_steps, last)`) and it is not
@@ -124,7 +107,7 @@ class CheckpointManager:
             return None
         try:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
-                                  config=self.config, protect=self.point.tag if self.point else None)
+                                  config=self.config, protect=self.plan.point.tag if self.plan.point else None)
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise

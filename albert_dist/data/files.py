@@ -1,0 +1,472 @@
+"""Reading corpus files: byte streams (plain, gzip, zstd), records of a piece, damaged input, the text-field check.
+
+Formats (see `albert_dist.data.paths` for how files are cut into pieces): ``.txt`` documents separated by blank
+lines (or one document per file), ``.jsonl``/``.json`` one JSON object per line with the text under
+``text_field``, ``.parquet`` the ``text_field`` column (any codec pyarrow reads: none, snappy, gzip, zstd, ...);
+txt and jsonl optionally compressed as ``.gz`` or ``.zst`` (several gzip members or zstd frames are one stream).
+
+Bad records never stop reading: `read_piece` yields them as *skip markers* (``skip`` = one of `SKIP_REASONS`),
+which the streams count and log. A *damaged* file (a ``.gz``/``.zst`` that is truncated or corrupt, a parquet row
+group that does not decode, an I/O error) ends its piece with one ``damaged`` marker that says where (file,
+decompressed byte or parquet row, compressed byte) and why: the rest of that piece is skipped, the run goes on,
+and since the marker sits at the same place in the piece every time, a resume that re-reads the piece meets it
+again at the same position instead of crashing (there is no crash loop to fall into).
+
+A truncated zstd stream is detected here: zstandard's ``stream_reader`` returns a short read without an error
+when the file ends inside a frame (checked with zstandard 0.25), so `open_stream` decodes frames itself.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import zlib
+from typing import Any, Callable, Iterator, Optional
+
+from albert_dist.data.config import SourceConfig
+from albert_dist.data.paths import discover_files, file_format
+
+logger = logging.getLogger(__name__)
+
+_BLOCK_BYTES = 1 << 20
+#: how far past its end the first read of a byte range goes (the record that straddles the end is usually
+#: finished by then, so a small piece costs one read), and the first read after that: each later one doubles,
+#: so a piece reads about one record past its end, whatever the record's size
+_OVERREAD_BYTES = 2 << 10
+_MIN_READ_BYTES = 4 << 10
+#: compressed bytes handed to the zstd decoder at a time (its output per call is bounded by this x the ratio)
+_ZSTD_INPUT_BYTES = 64 << 10
+#: rows decoded at a time from a parquet row group (memory bounded by this x max_document_bytes)
+_PARQUET_BATCH_ROWS = 256
+#: record separators: blank-line documents (any run of >= 2 newlines), JSON lines
+_SEPARATORS: dict[str, tuple[re.Pattern[bytes], int]] = {
+    "blank_line": (re.compile(rb"\n\n+"), 2),
+    "line": (re.compile(rb"\n"), 1),
+}
+SKIP_REASONS = ("empty", "invalid_utf8", "malformed_json", "missing_field", "too_long", "damaged")
+#: Records of a source's first readable file whose keys `check_text_field` looks at.
+TEXT_FIELD_PROBE_RECORDS = 16
+
+
+class DamagedInput(Exception):
+    """A compressed stream or parquet data that cannot be decoded past some point; ``compressed_offset`` is the
+    byte of the file the decoder had reached (-1 when unknown)."""
+
+    def __init__(self, reason: str, compressed_offset: int = -1) -> None:
+        super().__init__(reason)
+        self.reason, self.compressed_offset = reason, compressed_offset
+
+
+def _reason(err: BaseException) -> str:
+    text = " ".join(str(err).split())  # one line: some library messages span several
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# ---------------------------------------------------------------------------------------------------- streams
+class _PlainStream:
+    def __init__(self, path: str, offset: int) -> None:
+        # unbuffered: split_records sizes its reads to the piece, a buffer would read past them
+        self._f = open(path, "rb", buffering=0)
+        self._f.seek(offset)
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._f.read(n)
+        except OSError as err:
+            raise DamagedInput(_reason(err), self._f.tell()) from err
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _DecodedStream:
+    """A decoded stream that hands out what it decoded before an error, and raises the error on the next read
+    (so a damaged stream loses only what cannot be decoded). Subclasses fill ``_out`` in ``_fill(n)``."""
+
+    def __init__(self) -> None:
+        self._out = bytearray()
+        self._error: Optional[DamagedInput] = None
+
+    def _fill(self, n: int) -> None:
+        raise NotImplementedError
+
+    def read(self, n: int) -> bytes:
+        if self._error is None and len(self._out) < n:
+            try:
+                self._fill(n)
+            except DamagedInput as err:
+                self._error = err
+        if not self._out and self._error is not None:
+            raise self._error
+        out = bytes(self._out[:n])
+        del self._out[:n]
+        return out
+
+
+class _GzipStream(_DecodedStream):
+    """gzip.GzipFile (every member of a concatenated file), read one input block at a time (``read1``), its
+    errors turned into `DamagedInput`."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._raw = open(path, "rb")
+        self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
+
+    def _fill(self, n: int) -> None:
+        while len(self._out) < n:
+            try:
+                data = self._gz.read1(n - len(self._out))
+            except (EOFError, OSError, zlib.error) as err:  # truncated, bad CRC/magic (BadGzipFile), bad deflate
+                raise DamagedInput(_reason(err), self._raw.tell()) from err
+            if not data:
+                return
+            self._out += data
+
+    def close(self) -> None:
+        self._gz.close()
+        self._raw.close()
+
+
+class _ZstdStream(_DecodedStream):
+    """All zstd frames of a file, decoded with ``decompressobj`` so that a file ending inside a frame is an error."""
+
+    def __init__(self, path: str) -> None:
+        import zstandard
+
+        super().__init__()
+        self._zstd = zstandard
+        self._raw = open(path, "rb")
+        self._dctx = zstandard.ZstdDecompressor()
+        self._dobj = self._dctx.decompressobj()
+        self._in_frame = False
+        self._eof = False
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            try:
+                self._out += self._dobj.decompress(data)
+            except self._zstd.ZstdError as err:
+                raise DamagedInput(_reason(err), self._raw.tell()) from err
+            self._in_frame = True
+            if self._dobj.eof:  # a frame ended: the rest of `data` starts the next one
+                data = self._dobj.unused_data
+                self._dobj = self._dctx.decompressobj()
+                self._in_frame = False
+            else:
+                data = b""
+
+    def _fill(self, n: int) -> None:
+        while len(self._out) < n and not self._eof:
+            try:
+                chunk = self._raw.read(_ZSTD_INPUT_BYTES)
+            except OSError as err:
+                raise DamagedInput(_reason(err), self._raw.tell()) from err
+            if not chunk:
+                self._eof = True
+                if self._in_frame:
+                    raise DamagedInput("truncated: the file ends inside a zstd frame", self._raw.tell())
+                return
+            self._feed(chunk)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def open_stream(path: str, compression: str, offset: int = 0):
+    """A byte stream of ``path`` with ``read(n) -> bytes`` (b"" at the end) and ``close()``: the file from
+    ``offset`` when uncompressed, else the decompressed stream from its start (``offset`` must be 0). ``read``
+    raises `DamagedInput` for a truncated or corrupt stream and for I/O errors."""
+    if compression == ".gz":
+        return _GzipStream(path)
+    if compression == ".zst":
+        return _ZstdStream(path)
+    return _PlainStream(path, offset)
+
+
+# ---------------------------------------------------------------------------------------------------- records
+def split_records(
+    read: Callable[[int], bytes], separator: str, start: int, end: float, max_bytes: int, offsets: bool = False
+) -> Iterator[tuple]:
+    """Records (between separators) that begin in the byte range [start, end) of a stream.
+
+    ``read`` must return the stream from offset ``max(0, start - len_sep)`` on (the caller seeks there). Yields
+    ``(record, nbytes)`` (with `offsets`: ``(record, nbytes, offset of the record's first byte)``); ``record`` is
+    None when ``nbytes > max_bytes`` (then the record was never held in memory beyond ``max_bytes`` + one
+    block). Reads are sized to the range (the first covers it and 2 KB past its end, the later ones double from
+    4 KB), so a range reads little more than itself and the record that straddles its end. Memory:
+    O(max_bytes + 1 MiB).
+    """
+    sep_re, min_sep = _SEPARATORS[separator]
+    # Bytes before offset 0 count as newlines, so the file's first record starts a record like any other.
+    stream_at = max(0, start - min_sep)  # stream offset of the next byte `read` returns
+
+    def more() -> bytes:
+        nonlocal stream_at
+        past = stream_at - end  # bytes already read past the range
+        want = end + _OVERREAD_BYTES - stream_at if past < 0 else max(_MIN_READ_BYTES, past)
+        data = read(int(min(_BLOCK_BYTES, want)))
+        stream_at += len(data)
+        return data
+
+    buf = b"\n" * max(0, min_sep - start) + more()
+    base = start - min_sep  # stream offset of buf[0]
+    eof = False
+
+    def next_match(pos: int, limit: int) -> tuple[Optional[re.Match[bytes]], bool, int]:
+        """First complete separator match at or after buf[pos]; drops bytes past ``limit`` (overflowed)."""
+        nonlocal buf, base, eof
+        overflowed = False
+        while True:
+            m = sep_re.search(buf, pos)
+            if m is not None and (m.end() < len(buf) or eof):
+                return m, overflowed, pos
+            if m is None and eof:
+                return None, overflowed, pos
+            if len(buf) - pos > limit:
+                cut = m.start() if m is not None else len(buf) - min_sep
+                buf, base, pos, overflowed = buf[cut:], base + cut, 0, True
+            data = more()
+            if data:
+                buf += data
+            else:
+                eof = True
+
+    m, _, _ = next_match(0, _BLOCK_BYTES)
+    if m is None:
+        return
+    p = m.end()
+    while base + p < end and not (eof and p >= len(buf)):
+        if p > _BLOCK_BYTES:  # drop consumed bytes now and then, never per record (that would be quadratic)
+            buf, base, p = buf[p:], base + p, 0
+        rec_start = base + p
+        m, overflowed, p = next_match(p, max_bytes)
+        stop = len(buf) if m is None else m.start()
+        nbytes = base + stop - rec_start
+        record = None if overflowed or nbytes > max_bytes else buf[p:stop]
+        yield (record, nbytes, rec_start) if offsets else (record, nbytes)
+        if m is None:
+            return
+        p = m.end()
+
+
+def _text_record(raw: Optional[bytes], nbytes: int) -> dict[str, Any]:
+    if raw is None:
+        return {"text": "", "skip": "too_long", "nbytes": nbytes}
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return {"text": "", "skip": "invalid_utf8", "nbytes": nbytes}
+    return {"text": text, "skip": "" if text else "empty", "nbytes": nbytes}
+
+
+def _json_record(raw: Optional[bytes], nbytes: int, text_field: str) -> dict[str, Any]:
+    if raw is None:
+        return {"text": "", "skip": "too_long", "nbytes": nbytes}
+    if not raw.strip():
+        return {"text": "", "skip": "empty", "nbytes": nbytes}
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return {"text": "", "skip": "invalid_utf8", "nbytes": nbytes}
+    except ValueError:
+        return {"text": "", "skip": "malformed_json", "nbytes": nbytes}
+    text = obj.get(text_field) if isinstance(obj, dict) else None
+    if not isinstance(text, str):
+        return {"text": "", "skip": "missing_field", "nbytes": nbytes}
+    text = text.strip()
+    return {"text": text, "skip": "" if text else "empty", "nbytes": nbytes}
+
+
+def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
+    size = os.path.getsize(piece["path"]) if os.path.exists(piece["path"]) else -1
+    at = f" near byte {err.compressed_offset} of {size}" if err.compressed_offset >= 0 else ""
+    what = "parquet data" if piece["kind"] == "parquet" else (f"{piece['compression']} stream"
+                                                              if piece["compression"] else "file")
+    return {"text": "", "skip": "damaged", "nbytes": 0, "detail": f"damaged {what}{at}: {err.reason}"}
+
+
+def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
+               share: tuple[int, int] = (1, 0)) -> Iterator[dict]:
+    """Records ``{"text", "skip", "nbytes", "detail", "path", "pos", "group"}`` of one piece in file order.
+
+    ``skip`` names why a record is unusable ("" when usable; `SKIP_REASONS`); ``pos`` is where it starts (a
+    byte offset, of the decompressed stream for .gz/.zst, or the row of parquet row group ``group``;
+    `record_location` turns it into text for a message); ``detail`` says what was wrong with a damaged piece.
+    ``share = (k, j)``: keep only the records j, j+k, j+2k, ... (file order, counting bad records too), before
+    they are decoded (`albert_dist.data.paths.slot_shares`); a ``damaged`` marker is always kept.
+    A damaged piece ends with one ``damaged`` marker at the first position that could not be read; nothing is
+    raised for damage. Memory: O(max_bytes + 1 MiB).
+    """
+    for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share):
+        yield {"detail": "", **record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
+
+
+def record_location(piece_kind: str, compression: str, path: str, pos: int, row_group: int = -1) -> str:
+    """Where a record is, for a message: "file:line" for uncompressed txt/jsonl (`pos` a byte offset; the line is
+    counted now, so call it for the few records that are reported), "file, byte N of the decompressed stream",
+    or "file, row group g row i" for parquet."""
+    if piece_kind == "parquet":
+        return f"{path}, row group {row_group} row {pos}"
+    if compression:
+        return f"{path}, byte {pos} of the decompressed stream"
+    lines, left = 0, pos
+    with open(path, "rb") as fh:
+        while left > 0 and (block := fh.read(min(_BLOCK_BYTES, left))):
+            lines += block.count(b"\n")
+            left -= len(block)
+    return f"{path}:{lines + 1}"
+
+
+def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
+                share: tuple[int, int]):
+    kind, path = piece["kind"], piece["path"]
+    k, j = share
+    if kind == "parquet":
+        yield from _read_row_group(piece, text_field, max_bytes, k, j)
+        return
+    if kind == "txt" and txt_documents == "file":
+        if j > 0:  # one record: the first sharer's
+            return
+        try:
+            f = open_stream(path, piece["compression"], 0)
+        except OSError as err:
+            yield _damaged(piece, DamagedInput(_reason(err))), 0
+            return
+        try:
+            raw = f.read(max_bytes + 1)
+            nbytes = len(raw)
+            while len(chunk := f.read(_BLOCK_BYTES)) > 0:  # count the rest of an oversized file without holding it
+                nbytes += len(chunk)
+        except DamagedInput as err:
+            yield _damaged(piece, err), 0
+            return
+        finally:
+            f.close()
+        yield _text_record(raw if nbytes <= max_bytes else None, nbytes), 0
+        return
+    separator = "line" if kind == "jsonl" else "blank_line"
+    start = piece["start"]
+    end = piece["end"] if not piece["compression"] else float("inf")
+    lead = _SEPARATORS[separator][1]
+    read_to = start  # first byte not yet handed out: where a damaged stream's loss begins
+    try:
+        f = open_stream(path, piece["compression"], max(0, start - lead))
+    except OSError as err:
+        yield _damaged(piece, DamagedInput(_reason(err))), start
+        return
+    try:
+        for index, (raw, nbytes, pos) in enumerate(split_records(f.read, separator, start, end, max_bytes,
+                                                                 offsets=True)):
+            read_to = pos + nbytes
+            if index % k != j:
+                continue
+            yield (_json_record(raw, nbytes, text_field) if kind == "jsonl" else _text_record(raw, nbytes)), pos
+    except DamagedInput as err:
+        yield _damaged(piece, err), read_to
+    finally:
+        f.close()
+
+
+def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: int, j: int):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = 0
+    try:
+        pf = pq.ParquetFile(piece["path"])
+        batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[piece["row_group"]],
+                                  columns=[text_field], use_threads=False)
+        for batch in batches:
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if (row - 1) % k != j:
+                    continue
+                if not isinstance(value, str):
+                    yield {"text": "", "skip": "missing_field", "nbytes": 0}, row - 1
+                    continue
+                nbytes = len(value.encode("utf-8"))
+                text = value.strip() if nbytes <= max_bytes else ""
+                skip = "too_long" if nbytes > max_bytes else ("" if text else "empty")
+                yield {"text": text, "skip": skip, "nbytes": nbytes}, row - 1
+    except (OSError, pa.ArrowException) as err:  # a page or column chunk that does not decode, an I/O error
+        yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field))), row
+
+
+def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
+    """First byte of the text column's chunk in the piece's row group (-1 when the footer does not tell)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(piece["path"]).metadata
+        group = meta.row_group(piece["row_group"])
+        for j in range(group.num_columns):
+            col = group.column(j)
+            if col.path_in_schema == text_field:
+                return min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    except Exception:  # noqa: BLE001 - only a detail of a message about a file already known to be damaged
+        pass
+    return -1
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]] = None) -> None:
+    """Check that ``source.text_field`` exists, before a single batch is read (a wrong field would otherwise
+    surface only after a whole epoch, as "skipped_missing_field" counts).
+
+    jsonl: among the first `TEXT_FIELD_PROBE_RECORDS` JSON objects of the source's first jsonl file that holds
+    a record (damaged or empty files are passed over with a warning); parquet: in the first readable parquet
+    file's schema. txt and hub sources have nothing to check here.
+
+    Raises:
+        ValueError: "<where>.text_field='x' is not a key of the first N records of <file> (keys found: ...)",
+            or "... is not a column of <file> (columns: ...)"; `discover_files`' and `file_format`'s errors.
+    """
+    files = discover_files(source, where) if files is None else files
+    try:  # every file's format first (cheap), so an unreadable kind fails here, not in the middle of a run
+        formats = [file_format(path, source.format) for path in files]
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    for path, (kind, compression) in zip(files, formats):
+        if kind not in ("jsonl", "parquet") or os.path.getsize(path) == 0:
+            continue
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                keys = list(pq.ParquetFile(path).schema_arrow.names)
+            except Exception as err:  # noqa: BLE001 - a damaged footer: plan_pieces skips the file, so do we
+                logger.warning("%s: %s is not a readable parquet file (%s); checking the next one", where, path,
+                               _reason(err))
+                continue
+            if source.text_field not in keys:
+                raise ValueError(f"{where}.text_field={source.text_field!r} is not a column of {path} "
+                                 f"(columns: {keys})")
+            return
+        keys: list[str] = []
+        seen = 0
+        f = open_stream(path, compression, 0)
+        try:
+            for raw, _ in split_records(f.read, "line", 0, float("inf"), 1 << 24):
+                if raw is None or not raw.strip():
+                    continue
+                seen += 1
+                try:
+                    obj = json.loads(raw)
+                except ValueError:
+                    obj = None
+                if isinstance(obj, dict):
+                    if source.text_field in obj:
+                        return
+                    keys += [k for k in obj if k not in keys]
+                if seen >= TEXT_FIELD_PROBE_RECORDS:
+                    break
+        except DamagedInput as err:
+            logger.warning("%s: %s is damaged after %d records (%s)%s", where, path, seen, err.reason,
+                           "" if seen else "; checking the next file")
+        finally:
+            f.close()
+        if seen:
+            raise ValueError(f"{where}.text_field={source.text_field!r} is not a key of the first {seen} records "
+                             f"of {path} (keys found: {keys or 'none: no JSON object'})")

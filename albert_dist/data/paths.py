@@ -1,0 +1,247 @@
+"""Where a corpus is and how it is cut: file discovery, formats, pieces, and which slot reads which piece.
+
+A *slot* is one reader of the training stream: slot = rank x num_workers + worker, slots = world_size x
+max(1, num_workers). A *piece* is the unit of splitting, shuffling and resuming:
+
+* uncompressed ``.txt`` (blank-line documents) and ``.jsonl``: byte ranges. A piece owns every record whose
+  first byte lies in its range (the Hadoop input-split rule), so pieces are disjoint and cover the file
+  whatever the cut points. Their size is chosen per source and slot count by `piece_bytes_for`:
+  ``min(shard_piece_bytes, max(MIN_PIECE_BYTES, total / (PIECES_PER_SLOT x slots)))``, i.e. a few pieces per
+  slot at any cluster size, never pieces so small that reading to the end of the record that straddles a cut
+  costs much;
+* ``.parquet``: one piece per row group (the smallest unit a parquet reader can seek to);
+* compressed ``.gz``/``.zst`` files and one-document-per-file ``.txt``: one piece per file (a compressed stream
+  cannot be entered in the middle).
+
+Slot assignment (`slot_shares`; the loader and ``albert-dist data plan`` both call it):
+
+* pieces >= slots: piece i (pieces ordered largest first) belongs to slot i mod slots; each slot reads only
+  its own pieces (read amplification 1, bytes balanced by the largest-first round robin);
+* pieces < slots: piece i is *shared* by the k slots s with s mod pieces == i; the j-th of them (j = s //
+  pieces) keeps the records j, j+k, j+2k, ... of the piece. Disjoint and covering, but each of the k sharers
+  reads the whole piece: the read amplification is about slots / pieces (`read_amplification`). For
+  uncompressed txt/jsonl this happens only when a source is smaller than ``MIN_PIECE_BYTES`` x slots (a few
+  MB per slot at most); for compressed files and parquet files with few row groups it is how they ship, and
+  ``albert-dist data prepare`` rewrites them as parquet shards with enough row groups (the loader's warning
+  prints the command: `albert_dist.data.plan`).
+
+Planning reads only metadata: file sizes and parquet footers (never a record), so it is cheap for 10,000 files.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from albert_dist.data.config import SourceConfig
+
+logger = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+#: stream compressions understood for txt/jsonl (parquet compresses inside, by column chunk)
+COMPRESSIONS = (".gz", ".zst")
+#: suffixes of each kind, after the compression suffix is removed
+KIND_SUFFIXES = (("txt", (".txt",)), ("jsonl", (".jsonl", ".json")), ("parquet", (".parquet", ".pq")))
+#: file names a directory or glob source never reads: the manifest `albert-dist data prepare` writes beside its
+#: shards (a .json file that is no corpus)
+NOT_CORPUS_FILES = ("manifest.json",)
+#: Smallest automatic piece of an uncompressed file. Reading a piece reads past its end to finish the record
+#: that straddles the cut and skips the start of the one straddling its beginning, so pieces well above a
+#: typical document (a few KB) keep that overhead to a few percent.
+MIN_PIECE_BYTES = 64 << 10
+#: Uncompressed pieces aimed at per slot: several, so bytes balance across slots and a slot's epoch is shuffled
+#: over several pieces.
+PIECES_PER_SLOT = 4
+
+
+def resolve_path(path: str) -> Path:
+    """Absolute path of ``path``: as given if absolute or existing relative to the cwd, else relative to the repo root.
+
+    Globs are resolved the same way (on the part before the first wildcard).
+    """
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    if globlib.glob(str(p)) or p.exists():
+        return p.resolve()
+    return _REPO_ROOT / p
+
+
+def _corpus_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith(".") and name not in NOT_CORPUS_FILES
+
+
+def discover_files(source: SourceConfig, where: str) -> list[str]:
+    """Sorted, de-duplicated files of a local source.
+
+    Directories are walked recursively; hidden files and ``manifest.json`` (`NOT_CORPUS_FILES`) found through a
+    directory or glob are left out (a file named explicitly is always read).
+
+    Raises ValueError naming ``where`` (e.g. ``data.train[0]``) when a path does not exist, a glob matches
+    nothing, or a file is not readable, so a typo fails at start instead of silently training on less data.
+    """
+    files: list[str] = []
+    for raw in source.paths:
+        p = resolve_path(raw)
+        if any(ch in raw for ch in "*?["):
+            matches = sorted(m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m) and _corpus_file(m))
+            if not matches:
+                raise ValueError(f"{where}.paths: glob {raw!r} (resolved to {str(p)!r}) matches no file")
+            files.extend(matches)
+        elif p.is_dir():
+            matches = sorted(str(m) for m in p.rglob("*") if m.is_file() and _corpus_file(str(m)))
+            if not matches:
+                raise ValueError(f"{where}.paths: directory {raw!r} (resolved to {str(p)!r}) holds no file")
+            files.extend(matches)
+        elif p.is_file():
+            files.append(str(p))
+        else:
+            raise ValueError(f"{where}.paths: {raw!r} (resolved to {str(p)!r}) does not exist")
+    files = sorted(set(files))
+    unreadable = [f for f in files if not os.access(f, os.R_OK)]
+    if unreadable:
+        raise ValueError(f"{where}.paths: {len(unreadable)} file(s) not readable (permission denied), e.g. "
+                         f"{unreadable[0]}")
+    return files
+
+
+def file_format(path: str, declared: str) -> tuple[str, str]:
+    """(kind, compression) of a file: kind in txt|jsonl|parquet, compression in ""|".gz"|".zst".
+
+    Raises ValueError naming the file for a suffix that names no known format when ``declared`` is "auto", and
+    for a compressed parquet file (parquet compresses inside; a .gz/.zst around it cannot be read in place).
+    """
+    name = path.lower()
+    compression = next((c for c in COMPRESSIONS if name.endswith(c)), "")
+    stem = name[: len(name) - len(compression)]
+    kind = declared
+    if declared == "auto":
+        kind = next((k for k, suffixes in KIND_SUFFIXES if stem.endswith(suffixes)), "")
+        if not kind:
+            known = ", ".join(s for _, suffixes in KIND_SUFFIXES for s in suffixes)
+            raise ValueError(f"cannot tell the format of {path} from its suffix (known: {known}, each optionally "
+                             f"{' or '.join(COMPRESSIONS)}); set the source's format explicitly")
+    if kind == "parquet" and compression:
+        raise ValueError(f"{path}: a parquet file compressed as a whole ({compression}) cannot be read in place; "
+                         f"decompress it (parquet compresses its column chunks itself) or convert it with "
+                         f"`albert-dist data prepare`")
+    return kind, compression
+
+
+def piece_bytes_for(splittable_bytes: int, shard_piece_bytes: int, slots: int) -> int:
+    """Size of the byte-range pieces of a source's uncompressed txt/jsonl files (see the module docstring):
+    ``min(shard_piece_bytes, max(MIN_PIECE_BYTES, ceil(splittable_bytes / (PIECES_PER_SLOT x slots))))``.
+
+    ``splittable_bytes``: the bytes of the source's uncompressed txt/jsonl files; ``slots``: ranks x workers
+    (>= 1). ``shard_piece_bytes`` is an upper bound the user sets (and a lower one too when it is below the floor).
+    """
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    per_slot = -(-max(1, splittable_bytes) // (PIECES_PER_SLOT * slots))
+    return min(shard_piece_bytes, max(MIN_PIECE_BYTES, per_slot))
+
+
+def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == text_field), None)
+    pieces = []
+    for rg in range(meta.num_row_groups):
+        group = meta.row_group(rg)
+        # bytes a reader of the text column fetches; the whole group when the column is nested or absent
+        nbytes = group.column(leaf).total_compressed_size if leaf is not None else group.total_byte_size
+        pieces.append({**base, "start": 0, "end": size, "row_group": rg, "nbytes": int(nbytes),
+                       "rows": int(group.num_rows)})
+    return pieces
+
+
+def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+                files: list[str] | None = None) -> tuple[list[dict[str, Any]], Counter]:
+    """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots.
+
+    Each piece is a JSON-able dict ``{path, kind, compression, start, end, row_group, nbytes}`` (parquet pieces
+    also ``rows``; ``start``, ``end`` are 0 and the file size for parquet): ``nbytes`` is what reading it fetches from disk (the byte range,
+    the compressed file, the row group's text column chunk). Counters: ``files``, ``bytes``, ``empty_files``,
+    ``damaged_files`` (a parquet footer that does not parse: skipped with a warning), ``piece_bytes`` (the
+    byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked by
+    `albert_dist.data.files.check_text_field`.
+
+    Raises ValueError as `discover_files` and `file_format` do.
+    """
+    stats: Counter = Counter()
+    files = discover_files(source, where) if files is None else files
+    try:
+        formats = [file_format(path, source.format) for path in files]
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    sizes = [os.path.getsize(path) for path in files]
+    whole_files = source.txt_documents == "file"
+    splittable = sum(size for (kind, comp), size in zip(formats, sizes)
+                     if not comp and (kind == "jsonl" or (kind == "txt" and not whole_files)))
+    piece_bytes = piece_bytes_for(splittable, shard_piece_bytes, slots)
+    stats["piece_bytes"] = piece_bytes
+    pieces: list[dict[str, Any]] = []
+    for path, (kind, compression), size in zip(files, formats, sizes):
+        stats["files"] += 1
+        stats["bytes"] += size
+        if size == 0:
+            stats["empty_files"] += 1
+            logger.warning("%s: skipping 0-byte file %s", where, path)
+            continue
+        base = {"path": path, "kind": kind, "compression": compression, "row_group": -1}
+        if kind == "parquet":
+            try:
+                pieces.extend(_parquet_pieces(path, size, source.text_field, base))
+            except Exception as err:  # pyarrow raises ArrowInvalid/OSError for a damaged footer  # noqa: BLE001
+                stats["damaged_files"] += 1
+                logger.warning("%s: skipping %s: not a readable parquet file (%s: %s)", where, path,
+                               type(err).__name__, err)
+        elif compression or (kind == "txt" and whole_files):
+            pieces.append({**base, "start": 0, "end": size, "nbytes": size})
+        else:
+            n = -(-size // piece_bytes)  # equal cuts: no tail piece much smaller than the others
+            cuts = [size * i // n for i in range(n + 1)]
+            pieces += [{**base, "start": a, "end": b, "nbytes": b - a} for a, b in zip(cuts[:-1], cuts[1:])]
+    # Largest first, ties in file order: round-robin over slots then balances the bytes per slot.
+    pieces.sort(key=lambda pc: -pc["nbytes"])
+    return pieces, stats
+
+
+def slot_shares(num_pieces: int, num_slots: int, slot: int) -> list[tuple[int, int, int]]:
+    """The ``(piece index, sharers k, offset j)`` triples slot ``slot`` of ``num_slots`` reads: it keeps the
+    records j, j+k, j+2k, ... (file order) of each such piece (k = 1: the whole piece). See the module docstring.
+
+    Raises ValueError for no piece or a slot out of range.
+    """
+    if num_pieces < 1:
+        raise ValueError(f"no piece to read (num_pieces={num_pieces})")
+    if not 0 <= slot < num_slots:
+        raise ValueError(f"slot must be in [0, {num_slots}), got {slot}")
+    if num_pieces >= num_slots:
+        return [(i, 1, 0) for i in range(slot, num_pieces, num_slots)]
+    piece = slot % num_pieces
+    return [(piece, len(range(piece, num_slots, num_pieces)), slot // num_pieces)]
+
+
+def readers_per_piece(num_pieces: int, num_slots: int) -> np.ndarray:
+    """(num_pieces,) int64: how many slots read each piece whole (1 unless pieces < slots), per `slot_shares`."""
+    if num_pieces >= num_slots:
+        return np.ones(num_pieces, dtype=np.int64)
+    return np.array([len(range(i, num_slots, num_pieces)) for i in range(num_pieces)], dtype=np.int64)
+
+
+def read_amplification(nbytes: Iterable[int], num_slots: int) -> float:
+    """Bytes all ``num_slots`` slots read in one epoch each over the bytes of the pieces (1.0 = every byte read
+    once): sum_i nbytes_i x readers_i / sum_i nbytes_i, by `slot_shares`. Reading to the end of a straddling
+    record at piece boundaries (a few percent) is not counted; bench/data_scale.py measures it."""
+    sizes = np.asarray(list(nbytes), dtype=np.float64)
+    if not len(sizes) or sizes.sum() <= 0:
+        return 1.0
+    return float((sizes * readers_per_piece(len(sizes), num_slots)).sum() / sizes.sum())

@@ -1,0 +1,94 @@
+"""A job's resume: planned once from the checkpoint directory alone, before any process group (`plan`), and
+what the one collective resume call returns (`Resumed`, from `CheckpointManager.resume`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from albert_dist.engine.checkpoint.drift import Drift, Rules, check_drift, log_drift
+from albert_dist.engine.checkpoint.plan import ResumePoint, plan_resume
+from albert_dist.engine.checkpoint.state import rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a job resumes from and what its config changes mean there (no process group needed to make it)."""
+
+    point: Optional[ResumePoint] = None
+    """The verified checkpoint to load; None: a fresh start."""
+    drift: Drift = field(default_factory=lambda: Drift({}))
+    """The config's differences from the checkpoint's (already checked: nothing in it is refused)."""
+    universal: bool = False
+    """Load through DeepSpeed's universal checkpoint: the number of ranks changed (ZeRO >= 1), or a field with
+    rule "convert" did (the ZeRO stage, a partition-layout option)."""
+
+    @property
+    def step(self) -> Optional[int]:
+        """The checkpoint's step, None for a fresh start."""
+        return None if self.point is None else self.point.step
+
+
+def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: dict, world_size: int,
+                rules: Rules, log: bool = True) -> ResumePlan:
+    """The resume `checkpoint.resume` asks for (`plan_resume`: "auto" = the newest checkpoint of `ckpt_dir` that
+    verifies, a path = that checkpoint), checked against `config` by `rules` (`check_drift`) and, with `log`,
+    each change warned once (`log_drift`). Reads files only: call it before the process group, on every rank (all read the
+    same files, so all agree).
+
+    Args:
+        resume: `checkpoint.resume` (None, "auto" or a path).
+        ckpt_dir: the job's checkpoint directory (`CheckpointConfig.directory`); None when the run directory
+            is chosen at start, which only an explicit path can resume from.
+        config: the resolved config as plain dicts (`albert_dist.config.to_container`).
+        world_size: ranks of this job.
+        rules: what changing each field means (`albert_dist.config.resume_rules()`).
+
+    Raises:
+        ValueError: "auto" without a fixed place to look (`run_dir` and `checkpoint.dir` both unset).
+        ConfigDriftError: a field that cannot change on resume differs (see `check_drift`).
+        CheckpointError, FileNotFoundError: as `plan_resume`.
+    """
+    if resume == "auto" and ckpt_dir is None:
+        raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
+    point = plan_resume(resume, ckpt_dir if ckpt_dir is not None else str(resume), log=log)
+    if point is None:
+        if resume == "auto" and log:  # a mistyped run_dir would otherwise restart silently
+            logger.warning("--resume auto: no checkpoint in %s; starting from step 0", ckpt_dir)
+        return ResumePlan()
+    drift = check_drift(point, config, world_size, rules)
+    if log:
+        log_drift(point, drift)
+    return ResumePlan(point, drift, point.needs_universal(world_size) or (drift.converts and point.zero_stage > 0))
+
+
+@dataclass
+class Resumed:
+    """What `CheckpointManager.resume` hands the training loop: the engine and this rank's training loader at
+    the checkpoint's step (or fresh ones at step 0), with the global RNGs already set for the next step."""
+
+    engine: Any
+    """The DeepSpeedEngine, its state loaded."""
+    loader: Any
+    """This rank's training loader, continuing the saved data streams (or starting them)."""
+    step: int
+    """Optimiser steps done."""
+    point: Optional[ResumePoint]
+    """The checkpoint resumed from; None for a fresh start."""
+
+
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """Run a block without moving the global RNGs (python, numpy, torch, CUDA): set-up work after
+    `CheckpointManager.resume` (a loader iterator's base seed, a matmul benchmark, the tracker) must leave the
+    first step the RNG state the resume restored."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
