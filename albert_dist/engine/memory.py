@@ -2,43 +2,44 @@
 gradient buckets, activations from the measured per-block formula; the memory line and the refusal (torch-free).
 
 Every byte count below is what DeepSpeed 0.19 allocates for this project's client optimiser (torch AdamW or
-LAMB, two fp32 moments per parameter) as measured by `bench/memory_scale.py` (walking the engine's tensors on
-1, 2 and 4 ranks, docs/scale.md), not the textbook ZeRO figures. Per parameter, with N ranks:
+LAMB, two fp32 moments per parameter), as `bench/memory_scale.py` measured it by walking the engine's tensors
+on 1, 2 and 4 ranks (docs/scale.md has the figures), not the textbook ZeRO figures. Bytes per parameter on each
+of N ranks:
 
-=========  =========  ==================================  ==========================  =====================
-precision  stage      parameters                           gradients                   optimiser
-=========  =========  ==================================  ==========================  =====================
-fp32       0          4                                    4                           8 (moments)
-fp32       1, 2       4 (the module's own, flat)           4/N (reduced partition)     4/N master + 8/N
-fp32       3          4/N + persistent whole (4)           4/N                         4/N + 8/N
-bf16       0          2 + 4 master                         2                           8
-bf16       1          2                                    4 (fp32 accumulation, all)  4/N + 8/N
-bf16       2          2                                    2/N + 4/N                   4/N + 8/N
-bf16       3          2/N + persistent whole (2)           4/N                         4/N + 8/N
-=========  =========  ==================================  ==========================  =====================
+=========  ======  ================================  =======================================  ==============
+precision  stage   parameters                        gradients (at their peak)                optimiser
+=========  ======  ================================  =======================================  ==============
+fp32       1, 2    4 (the module's own, flat)        8/N (reduced partition + its flat copy)  4/N + 8/N
+fp32       3       4/N + persistent tensors whole    8/N                                      4/N + 8/N
+bf16       1       2                                 4 (fp32 accumulation, all) + 2           4/N + 8/N
+bf16       2       2                                 4/N (fp32 partition)                     4/N + 8/N
+bf16       3       2/N + persistent tensors whole    8/N                                      4/N + 8/N
+=========  ======  ================================  =======================================  ==============
 
-("persistent": ZeRO-3 keeps every tensor of at most `stage3_param_persistence_threshold` elements (1e5) whole
-on every rank.) DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`: 2 + 18/N;
+(optimiser: fp32 master partition + the two moments. "Persistent": ZeRO-3 keeps every tensor of at most
+`stage3_param_persistence_threshold` elements (1e5) whole on every rank. ZeRO-0 is not measured: its row is
+DeepSpeed's documented layout.) DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`: 2 + 18/N;
 `estimate_zero3_model_states_mem_needs`: 4 x largest layer + 18/N) assume 16-bit parameters and gradients; they
-leave out what is listed here as buffers:
+leave out what is counted here as buffers:
 
-* the gradient-reduction bucket, `reduce_bucket_size` elements (DeepSpeed default 5e8, i.e. 2 GB in fp32, 1 GB
-  in bf16 whatever the model's size; ZeRO-1/2 allocate it in every backward pass, ZeRO-3 once, twice with
-  `overlap_comm`, which ZeRO-3 turns on by default);
+* the gradient-reduction bucket, `reduce_bucket_size` elements (DeepSpeed's default 5e8: 2 GB in fp32 whatever
+  the model's size) in the reduction dtype: fp32 at ZeRO-1/2 in fp32 and at ZeRO-3, the weights' dtype at
+  bf16 ZeRO-2, none at bf16 ZeRO-1 (`BF16_Optimizer` reduces from its flat fp32 gradients); ZeRO-1/2 allocate it
+  in every backward pass, ZeRO-3 once;
 * ZeRO-3's gathered parameters: a module's whole parameters while it runs, kept gathered while reused within
   `stage3_max_reuse_distance` (1e9 elements by default: a shared ALBERT block stays gathered for the whole
   pass), at most `stage3_max_live_parameters` (1e9) elements.
 
 Activations (`activation_bytes`, per micro-batch of B sequences of S tokens, element size e of the precision)
-count the tensors autograd saves, from `albert_dist.model.albert`'s code and checked against torch's profiler
-on CPU (bench/memory_scale.py): per executed block B·S·(8H + 2I + heads + 4)·e without checkpointing (block
-input, q, k, v, attention output, two LayerNorm inputs and one output, FFN input-side and GELU output; the
-attention kernels (flash on CPU, flash / memory-efficient on GPU) save a log-sum-exp per head instead of the
-S x S scores); B·S·H·e with checkpointing (the block input), plus one block's set while it is recomputed.
-The last block runs queries and feed-forward only at the N masked positions + the first token; embeddings
-add B·S·(2E + 2), the MLM head B·M·(H + 3E)·e + B·M·V·4 (fp32 log-softmax) for M predictions per sequence. The
-backward pass adds the gradients of one block's activations and the word-embedding gradient temporaries (the
-embedding's dense gradient, the tied decoder's and their sum: 3·V·E·e).
+count the tensors autograd saves in `albert_dist.model.albert`'s code, checked against torch's profiler on CPU
+(bench/memory_scale.py): per executed block and token (8H + 2I)·e + (heads + 4)·4 without checkpointing (block
+input, q, k, v, attention output, two LayerNorm inputs and one output, FFN input side and GELU output; the
+attention kernels (flash on CPU, flash / memory-efficient on GPU) save a log-sum-exp per head, not the S x S
+scores); H·e with checkpointing (the block input), plus one block's set while it is recomputed. The last
+block runs queries and feed-forward only at the M masked positions + the first token; embeddings add
+B·S·(2E·e + 8), the MLM head B·M·((H + 3E)·e + 4V) (its fp32 log-softmax). The backward pass adds the tied
+decoder's V x E gradient (waiting for the embedding's), the buffer that sums a shared block's gradients across
+its uses (one block's parameters), and one block's activation gradients.
 """
 from __future__ import annotations
 
