@@ -83,6 +83,8 @@ def _classify(path: str) -> str:
         return "optimizer"  # the client optimiser's state: Adam exp_avg / exp_avg_sq (and step scalars)
     if _BUCKET_BUFFER.search(p):
         return "buffers"  # a gradient-reduction bucket itself (its `params` lists are parameters)
+    if "inflight_param_registry" in p or "param_coordinator" in p:
+        return "gathered"  # ZeRO-3's all-gathers in flight (their flat output buffers) and the prefetch queue
     if p.endswith(".grad") or p.endswith(".grad_accum") or "grad" in p:
         return "grads"
     if "fp32" in p:
@@ -179,7 +181,12 @@ class Snapshots:
         self.points: list[dict[str, int]] = []
 
     def take(self) -> None:
-        self.points.append(state_bytes(self.engine))
+        listing: list = []
+        self.points.append(state_bytes(self.engine, listing))
+        if os.environ.get("MEMORY_SCALE_DEBUG") and os.environ.get("RANK", "0") == "0":
+            print(f"snapshot {len(self.points)}: " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in self.points[-1].items()))
+            for cls, nbytes, paths in sorted(listing, key=lambda x: -x[1])[:12]:
+                print(f"    {cls:9s} {nbytes / 2**20:9.1f} MiB  {paths[:3]}")
 
     def summary(self) -> dict[str, Any]:
         """Per class its largest value (`by_class`); the largest simultaneous parameters + gradients +
@@ -239,14 +246,14 @@ def _deepspeed_estimates(model, world: int) -> dict[str, Any]:
             "zero3_largest_layer_bytes": largest_mem, "printed": printed.getvalue()}
 
 
-def _measure_cell(preset: str, stage: int, precision: str, world: int) -> dict[str, Any]:
+def _measure_cell(preset: str, stage: int, precision: str, world: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     import deepspeed
 
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
 
-    cfg = _cfg(preset, stage, precision)
+    cfg = _cfg(preset, stage, precision, extra)
     torch.manual_seed(0)
     model = AlbertForPreTraining(cfg.model)
     ds_est = _deepspeed_estimates(model, world)
@@ -292,7 +299,7 @@ def _release_memory() -> None:
         pass
 
 
-def _states_worker(rank: int, world: int, port: int, cells: list, results) -> None:
+def _states_worker(rank: int, world: int, port: int, cells: list, extra: tuple, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -306,7 +313,7 @@ def _states_worker(rank: int, world: int, port: int, cells: list, results) -> No
         torch.set_printoptions(threshold=4, edgeitems=1)  # ZeRO-3 formats every parameter's repr eagerly
         out = {}
         for preset, stage, precision in cells:
-            out[f"{preset}|{stage}|{precision}"] = _measure_cell(preset, stage, precision, world)
+            out[f"{preset}|{stage}|{precision}"] = _measure_cell(preset, stage, precision, world, tuple(extra))
             torch.distributed.barrier()
         results.put(("ok", rank, out))
     except BaseException:
@@ -348,16 +355,18 @@ def _spawn(target: Callable, world: int, args: tuple, timeout_s: float) -> dict[
     return got
 
 
-def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: float) -> dict[str, Any]:
-    """Model-state bytes of `cells` [(preset, stage, precision)] on `world` ranks: per cell the per-rank
-    maximum of every class, every rank's figures, DeepSpeed's estimates and our estimate."""
+def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: float,
+                   extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Model-state bytes of `cells` [(preset, stage, precision)] on `world` ranks (each config with the dotted
+    overrides `extra` too): per cell the per-rank maximum of every class, every rank's figures, DeepSpeed's
+    estimates and our estimate."""
     from albert_dist.engine import memory
 
-    per_rank = _spawn(_states_worker, world, (cells,), timeout_s)
+    per_rank = _spawn(_states_worker, world, (cells, tuple(extra)), timeout_s)
     out = {}
     for key in per_rank[0]:
         preset, stage, precision = key.split("|")
-        cfg = _cfg(preset, int(stage), precision)
+        cfg = _cfg(preset, int(stage), precision, extra)
         cells_by_rank = [per_rank[r][key] for r in sorted(per_rank)]
         worst = {c: max(x["by_class"][c] for x in cells_by_rank) for c in CLASSES}
         states = max(x["states_peak_bytes"] for x in cells_by_rank)
@@ -377,7 +386,7 @@ def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: flo
             "ratio_vs_ours": states / ours.model_states_bytes,
             "buffers_vs_ours": (worst["buffers"] / ours.buffers_bytes) if ours.buffers_bytes else None,
             "gathered_vs_ours": (worst["gathered"] / ours.gathered_bytes) if ours.gathered_bytes else None,
-            "step_s": max(x["step_s"] for x in cells_by_rank),
+            "step_s": max(x["step_s"] for x in cells_by_rank), "overrides": list(extra),
         }
     return out
 
@@ -476,7 +485,7 @@ def run(presets: tuple[str, ...] = ("albert-base",), stages: tuple[int, ...] = (
         worlds: tuple[int, ...] = (1, 2, 4), precisions: tuple[str, ...] = ("fp32", "bf16"),
         activation_presets: tuple[str, ...] = ("albert-base",), seqs: tuple[int, ...] = (128, 512),
         extra_cells: tuple[dict, ...] = (), activation_extra: tuple[tuple, ...] = (),
-        timeout_s: float = 1800.0) -> dict[str, Any]:
+        overrides: tuple[str, ...] = (), timeout_s: float = 1800.0) -> dict[str, Any]:
     """Model-state cells for presets x stages x precisions on each world size (plus `extra_cells`: dicts
     with preset, stages), and activations of `activation_presets`. Returns the figures, the checks against
     the targets (`checks`) and a flat `summary` of ratios for the suite. Raises RuntimeError when a rank
@@ -488,7 +497,7 @@ def run(presets: tuple[str, ...] = ("albert-base",), stages: tuple[int, ...] = (
     states: dict[str, Any] = {}
     for world in worlds:
         log.info("model states on %d rank(s): %d cells", world, len(cells))
-        for key, v in measure_states(cells, world, timeout_s).items():
+        for key, v in measure_states(cells, world, timeout_s, tuple(overrides)).items():
             states[f"{key}|{world}"] = v
     acts = {}
     for preset in activation_presets:
@@ -608,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--activation-presets", nargs="*")
     p.add_argument("--seqs", nargs="+", type=int, default=[128, 512])
     p.add_argument("--no-xxlarge", action="store_true", help="with --full: leave albert-xxlarge out")
+    p.add_argument("--overrides", nargs="*", default=[], metavar="key=value",
+                   help="dotted overrides for every model-state cell, e.g. "
+                        "engine.zero_optimization.reduce_bucket_size=50000000 (ours is computed with them too)")
     p.add_argument("--json", help="write the result dict to this file")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="measure nothing: merge the results of earlier runs (cells run one at a time when memory is "
@@ -626,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = (XXLARGE_CELLS,) if a.full and not a.no_xxlarge else ()
     res = run(presets=tuple(presets), stages=tuple(a.stages), worlds=tuple(a.worlds), precisions=tuple(a.precisions),
               activation_presets=tuple(acts), seqs=tuple(a.seqs), extra_cells=extra,
-              activation_extra=FULL_ACTIVATION_EXTRA if a.full else ())
+              activation_extra=FULL_ACTIVATION_EXTRA if a.full else (), overrides=tuple(a.overrides))
     print(report(res))
     print(f"{res['seconds']:.0f} s")
     if a.json:

@@ -28,7 +28,8 @@ leave out what is counted here as buffers:
   in every backward pass, ZeRO-3 once;
 * ZeRO-3's gathered parameters: a module's whole parameters while it runs, kept gathered while reused within
   `stage3_max_reuse_distance` (1e9 elements by default: a shared ALBERT block stays gathered for the whole
-  pass), at most `stage3_max_live_parameters` (1e9) elements.
+  pass), at most `stage3_max_live_parameters` (1e9) elements; counted once, though a prefetching all-gather in
+  flight holds its flat output beside the parameters it replaces (twice the set, measured for albert-large).
 
 Activations (`activation_bytes`, per micro-batch of B sequences of S tokens, element size e of the precision)
 count the tensors autograd saves in `albert_dist.model.albert`'s code, checked against torch's profiler on CPU

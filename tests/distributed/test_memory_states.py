@@ -42,7 +42,8 @@ def test_model_states_on_two_ranks_match_the_estimate():
         else:
             assert m["buffers"] == 0, (key, m)
         if v["stage"] == 3:
-            assert 0.8 <= m["gathered"] / ours["gathered_bytes"] <= 1.25, (key, m, ours)
+            # up to twice while a prefetching all-gather is in flight (tests/unit/test_memory.py)
+            assert 0.8 <= m["gathered"] / ours["gathered_bytes"] <= 2.5, (key, m, ours)
         # every rank holds its share: the optimiser states are partitioned at ZeRO 1-3
         one_rank_optimizer = 12 * v["parameters"]
         assert m["optimizer"] <= 0.55 * one_rank_optimizer, (key, m)

@@ -73,15 +73,18 @@ def test_model_states_estimate_matches_deepspeeds_tensors():
     bad = []
     for key, v in _measured()["states"].items():
         cfg = load_config(None, [f"model.preset={v['preset']}", f"engine.zero_stage={v['stage']}",
-                                 f"engine.precision={v['precision']}"])
+                                 f"engine.precision={v['precision']}", *v.get("overrides", [])])
         est = memory.model_state_bytes(cfg, v["world_size"])
         m = v["per_rank_max"]
-        pairs = [("states", v["model_states_bytes"], est.model_states_bytes), ("buckets", m["buffers"], est.buffers_bytes),
-                 ("gathered", m["gathered"], est.gathered_bytes)]
-        for what, measured, ours in pairs:
+        pairs = [("states", v["model_states_bytes"], est.model_states_bytes, HI),
+                 ("buckets", m["buffers"], est.buffers_bytes, HI),
+                 # ZeRO-3: the gathered set, twice over while a prefetching all-gather is in flight (its flat
+                 # output buffer beside the parameters it replaces; seen on CPU for albert-large)
+                 ("gathered", m["gathered"], est.gathered_bytes, 2 * HI)]
+        for what, measured, ours, hi in pairs:
             if measured == ours == 0:
                 continue
-            if not (ours and LO <= measured / ours <= HI):
+            if not (ours and LO <= measured / ours <= hi):
                 bad.append((key, what, measured, ours))
     assert not bad, bad
 
