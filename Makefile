@@ -1,5 +1,5 @@
 # The README's commands. Everything runs from a venv this Makefile creates.
-#   make test      - create .venv, install albert_dist[dev], run the whole test suite
+#   make test      - create .venv, install albert_dist[dev], run the whole test suite (prints the 25 slowest tests)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
 #   make bench     - run every benchmark in bench/ and write bench/results.json
 # GPU users: install the torch build for your CUDA first, e.g.
@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: install
-	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 pretrain: install
 	$(RUN_ENV) bash launch/pretrain_local.sh $(NUM_RANKS)

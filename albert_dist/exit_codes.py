@@ -2,12 +2,16 @@
 command prints for an input error.
 
 `slurm/common.sh` mirrors these numbers (a requeue script tells "stopped, try again" from success and errors).
+The launch scripts (`launch/pretrain_local.sh`, `slurm/common.sh`) map what their launcher reports for a rank
+killed by a signal (DeepSpeed's launch.py: 256 - N, e.g. 247 after a kill -9; srun: 128 + N) to EXIT_CRASHED,
+naming the signal, and report an interrupt without a checkpoint at the stop as 128 + N (130 after Ctrl-C).
 """
 
 EXIT_OK = 0
 """Trained to max_steps (or already there)."""
 EXIT_CRASHED = 1
-"""An unexpected error; the traceback is in the log."""
+"""An unexpected error (the traceback is in the failing rank's log; the other ranks exit 1 too, with one line),
+or, from the launch scripts, a rank killed by a signal."""
 EXIT_CONFIG_ERROR = 2
 """Bad config or input files, found before any process group started; nothing ran."""
 EXIT_SAVE_FAILED = 74
@@ -15,8 +19,8 @@ EXIT_SAVE_FAILED = 74
 was removed and `latest` still names the previous one, so `--resume auto` after freeing space continues from
 there. Not requeued automatically: the same disk would fail again."""
 EXIT_PREEMPTED = 75
-"""Stopped by SIGTERM/SIGUSR1 after writing a checkpoint (sysexits' EX_TEMPFAIL, "try again"); rerun with
-`--resume auto` to continue."""
+"""Stopped by SIGTERM/SIGUSR1/SIGINT after writing a checkpoint of the step it stopped at (sysexits'
+EX_TEMPFAIL, "try again"); rerun with `--resume auto` to continue."""
 
 
 

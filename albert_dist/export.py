@@ -332,7 +332,16 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
         logger.warning("no transformers export: %s", exc)
         return written
     hf_dir = os.path.join(out_dir, "hf")
-    hf_model.save_pretrained(hf_dir)
+    from transformers.utils import logging as hf_logging  # importable: to_transformers succeeded
+
+    # the end of a training job: transformers' "Writing model shards" bar would land in the job's log file
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        hf_model.save_pretrained(hf_dir)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
     if tokenizer_path:
         shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
         write_transformers_config(hf_dir, model_config.max_position_embeddings)

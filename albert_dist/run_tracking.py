@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from albert_dist.data.paths import resolve_path
-from albert_dist.engine.distributed import barrier, broadcast_object
+from albert_dist.engine.distributed import all_gather_object, barrier, broadcast_object
 from albert_dist.export import export_final_model
 from albert_dist.model.sharing import model_param_counts
 from albert_dist.tracking.checkpoints import download_checkpoint
-from albert_dist.tracking.tracker import MLflowTracker, parse_run_ref, read_run_id, resolve_tracking_uri
+from albert_dist.tracking.params import hostname
+from albert_dist.tracking.secrets import scrub_text
+from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, parse_run_ref, read_run_id,
+                                          resolve_tracking_uri)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,36 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     return run_id
 
 
+def open_tracker(cfg: Any, run_dir: str | Path, rank: int, local_rank: int = 0, **kwargs: Any) -> Any:
+    """The job's MLflow tracker on every rank (collective): the hosts of all ranks are gathered, global rank 0
+    opens the run (`albert_dist.tracking.tracker.MLflowTracker`, ``kwargs`` passed on) and hands the run id,
+    or why the run cannot be opened, to the others; they get a `NodeTracker` (system metrics of their node
+    on its local rank 0 when the job spans several hosts).
+
+    Args:
+        cfg: the ``TrackingConfig``.
+        run_dir: the job's run directory.
+        rank, local_rank: this process's global and node-local rank.
+
+    Raises:
+        RuntimeError: on every rank, when the server answered that the run cannot be opened.
+    """
+    hosts = all_gather_object(hostname())
+    tracker, error = None, None
+    if rank == 0:
+        try:
+            tracker = MLflowTracker(cfg, run_dir=str(run_dir), hosts=hosts, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            error = str(exc) if isinstance(exc, RuntimeError) else scrub_text(
+                f"MLflow run could not be opened ({resolve_tracking_uri(cfg.tracking_uri)}): {type(exc).__name__}: {exc}")
+    run_id, error = broadcast_object([tracker.run_id if tracker else None, error])
+    if error is not None:
+        raise RuntimeError(error)
+    if tracker is None:
+        tracker = NodeTracker(cfg, run_id, hostname() if local_rank == 0 and len(set(hosts)) > 1 else None)
+    return tracker
+
+
 def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, local: Any, *, local_rank: int = 0,
                   resume_from: Optional[str] = None, resuming: bool = False, resumed_step: Optional[int] = None,
                   model: Any = None) -> Any:
@@ -77,11 +110,10 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
     if not cfg.tracking.enabled:
         return local
     run_id = parse_run_ref(resume_from) if resume_from else (read_run_id(str(run_dir)) if resuming else None)
-    keep = cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last
-    tracker = MLflowTracker(cfg.tracking, run_dir=str(run_dir), rank=rank, world_size=world_size,
-                            local_rank=local_rank, resume_run_id=run_id, local=local, keep_last_checkpoints=keep,
-                            keep_steps=() if not resumed_step else (resumed_step,),
-                            tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve())})
+    tracker = open_tracker(cfg.tracking, run_dir, rank, local_rank, resume_run_id=run_id, local=local,
+                           keep_last_checkpoints=cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last,
+                           keep_steps=() if not resumed_step else (resumed_step,),
+                           tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve())})
     if rank == 0:
         if model is not None:
             tracker.log_params({"derived": model_param_counts(model)})

@@ -7,11 +7,17 @@ Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --mo
 and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
 (`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size, the input
 files and the checkpoint to resume (and what the config's changes mean there) are checked before any process
-group starts (a bad one: exit code 2, one line, nothing started); then `albert_dist.trainer.Trainer` runs the job.
+group starts (a bad one: exit code 2, one line, nothing started); rank 0 also takes the run directory's lock
+(`albert_dist.engine.run_lock`: a second job on it is refused the same way, naming the holder). The ranks
+agree on the verdict over the rendezvous store before any of them starts the process group
+(`albert_dist.engine.rendezvous`), so a refusal on any rank ends every rank at once; then
+`albert_dist.trainer.Trainer` runs the job.
 
 Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 crash (the traceback logged
-once), 2 config/input error, 74 a checkpoint could not be written (disk full, ...), 75 stopped by
-SIGTERM/SIGUSR1 after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with `--resume auto`).
+once, on the rank that failed; every rank ends within a bound, `albert_dist.engine.stop.exit_deadline`), 2
+config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
+by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with
+`--resume auto`).
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine import memory
 from albert_dist.engine.distributed import discover, setup_logging
+from albert_dist.engine.rendezvous import agree, open_store
+from albert_dist.engine.run_lock import RunDirLock
+from albert_dist.engine.stop import StopFlag, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    error_line)
 from albert_dist.tracking.tracker import parse_run_ref
@@ -62,16 +71,37 @@ def cli(argv: Sequence[str]) -> int:
     if args.resume is not None:
         overrides.append(f"checkpoint.resume={args.resume}")
     trainer: Optional[Trainer] = None
+    locks: list[RunDirLock] = []
     status = "FAILED"
+    # Stop signals from the start: one during the preflight stops the job after its first step, and a launcher's
+    # SIGTERM to the ranks still running when one exits cannot make their own exit code a signal's (see finally).
+    stop = StopFlag()
+    stop.install()
+    multi_rank = False
     try:
-        setup_logging(discover().rank)
-        cfg = load_config(args.config, overrides)
-        check_inputs(cfg)
-        if args.resume_from is not None:
-            check_resume_from(args.resume_from, cfg)
-        trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from)
-        memory.preflight(cfg, trainer.dist_env.world_size, trainer.dist_env.local_rank,  # the memory line; exit 2
-                         log=trainer.dist_env.rank == 0)  # on a GPU it exceeds
+        env = discover()
+        multi_rank = env.world_size > 1
+        setup_logging(env.rank)
+        # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
+        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.engine.rendezvous).
+        store = open_store(env)
+        error: Optional[Exception] = None
+        try:
+            cfg = load_config(args.config, overrides)
+            check_inputs(cfg)
+            if args.resume_from is not None:
+                check_resume_from(args.resume_from, cfg)
+            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
+                              stop=stop)
+            # the memory line; a ValueError (exit 2) on a GPU the estimate exceeds, before any process group
+            memory.preflight(cfg, env.world_size, env.local_rank, log=env.rank == 0)
+            if env.rank == 0:  # one job per run directory; last, so a job refused otherwise leaves nothing behind
+                locks = lock_run_dirs(cfg)
+        except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
+            error = err
+        agree(store, env, None if error is None else str(error).strip() or type(error).__name__)
+        if error is not None:
+            raise error
         trainer.setup()
         code = trainer.train()
         status = "FINISHED" if code == EXIT_OK else "KILLED"
@@ -81,7 +111,10 @@ def cli(argv: Sequence[str]) -> int:
             logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
                         trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
         return code
+    # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
+    # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
     except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+        exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
     except _REFUSED as err:
@@ -89,16 +122,58 @@ def cli(argv: Sequence[str]) -> int:
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
         if isinstance(err, ckpt.ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+            exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR
+        exit_deadline(EXIT_CRASHED)
         logger.exception("training failed")
         return EXIT_CRASHED
-    except Exception:
-        logger.exception("training failed")  # the one traceback
+    except Exception as err:
+        exit_deadline(EXIT_CRASHED)
+        if peer_failure(err):  # another rank failed first: its traceback is the job's one
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            logger.error("a collective failed because another rank stopped (its log has the cause): %s: %s; exit %d",
+                         type(err).__name__, first, EXIT_CRASHED)
+        else:
+            logger.exception("training failed")  # the one traceback
         return EXIT_CRASHED
     finally:
-        if trainer is not None:
-            trainer.close(status)
+        try:
+            if trainer is not None:
+                trainer.close(status)
+        finally:
+            for lock in locks:  # last: the run directory is free once the job is closed
+                lock.release()
+            if multi_rank:  # the exit code is decided: a rank of a job keeps absorbing stop signals to its end
+                stop.retire()
+            else:  # one process (also a caller's own, e.g. a test): as it was
+                stop.restore()
+
+
+def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
+    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's, and the checkpoint
+    directory's when `checkpoint.dir` puts it elsewhere. None without a fixed `run_dir` (the auto-named one is
+    locked when rank 0 names it, `Trainer.setup`).
+
+    Raises:
+        RunDirBusy: another job holds one of them (a ValueError: exit code 2, naming the directory and holder).
+    """
+    dirs = []
+    if cfg.run_dir is not None:
+        dirs.append(Path(cfg.run_dir))
+    if cfg.checkpoint.dir is not None:
+        ckpt_dir = Path(cfg.checkpoint.dir)
+        if not dirs or dirs[0].resolve() not in (ckpt_dir.resolve(), *ckpt_dir.resolve().parents):
+            dirs.append(ckpt_dir)
+    locks: list[RunDirLock] = []
+    try:
+        for d in dirs:
+            locks.append(RunDirLock(d).acquire())
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
 
 
 def check_resume_from(ref: str, cfg: TrainConfig) -> None:
@@ -150,4 +225,4 @@ def check_inputs(cfg: TrainConfig) -> None:
 
 
 __all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
-           "check_resume_from", "cli"]
+           "check_resume_from", "cli", "lock_run_dirs"]

@@ -11,9 +11,9 @@ Every `eval_interval_steps` and after the last step: validation on the fixed val
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
-SIGTERM or SIGUSR1 (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at the
-same step (a MAX all-reduce of the flag after every step), a checkpoint is written and `train()` returns
-`EXIT_PREEMPTED` (`albert_dist.exit_codes`).
+SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
+the same step (a MAX all-reduce of the flag after every step), a checkpoint is written (recorded as a stop's)
+and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.reshard import ReshardedLoader
-from albert_dist.engine.stop import IgnoreStopSignals, StopFlag
+from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
+from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
@@ -72,8 +73,10 @@ class Trainer:
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `ckpt.CheckpointManager`).
     """
 
-    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None):
+    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
+                 store: Any = None, stop: Optional[StopFlag] = None):
         self.cfg = cfg
+        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.recipe_name = recipe_name
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
@@ -87,15 +90,21 @@ class Trainer:
         self.step = 0
         self.engine = None
         self.tracker: Any = NullTracker()
-        self._stop = StopFlag()
+        # The app's (installed before its preflight, kept to the process's end), or the trainer's own
+        self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
+        self.run_lock: Optional[RunDirLock] = None  # rank 0, an auto-named run directory's (see setup)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Start the process group, resume (`CheckpointManager.resume`: engine, loaders, RNGs; fetching the
-        MLflow run's checkpoint first for `resume_from`), open the tracker."""
+        """Start the process group (over `store`, the rendezvous store the app's preflight used, if given to
+        `__init__`), resume (`CheckpointManager.resume`: engine, loaders, RNGs; fetching the MLflow run's checkpoint first for
+        `resume_from`), open the tracker. Without a fixed `run_dir`, rank 0 also takes the lock of the run
+        directory it names (`albert_dist.engine.run_lock`; the app takes a fixed one's before)."""
         cfg = self.cfg
-        self.dist_env = init_distributed()
+        # First: a stop signal during start-up is then a stop after the first step, not a traceback per rank.
+        self._stop.install()
+        self.dist_env = init_distributed(store=self.store)
         self.started = True
         rank, world = self.dist_env.rank, self.dist_env.world_size
         self.run_dir = Path(self._agree_run_dir())
@@ -114,7 +123,6 @@ class Trainer:
 
         resumed = self.checkpoints.resume(self._build_engine, self._build_loader, fetch=fetch)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
-        self._stop.install()
         with ckpt.rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
             device = self.engine.device
@@ -175,12 +183,25 @@ class Trainer:
         return loader
 
     def _agree_run_dir(self) -> str:
-        """cfg.run_dir, or runs/<recipe>-<UTC time> chosen by rank 0 and broadcast (ranks' clocks differ)."""
+        """cfg.run_dir, or runs/<recipe>-<UTC time>[-<k>] chosen by rank 0 and broadcast (ranks' clocks differ):
+        the first such name whose lock rank 0 gets (two jobs started in the same second get two directories)."""
         if self.cfg.run_dir is not None:
             return self.cfg.run_dir
-        # Absolute on rank 0: ranks of other nodes may start in another working directory.
-        name = Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
-        return broadcast_object(str(name))
+        name = None
+        if self.dist_env.rank == 0:
+            # Absolute on rank 0: ranks of other nodes may start in another working directory.
+            base = Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
+            for k in range(1, 100):
+                candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
+                try:
+                    self.run_lock = RunDirLock(candidate).acquire()
+                except RunDirBusy:
+                    continue
+                name = str(candidate)
+                break
+            else:
+                raise RuntimeError(f"no free run directory {base}[-k] after 99 tries")
+        return broadcast_object(name)
 
     def _build_tracker(self, resumed_step: Optional[int]):
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
@@ -228,14 +249,16 @@ class Trainer:
                     if ckpt.every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
                     stop = self._agree_stop()
-                    self.save(last=last or stop)
+                    if stop and rank == 0:  # every rank is alive and agrees: now it can be promised
+                        logger.warning("every rank stops after step %d: checkpoint, then exit %d", self.step,
+                                       EXIT_PREEMPTED)
+                    self.save(last=last or stop, stop=stop)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
                                        EXIT_PREEMPTED)
                         return EXIT_PREEMPTED
         finally:
-            self._stop.restore()
             bar.close()
         self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
         return EXIT_OK
@@ -301,12 +324,12 @@ class Trainer:
                                          val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
-    def save(self, last: bool = False) -> Optional[str]:
+    def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
         """Checkpoint the current step when the cadence says so (`ckpt.CheckpointManager.maybe_save`; `last`:
-        the final step or a stop) on every rank (collective); returns the tag, or None when nothing was saved.
-        Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
+        the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
+        the tag, or None when nothing was saved. Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
-        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last)
+        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
@@ -324,21 +347,25 @@ class Trainer:
         return log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
 
     def close(self, status: str) -> None:
-        """Restore signal handlers, stop the loader workers, close the tracker with `status` ("FINISHED",
-        "KILLED", "FAILED"), destroy the process group. Idempotent; whoever calls `setup()` must call it."""
-        self._stop.restore()
+        """Stop the loader workers, close the tracker with `status` ("FINISHED", "KILLED", "FAILED"), destroy the
+        process group, restore the signal handlers (last: a launcher's SIGTERM while the tracker flushes is
+        absorbed, not fatal). Idempotent; whoever calls `setup()` must call it."""
         # Explicitly: the workers ignore SIGTERM (see IgnoreStopSignals), so multiprocessing's exit-time
-        # terminate() could not stop them if the iterator were left for the interpreter to clean up.
-        for it in self._loader_iterators():
-            shutdown = getattr(it, "_shutdown_workers", None)  # torch DataLoader iterators (also their __del__)
-            if callable(shutdown):
-                shutdown()
+        # terminate() could not stop them if the iterator were left for the interpreter to clean up; and an
+        # iterator whose construction raised (a worker failing to load its saved state) is nobody's to shut down.
+        stop_loader_workers(self._loader_iterators())
         self._train_iter = None
         try:
             self.tracker.close(status)
         finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            try:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+            finally:
+                if self._own_stop:
+                    self._stop.restore()
+                if self.run_lock is not None:
+                    self.run_lock.release()
 
     def _loader_iterators(self) -> list:
         loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)

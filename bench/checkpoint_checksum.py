@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from _common import synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "configs" / "model"
@@ -75,11 +76,7 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     model.universal_checkpoint_info = ckpt.UNIVERSAL_CHECKPOINT_INFO
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
                                       config=build_deepspeed_config(cfg.engine, world_size=1))
-    ids = torch.randint(5, cfg.model.vocab_size, (2, 64))
-    labels = torch.full_like(ids, -100)
-    labels[:, 1:9] = ids[:, 1:9]
-    engine.backward(engine(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                           mlm_labels=labels, sop_labels=torch.zeros(2, dtype=torch.long)).loss)
+    engine.backward(engine(**synthetic_batch(cfg.model.vocab_size, batch=2, seq=64, predictions=8)).loss)
     engine.step()
     sums = _checksummers()
     out: dict[str, Any] = {"save_s": [], "bytes": 0, **{f"{k}_s": [] for k in sums}, **{f"{k}_share": [] for k in sums}}

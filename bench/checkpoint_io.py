@@ -25,28 +25,18 @@ import copy
 import logging
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import fmt_stats, synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "configs" / "model"
 BATCH, SEQ = 2, 64
 log = logging.getLogger("bench.checkpoint_io")
-
-
-def _batch(vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A small random pretraining batch: (B, S) int64 tensors, (B,) SOP labels, 8 MLM predictions per row."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab_size, (BATCH, SEQ), generator=g)
-    labels = torch.full((BATCH, SEQ), -100)
-    labels[:, 1:9] = ids[:, 1:9]
-    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                mlm_labels=labels, sop_labels=torch.randint(0, 2, (BATCH,), generator=g))
 
 
 def _dir_bytes(path: Path) -> int:
@@ -73,7 +63,7 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
                                       config=build_deepspeed_config(cfg.engine, world_size=1))
     plain_opt = build_optimizer(plain, cfg.optimizer).optimizer
-    batch = _batch(cfg.model.vocab_size)
+    batch = synthetic_batch(cfg.model.vocab_size, BATCH, SEQ, predictions=8)
     # One real step each, so both hold Adam moments (and DeepSpeed its fp32 partitions) as in training.
     engine.backward(engine(**batch).loss)
     engine.step()
@@ -168,14 +158,9 @@ def main() -> None:
               f"(min / median / max):")
         for what in ("save", "load"):
             ds, pt, ratio = p[f"deepspeed_{what}_s"], p[f"torch_{what}_s"], p[f"ratio_{what}"]
-            print(f"  {what}: deepspeed {_mmm(ds)} s   torch {_mmm(pt)} s   ratio {_mmm(ratio)}")
+            print(f"  {what}: deepspeed {fmt_stats(ds)} s   torch {fmt_stats(pt)} s   ratio {fmt_stats(ratio)}")
         print(f"  bytes: deepspeed {p['deepspeed_bytes'] / 2**20:.1f} MiB  torch {p['torch_bytes'] / 2**20:.1f} MiB"
               f"  ratio {p['ratio_bytes']:.2f}")
-
-
-def _mmm(values: list[float]) -> str:
-    s = sorted(values)
-    return f"{s[0]:.3f} / {statistics.median(s):.3f} / {s[-1]:.3f}"
 
 
 if __name__ == "__main__":

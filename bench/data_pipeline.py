@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
+
+from _common import fmt_stats
 
 SEQ = 512
 BATCH = 32
@@ -106,21 +107,17 @@ def run(repeats: int = 5) -> dict:
             "batch_size": BATCH, "target_ratio": 2.0, "target_ours_tokens_per_s": 1e6}
 
 
-def _fmt(values: list[float], scale: float = 1.0) -> str:
-    return f"{min(values) / scale:.3f} / {statistics.median(values) / scale:.3f} / {max(values) / scale:.3f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     res = run(args.repeats)
     print(f"data pipeline, one core, seq {SEQ}, batch {BATCH}, {args.repeats} repeats (min / median / max)")
-    print(f"  ours (stream+sentences+SOP+n-gram masking): {_fmt(res['ours_tokens_per_s'], 1e6)} M tokens/CPU-s")
-    print(f"  HF AlbertTokenizer+group_texts+DataCollatorForLanguageModeling: {_fmt(res['baseline_tokens_per_s'], 1e6)} M tokens/CPU-s")
-    print(f"  ratio ours / HF: {_fmt(res['ratio'])}  (target >= 2.0; ours target >= 1.0 M tokens/s)")
-    print(f"  (sentencepiece encoding alone: {_fmt(res['sentencepiece_only_tokens_per_s'], 1e6)} M tokens/CPU-s)")
-    print(f"  wall clock: ours {_fmt(res['ours_tokens_per_wall_s'], 1e6)}, HF {_fmt(res['baseline_tokens_per_wall_s'], 1e6)} M tokens/s")
+    print(f"  ours (stream+sentences+SOP+n-gram masking): {fmt_stats(res['ours_tokens_per_s'], 1e6)} M tokens/CPU-s")
+    print(f"  HF AlbertTokenizer+group_texts+DataCollatorForLanguageModeling: {fmt_stats(res['baseline_tokens_per_s'], 1e6)} M tokens/CPU-s")
+    print(f"  ratio ours / HF: {fmt_stats(res['ratio'])}  (target >= 2.0; ours target >= 1.0 M tokens/s)")
+    print(f"  (sentencepiece encoding alone: {fmt_stats(res['sentencepiece_only_tokens_per_s'], 1e6)} M tokens/CPU-s)")
+    print(f"  wall clock: ours {fmt_stats(res['ours_tokens_per_wall_s'], 1e6)}, HF {fmt_stats(res['baseline_tokens_per_wall_s'], 1e6)} M tokens/s")
 
 
 if __name__ == "__main__":

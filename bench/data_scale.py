@@ -3,7 +3,9 @@ size, start-up with many files, the plan of a 1,024 x 8-slot job.
 
     python bench/data_scale.py                       # the suite's sizes (bench/run_all.py; ~2 min on 2 cores)
     python bench/data_scale.py --full                # the issue's sizes: 1 GB vs 64 MB, 256 MB corpora
+    python bench/data_scale.py --full --10g          # + the tokenizer on a 10 GB corpus
     python bench/data_scale.py --only amplification  # one section: amplification | throughput | startup | plan
+                                                     #   | tokenizer | prepare
 
 Corpora are generated under ``--workdir`` (default: a temporary directory, deleted afterwards) from the real text
 of ``/work/shared/corpora`` (the bundled sample where that is absent): WikiText-2 paragraphs and Shakespeare
@@ -35,8 +37,25 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   each: 1 TB as the planner sees it, a few MB on disk) and over 10,000 .jsonl.zst files: wall and CPU seconds
   of the command, pieces, amplification. "Seconds", says the issue.
 
-The prepare helper's sections (``albert-dist data prepare`` throughput; tokenizer training peak RSS and time at
-100 MB and 1 GB) go in the marked place below `plan_section`; ``run`` calls every section in `SECTIONS`.
+* ``tokenizer``: ``albert-dist tokenizer train --vocab-size 8000`` with the defaults (a byte-budgeted sample from
+  every file) in a fresh process per corpus size (40 .txt files): peak RSS (its VmHWM), CPU and wall seconds.
+  Peer, same run: the previous behaviour, every document streamed into sentencepiece's own reservoir of 2M
+  sentences (``--sample-bytes 1T --input-sentence-size 2000000``). Suite: 100 MB; ``--full``: 100 MB and 1 GB,
+  and peak RSS at ``--sample-bytes`` 16M / 32M / 64M on the 100 MB corpus (RSS per byte of sample);
+  ``--full --10g``: also 10 GB, the 1 GB corpus's files hard-linked ten times (400 files, 1 GB on disk: the
+  sampler reads every path, and its memory does not depend on what is in them; no peer, it would read 10 GB).
+  Target (issue 19): peak RSS <= 2 GB at 1 GB and 10 GB.
+* ``prepare``: ``albert-dist data prepare`` of a .jsonl.zst corpus (16 files) at ``--workers`` 1 and 2: input MB
+  (decompressed) per wall second and per CPU-second (all processes), peak RSS of the main process and of the
+  largest worker, and whether the shards are byte-identical. Peer, same run and corpus: HF datasets'
+  ``load_dataset("json").to_parquet()`` (what a user would write by hand; it neither deduplicates nor sizes row
+  groups). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
+  Also the duplicate search's memory over 4M synthetic hashes (10% repeated): bytes per document in memory, and
+  the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need);
+  and the zstd ratio of real text in row-group-sized blocks against one stream (what the output costs on disk
+  against a .zst corpus; the generated corpora repeat paragraphs across documents, so their ratios are not real).
+
+``run`` calls every section in `SECTIONS`.
 """
 from __future__ import annotations
 
@@ -62,6 +81,8 @@ AMPLIFICATION_TARGET = 1.1
 THROUGHPUT_TARGET = 0.9
 STARTUP_TARGET_S = 30.0
 RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
+VOCAB = 8000
+TOKENIZER_TARGET_BYTES = 2 * 10**9
 
 
 # ------------------------------------------------------------------------------------------------ corpora
@@ -367,32 +388,261 @@ def plan_section(work: Path, files: int = 10_000, ranks: int = 1024, workers: in
     return result
 
 
-# ------------------------------------------------------------------------------------------------ prepare helper
-# The prepare helper's sections go here: `albert-dist data prepare` throughput and the tokenizer's peak RSS and
-# time at 100 MB and 1 GB (issue 19, item 5). Add `name: function(work, full) -> dict` to SECTIONS below.
+# ------------------------------------------------------------------------------------------------ tokenizer
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "albert_dist.cli"]
+
+
+def _measure(cmd: list[str], env: Optional[dict] = None) -> dict[str, Any]:
+    """Run ``cmd`` (`albert-dist tokenizer train`) to completion: its peak RSS (bytes: the "peak memory" it prints,
+    its VmHWM; wait4's ru_maxrss would include this benchmark's RSS, which Linux carries across fork + exec),
+    CPU and wall seconds."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})}, cwd=ROOT)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} exited {proc.returncode}:\n{out[-3000:]}")
+    peak = re.search(r"peak memory (\d+) MiB", out)
+    return {"peak_rss_bytes": int(peak.group(1)) * 2**20 if peak else usage.ru_maxrss * 1024,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall, "output": out}
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool = True,
+                      ten_gb: bool = False, slope: bool = False) -> dict[str, Any]:
+    """Peak RSS / CPU / wall of `tokenizer train` (defaults, vocab 8000) per corpus size, ours and the peer;
+    ``slope``: also at ``--sample-bytes`` 16M and 32M on the first corpus, for the RSS per byte of sample."""
+    result: dict[str, Any] = {}
+    for mb in sizes_mb:
+        corpus = work / f"tok{mb}m"
+        make_corpus(corpus, mb * 10**6, 40, "txt")
+        row = {}
+        base = _cli() + ["tokenizer", "train", "--input", str(corpus / "*.txt"), "--vocab-size", str(VOCAB)]
+        m = _measure(base + ["--output", str(work / "tok-ours")])
+        budget = re.search(r"sample budget ([\d.]+ [KMG]iB)", m["output"])
+        row["ours"] = {k: m[k] for k in ("peak_rss_bytes", "cpu_s", "wall_s")}
+        row["ours"]["budget"] = budget.group(1) if budget else None
+        if slope and mb == sizes_mb[0]:
+            # peak RSS against the sample budget: the trainer's cost per byte of sample (what sizes the default)
+            points = {64: m["peak_rss_bytes"]}
+            for mib_ in (16, 32):
+                points[mib_] = _measure(base + ["--output", str(work / "tok-slope"), "--sample-bytes",
+                                                f"{mib_}M"])["peak_rss_bytes"]
+            result["rss_by_sample_mib"] = {str(k): v for k, v in sorted(points.items())}
+            result["rss_bytes_per_sample_byte"] = (points[64] - points[16]) / (48 * 2**20)
+        if peer:
+            p = _measure(base + ["--output", str(work / "tok-peer"), "--sample-bytes", "1T",
+                                 "--input-sentence-size", "2000000"])
+            row["peer_reservoir_2m_sentences"] = {k: p[k] for k in ("peak_rss_bytes", "cpu_s", "wall_s")}
+            row["ratio_rss_ours_over_peer"] = m["peak_rss_bytes"] / p["peak_rss_bytes"]
+        result[f"{mb}MB"] = row
+        if not (ten_gb and mb == 1000):
+            shutil.rmtree(corpus)
+            continue
+        # 10 GB: the 1 GB corpus's 40 files hard-linked ten times (400 files, 1 GB on disk)
+        big = work / "tok10g"
+        big.mkdir()
+        for k in range(10):
+            for f in sorted(corpus.glob("*.txt")):
+                os.link(f, big / f"{k}-{f.name}")
+        m = _measure(_cli() + ["tokenizer", "train", "--input", str(big / "*.txt"), "--vocab-size", str(VOCAB),
+                               "--output", str(work / "tok-ours")])
+        result["10GB"] = {"ours": {k: m[k] for k in ("peak_rss_bytes", "cpu_s", "wall_s")}}
+        shutil.rmtree(big)
+        shutil.rmtree(corpus)
+    result["target_peak_rss_bytes"] = TOKENIZER_TARGET_BYTES
+    result["peak_rss_within_target"] = all(r["ours"]["peak_rss_bytes"] <= TOKENIZER_TARGET_BYTES
+                                           for k, r in result.items() if isinstance(r, dict) and "ours" in r)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ prepare
+# CPU seconds from getrusage (this process and its reaped workers); peak RSS from VmHWM (prepare records it in
+# its manifest: ru_maxrss would include this benchmark's own RSS, which Linux carries across fork + exec)
+_PREPARE_DRIVER = """
+import json, resource, sys
+from albert_dist.data_cli import prepare_cli
+rc = prepare_cli(sys.argv[1:])
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print("RUSAGE " + json.dumps({"rc": rc, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+"""
+
+_PEER_DRIVER = """
+import json, resource, sys, glob
+import datasets
+datasets.disable_progress_bars()
+files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
+ds.to_parquet(out)
+from albert_dist.data.sizes import peak_rss_bytes
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
+      "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+"""
+
+
+def _driver(code: str, args: list[str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
+    wall = time.perf_counter() - t0
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RUSAGE ")), None)
+    if proc.returncode != 0 or line is None or json.loads(line[len("RUSAGE "):])["rc"] != 0:
+        raise RuntimeError(f"driver failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return {**json.loads(line[len("RUSAGE "):]), "wall_s": wall, "stdout": proc.stdout}
+
+
+def _text_bytes(files: list[Path]) -> int:
+    """Decompressed bytes of the corpus (what prepare reads)."""
+    import zstandard
+
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            reader = zstandard.ZstdDecompressor().stream_reader(fh)
+            while chunk := reader.read(1 << 22):
+                total += len(chunk)
+    return total
+
+
+_DEDUP_DRIVER = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from albert_dist.data import prepare as prep
+from albert_dist.data.sizes import peak_rss_bytes
+work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+files, counts = [], []
+for t in range(8):  # 8 spool hash files; 1 in 10 documents repeats an earlier hash
+    rows = np.zeros(n // 8, dtype=prep._HASH_DTYPE)
+    rows["hi"], rows["lo"] = rng.integers(0, 2**63, n // 8, dtype=np.uint64), rng.integers(0, 2**63, n // 8, dtype=np.uint64)
+    if t:
+        rows[::10] = np.fromfile(files[0], dtype=prep._HASH_DTYPE)[: len(rows[::10])]
+    files.append(work / f"{t}.hash")
+    rows.tofile(files[-1])
+    counts.append(len(rows))
+del rows
+open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM: measure the search alone
+base = peak_rss_bytes()
+dups = prep.find_duplicates(files, counts, budget, work / "buckets")
+print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "duplicates": int(len(dups))}))
+"""
+
+
+def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
+    """Peak RSS of `find_duplicates` over ``documents`` hashes: in memory (bytes per document, bound
+    DEDUP_ROW_BYTES) and bucketed on disk under a budget of a quarter of that (peak / budget)."""
+    from albert_dist.data.prepare import DEDUP_ROW_BYTES
+
+    out: dict[str, Any] = {"documents": documents}
+    for name, budget in (("in_memory", 1 << 40), ("bucketed", documents * DEDUP_ROW_BYTES // 4)):
+        folder = work / f"dedup-{name}"
+        folder.mkdir()
+        proc = subprocess.run([sys.executable, "-c", _DEDUP_DRIVER, str(folder), str(documents), str(budget)],
+                              capture_output=True, text=True, cwd=ROOT)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"dedup driver failed:\n{proc.stderr[-2000:]}")
+        res = json.loads(line[len("RESULT "):])
+        out[name] = {"budget_bytes": budget, **res}
+        shutil.rmtree(folder)
+    out["in_memory_bytes_per_document"] = out["in_memory"]["extra_rss_bytes"] / documents
+    out["bucketed_peak_over_budget"] = out["bucketed"]["extra_rss_bytes"] / out["bucketed"]["budget_bytes"]
+    return out
+
+
+def block_compression() -> dict[str, float]:
+    """Compression ratio of real text (WikiText-2 test + validation, Shakespeare: 3.5 MB) cut in row-group-sized
+    blocks (zstd level 3, as prepare writes them) against one zstd level-3 stream (a .zst file)."""
+    import zstandard
+
+    paths = [CORPORA / "wikitext-2" / "test.txt", CORPORA / "wikitext-2" / "valid.txt",
+             CORPORA / "tinyshakespeare" / "input.txt"]
+    data = b"".join(p.read_bytes() for p in paths if p.exists())
+    c = zstandard.ZstdCompressor(level=3)
+    out = {"text_bytes": len(data), "one_stream": len(data) / len(c.compress(data))}
+    for kib in (64, 256, 1024):
+        step = kib << 10
+        out[f"blocks_{kib}k"] = len(data) / sum(len(c.compress(data[i:i + step])) for i in range(0, len(data), step))
+    return out
+
+
+def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = (1, 2),
+                    peer: bool = True) -> dict[str, Any]:
+    """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus at each ``workers``: throughput and peak RSS; the HF
+    datasets peer."""
+    corpus = work / "prepare-zst"
+    files = make_corpus(corpus, corpus_mb * 10**6, 16, "jsonl", ".zst", seed=9)
+    raw = _text_bytes(files)
+    disk = sum(f.stat().st_size for f in files)
+    result: dict[str, Any] = {"input_text_bytes": raw, "input_disk_bytes": disk, "files": len(files)}
+    for w in workers:
+        out = work / f"prepared-w{w}"
+        m = _driver(_PREPARE_DRIVER, ["--input", str(corpus / "*"), "--output", str(out), "--workers", str(w),
+                                      "--no-progress", "--tokenizer", "none"])
+        manifest = json.loads((out / "manifest.json").read_text())
+        result[f"workers_{w}"] = {
+            "mb_per_wall_s": raw / 1e6 / m["wall_s"], "mb_per_wall_s_per_worker": raw / 1e6 / m["wall_s"] / w,
+            "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "wall_s": m["wall_s"], "cpu_s": m["cpu_s"],
+            "main_peak_rss_bytes": manifest["peak_rss_bytes"]["main"],
+            "worker_peak_rss_bytes": manifest["peak_rss_bytes"]["worker"],
+            "documents": manifest["documents"], "row_groups": manifest["row_groups"],
+            "output_disk_bytes": sum(f["file_bytes"] for f in manifest["files"]),
+            "sha256": [f["sha256"] for f in manifest["files"]]}
+        if w != workers[0]:
+            shutil.rmtree(out)
+    first = result[f"workers_{workers[0]}"]
+    result["same_output_at_any_workers"] = all(result[f"workers_{w}"].pop("sha256") == first["sha256"]
+                                               for w in workers[1:])
+    first.pop("sha256", None)
+    if peer:
+        m = _driver(_PEER_DRIVER, [str(corpus / "*"), str(work / "peer.parquet"), str(work / "hf-cache")])
+        result["peer_datasets_json_to_parquet"] = {
+            "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "mb_per_wall_s": raw / 1e6 / m["wall_s"], "cpu_s": m["cpu_s"],
+            "wall_s": m["wall_s"], "peak_rss_bytes": m["peak_rss"], "rows": m["rows"]}
+        result["ratio_mb_per_cpu_s_ours_over_peer"] = first["mb_per_cpu_s"] / result[
+            "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
+        shutil.rmtree(work / "hf-cache", ignore_errors=True)
+        (work / "peer.parquet").unlink(missing_ok=True)
+    shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
+    shutil.rmtree(corpus, ignore_errors=True)
+    result["dedup_memory"] = dedup_memory(work)
+    result["block_compression"] = block_compression()
+    return result
+
+
 
 
 # ------------------------------------------------------------------------------------------------ entry points
-def _sections(full: bool) -> dict[str, Callable[[Path], dict[str, Any]]]:
+def _sections(full: bool, ten_gb: bool = False) -> dict[str, Callable[[Path], dict[str, Any]]]:
     return {
         "amplification": lambda w: amplification_section(w, corpus_mb=256 if full else 40),
         "throughput": lambda w: throughput_section(w, small_mb=64 if full else 16, large_mb=1000 if full else 128,
                                                    tokens=2_000_000 if full else 600_000),
         "startup": lambda w: startup_section(w),
         "plan": lambda w: plan_section(w),
+        "tokenizer": lambda w: tokenizer_section(w, (100, 1000) if full else (100,), ten_gb=full and ten_gb,
+                                                 slope=full),
+        "prepare": lambda w: prepare_section(w, 1000 if full else 64),
     }
 
 
-SECTIONS = ("amplification", "throughput", "startup", "plan")
+SECTIONS = ("amplification", "throughput", "startup", "plan", "tokenizer", "prepare")
 
 
-def run(repeats: int = 1, full: bool = False, only: tuple[str, ...] = (), workdir: Optional[str] = None) -> dict:
+def run(repeats: int = 1, full: bool = False, only: tuple[str, ...] = (), workdir: Optional[str] = None,
+        ten_gb: bool = False) -> dict:
     """Every section of `SECTIONS` (or ``only``) at the suite's sizes (``full``: the issue's); ``repeats`` is
     accepted for bench/run_all.py: the throughput section repeats itself, the others are single measurements of
     deterministic quantities (bytes read, plan sizes) or of whole runs."""
     del repeats
     work = Path(tempfile.mkdtemp(prefix="data_scale-", dir=workdir))
-    sections = _sections(full)
+    sections = _sections(full, ten_gb)
     result: dict[str, Any] = {"full": full, "load_average_start": os.getloadavg()[0]}
     try:
         for name in SECTIONS:
@@ -404,6 +654,10 @@ def run(repeats: int = 1, full: bool = False, only: tuple[str, ...] = (), workdi
         shutil.rmtree(work, ignore_errors=True)
     result["load_average_end"] = os.getloadavg()[0]
     return result
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
 
 
 def _print(res: dict[str, Any]) -> None:
@@ -433,6 +687,45 @@ def _print(res: dict[str, Any]) -> None:
         print(f"1-step train over {st['files']} .jsonl files: {m['wall_s']:.1f} s wall, {m['cpu_s']:.1f} CPU-s; "
               f"bundled sample: {s['wall_s']:.1f} s, {s['cpu_s']:.1f} CPU-s; <= {STARTUP_TARGET_S:.0f} s: "
               f"{st['within_target']}")
+    tok = res.get("tokenizer")
+    if tok:
+        print(f"tokenizer train, vocab {VOCAB}, defaults (peak RSS / CPU s / wall s):")
+        for size, row in tok.items():
+            if not isinstance(row, dict) or "ours" not in row:
+                continue
+            o = row["ours"]
+            line = f"  {size:>6}: ours {_gb(o['peak_rss_bytes'])} / {o['cpu_s']:.0f} / {o['wall_s']:.0f}"
+            if "peer_reservoir_2m_sentences" in row:
+                p = row["peer_reservoir_2m_sentences"]
+                line += (f";  peer (all text, 2M-sentence reservoir) {_gb(p['peak_rss_bytes'])} / {p['cpu_s']:.0f}"
+                         f" / {p['wall_s']:.0f};  RSS ratio {row['ratio_rss_ours_over_peer']:.2f}")
+            print(line)
+        print(f"  peak RSS <= 2 GB everywhere: {tok['peak_rss_within_target']}")
+        if "rss_bytes_per_sample_byte" in tok:
+            print("  peak RSS by --sample-bytes (100 MB corpus): " + ", ".join(
+                f"{k} MiB {_gb(v)}" for k, v in tok["rss_by_sample_mib"].items())
+                + f"; {tok['rss_bytes_per_sample_byte']:.1f} bytes of RSS per byte of sample")
+    prep = res.get("prepare")
+    if prep:
+        print(f"prepare of {prep['files']} .zst files, {prep['input_text_bytes'] / 1e6:.0f} MB decompressed "
+              f"({prep['input_disk_bytes'] / 1e6:.0f} MB on disk):")
+        for key, row in prep.items():
+            if key.startswith("workers_"):
+                print(f"  --workers {key[8:]}: {row['mb_per_wall_s']:.1f} MB/s wall ({row['mb_per_wall_s_per_worker']:.1f}"
+                      f" per worker), {row['mb_per_cpu_s']:.1f} MB/CPU-s; peak RSS main {_gb(row['main_peak_rss_bytes'])},"
+                      f" worker {_gb(row['worker_peak_rss_bytes'])}; {row['row_groups']} row groups")
+        if "peer_datasets_json_to_parquet" in prep:
+            p = prep["peer_datasets_json_to_parquet"]
+            print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
+                  f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
+        print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
+        bc = prep["block_compression"]
+        print(f"  zstd-3 ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one stream {bc['one_stream']:.2f}x, blocks "
+              f"of 64 KiB {bc['blocks_64k']:.2f}x, 256 KiB {bc['blocks_256k']:.2f}x, 1 MiB {bc['blocks_1024k']:.2f}x")
+        dd = prep["dedup_memory"]
+        print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
+              f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "
+              f"{dd['bucketed_peak_over_budget']:.2f} x the budget")
     pl = res.get("plan")
     if pl:
         for name in ("jsonl_1tb", "jsonl_zst"):
@@ -445,14 +738,15 @@ def _print(res: dict[str, Any]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="the issue's sizes (1 GB vs 64 MB, 256 MB corpora)")
+    parser.add_argument("--10g", dest="ten_gb", action="store_true", help="with --full: the tokenizer on 10 GB too")
     parser.add_argument("--only", nargs="+", default=[], choices=SECTIONS)
     parser.add_argument("--workdir", default=None, help="where the generated corpora go (deleted after)")
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
-    res = run(full=args.full, only=tuple(args.only), workdir=args.workdir)
-    _print(res)
-    if args.json:
+    res = run(full=args.full, only=tuple(args.only), workdir=args.workdir, ten_gb=args.ten_gb)
+    if args.json:  # first: a figure that fails to print is still kept
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    _print(res)
     return 0
 
 

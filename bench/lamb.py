@@ -36,40 +36,20 @@ import argparse
 import datetime
 import logging
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from albert_dist.engine.distributed import free_port
+from _common import spawn_local_ranks, stats, synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 log = logging.getLogger("bench.lamb")
 
 
-def _batch(vocab_size: int, micro_batch: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random ALBERT pretraining micro-batch: (B, S) int64 tensors, 20 MLM predictions per row, (B,) SOP."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, vocab_size, (micro_batch, seq), generator=g)
-    attention_mask = torch.ones(micro_batch, seq, dtype=torch.long)
-    token_type_ids = (torch.arange(seq)[None, :] >= seq // 2).long().expand(micro_batch, seq).contiguous()
-    mlm_labels = torch.full((micro_batch, seq), -100)
-    for b in range(micro_batch):
-        pos = torch.randperm(seq - 1, generator=g)[:20] + 1
-        mlm_labels[b, pos] = input_ids[b, pos]
-    sop_labels = torch.randint(0, 2, (micro_batch,), generator=g)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                mlm_labels=mlm_labels, sop_labels=sop_labels)
-
-
-def _worker(rank: int, port: int, args: dict, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
-    torch.set_num_threads(1)
+def _worker(rank: int, args: dict, out: str) -> None:
     import deepspeed
     import torch.distributed as dist
 
@@ -98,7 +78,7 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         after_initialize(engine)  # LAMB: attach_zero_partition_map
         engines[name] = engine
-    batch = _batch(config.vocab_size, args["micro_batch"], args["seq"], seed=rank)
+    batch = synthetic_batch(config.vocab_size, args["micro_batch"], args["seq"], predictions=20, seed=rank)
     if rank == 0:
         log.info("engines built (%s, ZeRO-2); timing %d repeats", args["model"], args["repeats"])
 
@@ -140,10 +120,6 @@ def _worker(rank: int, port: int, args: dict, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
-
-
 def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq: int = 128,
         steps: int = 1, offload: bool = False) -> dict[str, Any]:
     """Time LAMB vs AdamW under ZeRO-2 on 2 gloo ranks; returns per-repeat lists, their ratios and summaries.
@@ -155,19 +131,17 @@ def run(repeats: int = 3, model: str = "albert-base", micro_batch: int = 1, seq:
     for key, value in dict(repeats=repeats, steps=steps, micro_batch=micro_batch, seq=seq).items():
         if value < 1:
             raise ValueError(f"{key} must be >= 1, got {value!r}")
-    import torch.multiprocessing as mp
-
     args = dict(repeats=repeats, model=model, micro_batch=micro_batch, seq=seq, steps=steps, offload=offload)
     with tempfile.TemporaryDirectory(prefix="bench-lamb-") as tmp:
         out = os.path.join(tmp, "rows.pt")
-        mp.spawn(_worker, args=(free_port(), args, out), nprocs=WORLD, join=True)
+        spawn_local_ranks(_worker, WORLD, args, out)
         rows = torch.load(out)
     result: dict[str, Any] = dict(rows)
     result["ratio_lamb_over_adamw"] = [a / b for a, b in zip(rows["lamb_step_s"], rows["adamw_step_s"])]
     result["wall_ratio_lamb_over_adamw"] = [a / b for a, b in zip(rows["lamb_wall_step_s"],
                                                                   rows["adamw_wall_step_s"])]
     result["ratio_optimizer_step"] = [a / b for a, b in zip(rows["lamb_optimizer_s"], rows["adamw_optimizer_s"])]
-    result["summary"] = {k: _stats(v) for k, v in result.items() if isinstance(v, list)}
+    result["summary"] = {k: stats(v) for k, v in result.items() if isinstance(v, list)}
     result.update(model=model, micro_batch=micro_batch, seq=seq, steps_per_block=steps, world_size=WORLD,
                   zero_stage=2, offload_optimizer="cpu" if offload else "none")
     return result

@@ -265,7 +265,7 @@ def _measure_cell(preset: str, stage: int, precision: str, world: int, extra: tu
     snaps.take()  # after initialize
     # ZeRO-3 gathers the parameters a module uses around its forward; the MLM head runs last, with the shared
     # block and the tied embedding still gathered (reuse distance) - the forward's high-water mark.
-    hook = engine.module.predictions.register_forward_pre_hook(lambda *_: snaps.take())
+    hook = engine.module.predictions.register_forward_pre_hook(lambda *_, take=snaps.take: take())
     for name in ("reduce_ipg_grads", "independent_gradient_partition_epilogue"):
         snaps.wrap(engine.optimizer, name)  # ZeRO-1/2 buckets live only inside the backward pass
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)

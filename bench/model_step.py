@@ -8,7 +8,8 @@ the achieved model FLOP/s against a fp32 matmul peak measured in the same run (M
 
 Time is the process CPU time (`time.process_time`) as well as wall time: on a shared machine other processes
 stretch the wall time of whichever step they overlap, while a single-threaded step's CPU time stays close to
-its cost. The ratio and MFU use CPU time; wall-time figures are printed beside them.
+its cost. The ratio and MFU use CPU time; wall-time figures are printed beside them. The matmul peak is the
+best CPU time of a 2048^3 matmul from ``torch.utils.benchmark`` (`_common.cpu_seconds`).
 
     python bench/model_step.py [--repeats 3] [--threads 1]
 
@@ -22,9 +23,10 @@ import time
 from pathlib import Path
 
 import torch
+from _common import cpu_seconds, stats, synthetic_batch
 
 from albert_dist.config import load_model_config
-from albert_dist.model import AlbertConfig, AlbertForPreTraining
+from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import mlm_head_training_flops_per_prediction, training_flops_per_token
 from albert_dist.model.hf import to_transformers
 
@@ -32,34 +34,10 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "model" / "albert-bas
 BATCH, SEQ, PREDICTIONS = 8, 128, 20
 
 
-def make_batch(config: AlbertConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random ALBERT pretraining batch: (B, S) int64 tensors and (B,) SOP labels."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, config.vocab_size, (BATCH, SEQ), generator=g)
-    lengths = torch.randint(SEQ - 16, SEQ + 1, (BATCH,), generator=g)
-    lengths[0] = SEQ // 2  # one short sequence (ALBERT's short_seq_prob)
-    attention_mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
-    input_ids = input_ids * attention_mask  # pad id 0
-    token_type_ids = ((torch.arange(SEQ)[None, :] >= lengths[:, None] // 2) & attention_mask.bool()).long()
-    mlm_labels = torch.full((BATCH, SEQ), -100)
-    for b in range(BATCH):
-        positions = torch.randperm(int(lengths[b]) - 1, generator=g)[:PREDICTIONS] + 1
-        mlm_labels[b, positions] = input_ids[b, positions]
-    sop_labels = torch.randint(0, 2, (BATCH,), generator=g)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                mlm_labels=mlm_labels, sop_labels=sop_labels)
-
-
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+def matmul_peak_flops(n: int = 2048) -> float:
     """Best fp32 FLOP/s (per CPU second) of an n x n x n matmul on this machine (2 n^3 FLOPs)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        torch.mm(a, b)
-        best = min(best, time.process_time() - t0)
-    return 2 * n**3 / best
+    return 2 * n**3 / cpu_seconds(lambda: torch.mm(a, b), min_run_time=2.0)
 
 
 def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
@@ -74,7 +52,7 @@ def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
     config = load_model_config(CONFIG)
     ours = AlbertForPreTraining(config).train()
     hf = to_transformers(ours).train()
-    batch = make_batch(config)
+    batch = synthetic_batch(config.vocab_size, BATCH, SEQ, PREDICTIONS, padded=True)
     hf_batch = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
                     sentence_order_label=batch["sop_labels"])
@@ -94,6 +72,8 @@ def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
     peak = matmul_peak_flops()
     times: dict[str, list[float]] = {"ours": [], "hf": []}
     walls: dict[str, list[float]] = {"ours": [], "hf": []}
+    # Timed by hand, not with torch.utils.benchmark: its Timer runs the statement more times to warm up and to
+    # size blocks, and each run of a training step changes the weights; the models alternate step by step.
     for i in range(repeats + 1):
         for name, step in (("ours", step_ours), ("hf", step_hf)):
             t0, w0 = time.process_time(), time.perf_counter()
@@ -108,10 +88,8 @@ def run(repeats: int = 3, threads: int = 1) -> dict[str, float]:
     step_flops = tokens * training_flops_per_token(config, SEQ) + n_pred * mlm_head_training_flops_per_prediction(config)
     result: dict[str, float] = {"matmul_peak_flops": peak, "model_flops_per_step": step_flops}
     for name, ts in times.items():
-        tps = sorted(tokens / t for t in ts)
-        result[f"{name}_tokens_per_s_min"] = tps[0]
-        result[f"{name}_tokens_per_s_median"] = statistics.median(tps)
-        result[f"{name}_tokens_per_s_max"] = tps[-1]
+        tps = stats(tokens / t for t in ts)
+        result.update({f"{name}_tokens_per_s_{k}": tps[k] for k in ("min", "median", "max")})
         result[f"{name}_flops_per_s"] = step_flops / statistics.median(ts)
         result[f"{name}_mfu"] = result[f"{name}_flops_per_s"] / peak
         result[f"{name}_wall_tokens_per_s_median"] = tokens / statistics.median(walls[name])

@@ -18,8 +18,11 @@ Targets after warm-up (the first `--warmup-steps`, default 20 % of the run, at l
 samples over the first fifth after warm-up; also in CPU seconds, which a loaded machine disturbs less), disk
 bounded by `keep_last` (checkpoints never above keep_last + 1 checkpoints' bytes, the in-flight one).
 
-    python bench/soak.py                                # 5,000 steps (~30 min of training on 2 idle cores)
+    python bench/soak.py --budget-min 30                # 5,000 steps or what fits in 30 min, whichever first
     python bench/soak.py --steps 600 --sample-every 100  # smoke test
+
+With `--budget-min` the job gets SIGTERM when the budget is spent (the trainer finishes the step, checkpoints it
+and exits 75, the documented preemption code) and the figures cover the steps sampled until then (`steps_done`).
     python bench/soak.py --json soak.json --keep         # keep the work directory (run dir, MLflow store)
 
 The work directory is under $BENCH_TMPDIR (default /tmp) and deleted at the end unless --keep.
@@ -212,8 +215,10 @@ def _drift(values: list[float]) -> Optional[float]:
 
 # ------------------------------------------------------------------------------------------- the soak
 def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_steps: Optional[int] = None,
-         workdir: Optional[str] = None, keep: bool = False, timeout_s: float = 4 * 3600) -> dict[str, Any]:
+         workdir: Optional[str] = None, keep: bool = False, timeout_s: float = 4 * 3600,
+         budget_s: Optional[float] = None) -> dict[str, Any]:
     """Run the soak (module docstring); returns samples, analysis, command, wall time and exit code.
+    `budget_s`: wall seconds after which the job is stopped with SIGTERM (exit 75 expected, not a failure).
 
     Raises `ValueError` when `sample_every` is not a multiple of the recipe's log interval (50) and
     `RuntimeError` when the job fails or exceeds `timeout_s` (the job's process group is killed).
@@ -224,11 +229,11 @@ def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_step
     from mlflow.tracking import MlflowClient
 
     from albert_dist.config import load_config
+    from albert_dist.exit_codes import EXIT_PREEMPTED
 
     cfg = load_config(ROOT / RECIPE, [f"max_steps={steps}"])
     step_positions = cfg.engine.train_micro_batch_size_per_gpu * cfg.engine.gradient_accumulation_steps * ranks \
         * cfg.data.max_seq_length
-    warmup = warmup_steps if warmup_steps is not None else max(sample_every * 2, steps // 5)
     work = Path(tempfile.mkdtemp(prefix="soak-", dir=workdir or os.environ.get("BENCH_TMPDIR")))
     run_dir = work / "run"
     uri = f"sqlite:///{work / 'mlruns.db'}"
@@ -240,6 +245,7 @@ def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_step
     log_path = work / "job.log"
     t0 = time.time()
     samples: list[dict] = []
+    stopped = False
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -270,6 +276,9 @@ def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_step
                             window, due = [], due + sample_every
                 if done:
                     break
+                if budget_s is not None and not stopped and time.time() - t0 > budget_s:
+                    os.killpg(proc.pid, signal.SIGTERM)  # the documented stop: finish the step, checkpoint, exit 75
+                    stopped = True
                 if time.time() - t0 > timeout_s:
                     raise RuntimeError(f"soak: the job ran past {timeout_s:.0f} s")
                 time.sleep(1.0)
@@ -283,11 +292,13 @@ def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_step
     result: dict[str, Any] = {
         "steps": steps, "ranks": ranks, "sample_every": sample_every, "command": " ".join(cmd),
         "run_dir_env": "RUN_DIR=<work>/run", "exit_code": proc.returncode, "wall_s": wall, "samples": samples,
-        "keep_last": cfg.checkpoint.keep_last, "log_tail": tail,
+        "keep_last": cfg.checkpoint.keep_last, "log_tail": tail, "budget_s": budget_s, "stopped_by_budget": stopped,
+        "steps_done": samples[-1]["step"] if samples else 0,
     }
-    if proc.returncode != 0:
+    if proc.returncode != (EXIT_PREEMPTED if stopped else 0):
         raise RuntimeError(f"soak: the job exited {proc.returncode}:\n" + "\n".join(tail))
     result["final_mlflow_artifact_bytes"] = _tree_bytes(work / "mlflow-artifacts")[0]
+    warmup = warmup_steps if warmup_steps is not None else max(sample_every * 2, result["steps_done"] // 5)
     result["analysis"] = analyse(samples, warmup, cfg.checkpoint.keep_last)
     if keep:
         result["workdir"] = str(work)
@@ -314,7 +325,10 @@ def report(res: dict[str, Any]) -> str:
     """The soak's figures as Markdown (docs/scale.md)."""
     a = res["analysis"]
     t = a["targets"]
-    lines = [f"{res['steps']} steps, {res['ranks']} ranks, {res['wall_s'] / 60:.1f} min wall, load average (1 min) "
+    done = res.get("steps_done", res["steps"])
+    ended = (f"stopped by the {res['budget_s'] / 60:.0f}-minute budget after {done} of max_steps={res['steps']}"
+             if res.get("stopped_by_budget") else f"all {res['steps']}")
+    lines = [f"{done} steps ({ended}), {res['ranks']} ranks, {res['wall_s'] / 60:.1f} min wall, load average (1 min) "
              f"{min(a['loadavg_1m']):.1f}-{max(a['loadavg_1m']):.1f} while sampling; warm-up {a['warmup_steps']} steps",
              "", "| figure (after warm-up) | value | target | met |", "|---|---|---|---|"]
     for rank, r in sorted(a["ranks"].items()):
@@ -351,13 +365,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--sample-every", type=int, default=250)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--budget-min", type=float, help="stop the job (SIGTERM, exit 75) after this many wall minutes")
     p.add_argument("--workdir", help="parent of the work directory (default $BENCH_TMPDIR or /tmp)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--json", help="write the result to this file")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     res = soak(steps=a.steps, sample_every=a.sample_every, ranks=a.ranks, warmup_steps=a.warmup_steps,
-               workdir=a.workdir, keep=a.keep)
+               workdir=a.workdir, keep=a.keep, budget_s=a.budget_min * 60 if a.budget_min else None)
     print(report(res))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

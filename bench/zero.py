@@ -32,17 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue as queue_mod
-import statistics
+import tempfile
 import time
-import traceback
 from contextlib import ExitStack
 from typing import Any, Callable
 from unittest import mock
 
 import torch
-
-from albert_dist.engine.distributed import free_port
+from _common import spawn_local_ranks, stats, synthetic_batch
 
 WORLD = 2
 VOCAB = 2000
@@ -73,16 +70,6 @@ def _overrides(hidden: int, micro_batch: int, stage: int, extra: list[str]) -> l
         "engine.gradient_accumulation_steps=1",
         "engine.zero_optimization.stage3_param_persistence_threshold=0", *extra,
     ]
-
-
-def _batch(vocab_size: int, micro_batch: int, seq: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random pretraining micro-batch: (B, S) int64 tensors with ~15 % MLM labels, (B,) SOP labels."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(5, vocab_size, (micro_batch, seq), generator=g)
-    mlm_labels = torch.where(torch.rand(micro_batch, seq, generator=g) < 0.15, input_ids, torch.full_like(input_ids, -100))
-    return dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                token_type_ids=(torch.arange(seq)[None, :] >= seq // 2).long().expand(micro_batch, seq).contiguous(),
-                mlm_labels=mlm_labels, sop_labels=torch.randint(0, 2, (micro_batch,), generator=g))
 
 
 class AllGatherCounter:
@@ -141,19 +128,14 @@ def _optim_state_bytes(engine) -> dict[str, int]:
     return {"moments": moments, "master": master, "total": moments + master}
 
 
-def _worker(rank: int, world: int, port: int, args: dict, results: "queue_mod.Queue") -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+def _worker(rank: int, world: int, args: dict, out: str) -> None:
     counter = AllGatherCounter()
-    try:
-        with ExitStack() as stack:
-            for patch in counter.patches():
-                stack.enter_context(patch)
-            results.put(("ok", rank, _measure(rank, world, args, counter)))
-    except BaseException:
-        results.put(("error", rank, traceback.format_exc()))
-        raise
+    with ExitStack() as stack:
+        for patch in counter.patches():
+            stack.enter_context(patch)
+        result = _measure(rank, world, args, counter)
+    if rank == 0:
+        torch.save(result, out)
 
 
 def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> dict[str, Any]:
@@ -184,7 +166,8 @@ def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> di
                                           config=build_deepspeed_config(cfg.engine, world))
         return engine, unique_bytes, cfg
 
-    batch = _batch(VOCAB, args["micro_batch"], args["seq"], seed=rank)
+    batch = synthetic_batch(VOCAB, args["micro_batch"], args["seq"], predictions=max(1, round(0.15 * args["seq"])),
+                            seed=rank)
 
     def step(engine) -> float:
         dist.barrier()
@@ -263,38 +246,13 @@ def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> di
 
 def _spawn(world: int, args: dict, timeout_s: float) -> dict[str, Any]:
     """Run `_worker` on `world` ranks; returns rank 0's measurements. Raises RuntimeError on a failure/timeout."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, args, results), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(got) < world:
-            try:
-                kind, rank, payload = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-            except queue_mod.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"bench/zero.py: {world}-rank run did not finish in {timeout_s:.0f} s")
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("bench/zero.py: a rank died")
-                continue
-            if kind == "error":
-                raise RuntimeError(f"bench/zero.py: rank {rank} failed:\n{payload}")
-            got[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=10)
-    return got[0]
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+    with tempfile.TemporaryDirectory(prefix="bench-zero-") as tmp:
+        out = os.path.join(tmp, "rank0.pt")
+        try:
+            spawn_local_ranks(_worker, world, world, args, out, timeout_s=timeout_s)
+        except Exception as exc:  # a rank's traceback, or the timeout
+            raise RuntimeError(f"bench/zero.py: {world}-rank run failed: {exc}") from exc
+        return torch.load(out, weights_only=False)
 
 
 def run(repeats: int = 5, hidden: int = 128, seq: int = 64, micro_batch: int = 2,
@@ -335,14 +293,14 @@ def run(repeats: int = 5, hidden: int = 128, seq: int = 64, micro_batch: int = 2
         out[f"ratio_optim_state_zero{s}"] = (two[f"optim_state_zero{s}"]["total"] / one[f"optim_state_zero{s}"]["total"])
     for s in (1, 2, 3):
         out[f"ratio_step_zero{s}_over_zero0"] = [a / b for a, b in zip(two["step_s"][f"zero{s}"], two["step_s"]["zero0"])]
-    out["summary"] = {k: _stats(out[k]) for k in ("ratio_allgather_over_param_bytes", "ratio_step_zero1_over_zero0",
+    out["summary"] = {k: stats(out[k]) for k in ("ratio_allgather_over_param_bytes", "ratio_step_zero1_over_zero0",
                                                  "ratio_step_zero2_over_zero0", "ratio_step_zero3_over_zero0")}
     out["seconds"] = time.monotonic() - t0
     return out
 
 
-def _fmt(stats: dict[str, float]) -> str:
-    return f"min {stats['min']:.3f}  median {stats['median']:.3f}  max {stats['max']:.3f}"
+def _fmt(s: dict[str, float]) -> str:
+    return f"min {s['min']:.3f}  median {s['median']:.3f}  max {s['max']:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({o['world_2']['total']} / {o['world_1']['total']})   (target <= 0.55)")
     for s in (1, 2, 3):
         print(f"step time ZeRO-{s} / ZeRO-0: {_fmt(res['summary'][f'ratio_step_zero{s}_over_zero0'])}")
-    print(f"step time ZeRO-0: {_fmt(_stats(res['step_s']['zero0']))} s   ({res['seconds']:.0f} s in all)")
+    print(f"step time ZeRO-0: {_fmt(stats(res['step_s']['zero0']))} s   ({res['seconds']:.0f} s in all)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

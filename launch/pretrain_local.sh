@@ -32,17 +32,28 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
 PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"
 # Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
-# the ranks too (on SIGTERM they finish their step, checkpoint and exit 75; SIGINT interrupts them, the last
-# interval checkpoint stays), but `deepspeed`'s runner exits at once (130 or 143). The shell notes the signal instead of dying with it (SIGTERM) or calling it a failure, waits for the
-# ranks (they carry this run's `run_dir=` on their command line) and then prints the command that continues.
+# every process: each rank finishes its step, the ranks checkpoint it and exit 75 (a second Ctrl-C aborts them
+# at once); DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
+# whatever the ranks said. So this script judges by the checkpoint: a new `latest` whose albert_dist.json says
+# "reason": "stop" means the ranks stopped after writing it (exit 75); anything else is an interrupt without a
+# checkpoint at the stop (exit 128 + the signal: 130 after Ctrl-C). The launcher runs in the background, so
+# `wait` returns when a signal comes and the ranks' fate can be awaited (they carry this run's `run_dir=` on
+# their command line); a non-interactive shell starts background commands with SIGINT ignored, which spares
+# the `deepspeed` runner a KeyboardInterrupt traceback while its ranks save.
+LATEST="${RUN_DIR}/checkpoints/latest"
+BEFORE="$(cat "${LATEST}" 2>/dev/null || true)"
 SIGNAL=""
 trap 'SIGNAL=SIGINT' INT
 trap 'SIGNAL=SIGTERM' TERM
-set +e
 deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --module albert_dist.cli \
-    train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@"
-status=$?
-set -e
+    train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@" &
+LAUNCHER=$!
+status=0
+wait "${LAUNCHER}" || status=$?
+while kill -0 "${LAUNCHER}" 2>/dev/null; do # a trapped signal interrupts `wait`: wait again
+    status=0
+    wait "${LAUNCHER}" || status=$?
+done
 if [[ -n ${SIGNAL} ]]; then
     ranks_alive() {
         ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
@@ -52,9 +63,27 @@ if [[ -n ${SIGNAL} ]]; then
     ranks_alive && echo "${SIGNAL}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
 fi
 trap - INT TERM
-if [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && -f ${RUN_DIR}/checkpoints/latest ]]; then
-    echo "(${SIGNAL} received, the launcher exited ${status}; newest complete checkpoint: $(cat "${RUN_DIR}/checkpoints/latest"))"
-    status=75
+AFTER="$(cat "${LATEST}" 2>/dev/null || true)"
+stop_checkpoint() { # the checkpoint $1 was written by a stop signal (albert_dist.json "reason": "stop")
+    python -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("reason") != "stop")' \
+        "${RUN_DIR}/checkpoints/$1/albert_dist.json" 2>/dev/null
+}
+if [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 ]]; then
+    if [[ -n ${AFTER} && ${AFTER} != "${BEFORE}" ]] && stop_checkpoint "${AFTER}"; then
+        echo "(${SIGNAL}: every rank stopped after writing checkpoint ${AFTER}; the launcher exited ${status})"
+        status=75
+    else
+        echo "(${SIGNAL}: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or" \
+            "the ranks were killed); newest complete checkpoint: ${AFTER:-none})"
+        status=$((128 + $(kill -l "${SIGNAL#SIG}")))
+    fi
+elif ((status > 128)); then
+    # DeepSpeed's launch.py exits with a dead rank's return code: -N for signal N, i.e. 256 - N (247 after a
+    # kill -9); a shell reports 128 + N.
+    signum=$((status > 192 ? 256 - status : status - 128))
+    echo "(a rank was killed by signal ${signum} (SIG$(kill -l "${signum}" 2>/dev/null || echo '?'))," \
+        "e.g. the kernel's OOM killer (see dmesg) or a kill -9; the launcher exited ${status})"
+    status=1
 fi
 OUT="$(realpath -m "${RUN_DIR}")"
 # The command that continues this run: same ranks, recipe and overrides, the same RUN_DIR, --resume auto
@@ -75,7 +104,12 @@ case "${status}" in
     echo "  ${CONTINUE_CMD}"
     echo "outputs in ${OUT}"
     ;;
-2) echo "pretraining did not start: the configuration or an input is wrong (exit 2, message above)" ;;
+2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
+13[0-9] | 14[0-3])
+    echo "pretraining interrupted (exit ${status}); continue from its last complete checkpoint with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
 *)
     echo "pretraining failed (exit ${status}); outputs in ${OUT}"
     echo "  after fixing the cause, continue from its last complete checkpoint with:"

@@ -4,7 +4,8 @@
 #
 # Defines: the job's settings (CONFIG, RUN_DIR, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, and
 # `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
-# checkpoint-and-stop request for the ranks, and requeues the job when the ranks exit with EXIT_PREEMPTED.
+# checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, and maps
+# a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
 # shellcheck disable=SC2034 # CONFIG and RUN_DIR are read by the sbatch scripts that source this file
@@ -16,6 +17,13 @@ RESTARTS=${SLURM_RESTART_COUNT:-0}
 MAX_REQUEUES=${ALBERT_MAX_REQUEUES:-20}
 
 log() { echo "[$(basename "${SLURM_JOB_NAME:-job}") $(date -u +%H:%M:%S)] $*"; }
+
+# A task that exits non-zero (a crash, a config error, a rank killed by the OOM killer) ends the whole step:
+# srun kills the other tasks (SIGTERM, SIGKILL after KillWait) instead of leaving them in a collective (NCCL
+# cannot tell a dead peer) until the process-group timeout. The ranks absorb that SIGTERM once their own exit
+# code is decided (albert_dist.engine.stop.StopFlag.retire), so srun still reports 75, 74 or 2 as such. Set for
+# every srun of the job, DeepSpeed's slurm launcher's too.
+export SLURM_KILL_BAD_EXIT=1
 
 if [[ ${ALBERT_SLURM_CPU:-0} == 1 ]]; then
     export DS_ACCELERATOR=cpu                 # DeepSpeed's CPU accelerator: gloo backend
@@ -75,6 +83,20 @@ run_preemptible() {
         log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
         scontrol requeue "$SLURM_JOB_ID"
         return 0
+    fi
+    # srun reports a task killed by signal N as 128 + N (DeepSpeed's launch.py as 256 - N): not an exit code of
+    # albert-dist train. A second SIGINT (`scancel --signal=INT` twice) is an interrupt without a checkpoint at
+    # the stop (130); any other signal is a crash (1), the signal named.
+    if ((rc > 128)); then
+        local signum=$((rc > 192 ? 256 - rc : rc - 128))
+        if ((signum == 2)); then
+            log "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop (exit 130)"
+            return 130
+        fi
+        log "a rank was killed by signal $signum (SIG$(kill -l "$signum" 2>/dev/null || echo '?')): the kernel's" \
+            "OOM killer (see dmesg), a kill -9, or srun ending a rank stuck after another failed (the first error" \
+            "above is the cause); exit 1 (srun exited $rc)"
+        return 1
     fi
     return "$rc"
 }

@@ -26,7 +26,7 @@ import zlib
 from typing import Any, Callable, Iterator, Optional
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import discover_files, file_format
+from albert_dist.data.paths import discover_files, file_format, parquet_file
 
 logger = logging.getLogger(__name__)
 
@@ -371,11 +371,10 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
 
 def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: int, j: int):
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     row = 0
     try:
-        pf = pq.ParquetFile(piece["path"])
+        pf = parquet_file(piece["path"])  # the footer parsed once per process, not once per row group
         batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[piece["row_group"]],
                                   columns=[text_field], use_threads=False)
         for batch in batches:
@@ -396,10 +395,8 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
 
 def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
     """First byte of the text column's chunk in the piece's row group (-1 when the footer does not tell)."""
-    import pyarrow.parquet as pq
-
     try:
-        meta = pq.ParquetFile(piece["path"]).metadata
+        meta = parquet_file(piece["path"]).metadata
         group = meta.row_group(piece["row_group"])
         for j in range(group.num_columns):
             col = group.column(j)

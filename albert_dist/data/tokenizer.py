@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import sys
 import time
 from pathlib import Path
@@ -26,12 +25,18 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
+from albert_dist.data.sizes import mib, parse_byte_size, peak_rss_bytes
+
 logger = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SEP_ID, "[MASK]": MASK_ID}
 #: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
 FIRST_NORMAL_ID = 5
+#: Bytes of document text sentencepiece trains on by default: the unigram trainer's peak RSS grows by ~22 bytes
+#: per byte of (ASCII) sample (vocab 8000; `bench/data_scale.py --full`, docs/data.md), so 64 MiB peaks at
+#: ~1.5 GB, under 2 GB with headroom.
+DEFAULT_SAMPLE_BYTES = 64 * 2**20
 #: ``albert-dist tokenizer train`` default for byte fallback: off while transformers' AlbertTokenizer ignores it.
 BYTE_FALLBACK_DEFAULT = False
 
@@ -52,30 +57,31 @@ def train_tokenizer(
     vocab_size: int,
     model_type: str = "unigram",
     lowercase: bool = False,
-    input_sentence_size: int = 2_000_000,
+    input_sentence_size: int = 0,
     character_coverage: float = 0.9995,
     seed: int = 0,
     max_sentence_bytes: int = 4192,
     text_field: str = "text",
     num_threads: int = 1,
     byte_fallback: bool = BYTE_FALLBACK_DEFAULT,
+    sample_bytes: int = DEFAULT_SAMPLE_BYTES,
 ) -> Path:
     """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``, and the transformers files of
     `write_transformers_config`) from local files, directories or globs.
 
-    Reads every input through :func:`albert_dist.data.stream.iter_texts` (txt/jsonl/parquet, .gz/.zst; bad
-    records and the rest of damaged files skipped and counted) as one stream;
-    sentencepiece keeps a uniform reservoir sample of ``input_sentence_size`` lines across *all* shards, so
-    memory is bounded whatever the corpus size. Normalisation is NFKC (``nmt_nfkc``), with case folding
-    (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
+    Trains on a sample of at most ``sample_bytes`` of document text drawn from *every* input file
+    (:class:`albert_dist.data.sample.ByteBudgetSample`: quotas proportional to each file's size, evenly spaced
+    windows in uncompressed files and row groups, a prefix of .gz/.zst files), so peak memory is set by the
+    budget, not by the corpus: sentencepiece's unigram trainer needs ~22 bytes of RSS per byte of sample
+    (docs/data.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
+    sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC
+    (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
     pieces instead of ``<unk>`` (see the module docstring for why it is off by default). Raises ValueError for a bad argument, inputs that match no file or
     hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
     """
-    from collections import Counter
-
     from albert_dist.data.config import SourceConfig
-    from albert_dist.data.stream import iter_texts
+    from albert_dist.data.sample import ByteBudgetSample, describe
 
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
@@ -83,24 +89,31 @@ def train_tokenizer(
         raise ValueError(f"vocab_size must be > {FIRST_NORMAL_ID}, got {vocab_size}")
     if not inputs:
         raise ValueError("inputs must name at least one file, directory or glob")
+    if sample_bytes < 1:
+        raise ValueError(f"sample_bytes must be >= 1, got {sample_bytes}")
+    if input_sentence_size < 0:
+        raise ValueError(f"input_sentence_size must be >= 0 (0 = no cap), got {input_sentence_size}")
     sources = [SourceConfig(paths=[p], text_field=text_field) for p in inputs]
-    counters: Counter = Counter()
-    texts = iter_texts(sources, "--input", max_document_bytes=1 << 30, counters=counters)
+    sample = ByteBudgetSample(sources, "--input", sample_bytes)
+    logger.info("tokenizer: %s", describe(sample))
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
     try:
-        _train_sentencepiece(texts, out, vocab_size, model_type, lowercase, character_coverage,
+        _train_sentencepiece(iter(sample), out, vocab_size, model_type, lowercase, character_coverage,
                              input_sentence_size, max_sentence_bytes, num_threads, byte_fallback)
     except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         if "sentences_.empty()" in detail:
-            skipped = {k[len("skipped_"):]: v for k, v in counters.items() if k.startswith("skipped_")}
-            detail = (f"the inputs hold no text ({counters['documents']} usable documents; skipped records: "
+            skipped = dict(sample.skipped)
+            detail = (f"the inputs hold no text ({sample.documents} usable documents; skipped records: "
                       f"{skipped or 'none'})")
         raise ValueError(f"sentencepiece could not train vocab_size={vocab_size} ({model_type}) from "
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
+    logger.info("tokenizer: trained on %s of text (%d documents) from %d of %d files%s",
+                mib(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
+                len(sample.plan), f"; skipped {dict(sample.skipped)}" if sample.skipped else "")
     if byte_fallback:
         logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "
                        "<unk> and decodes byte pieces literally, so an exported model's tokenizer differs from this one")
@@ -199,7 +212,11 @@ def cli(argv: Optional[list[str]] = None) -> int:
     train.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     train.add_argument("--output", required=True, help="output directory for spiece.model and spiece.vocab")
     train.add_argument("--lowercase", action="store_true", help="case-fold (ALBERT's uncased models)")
-    train.add_argument("--input-sentence-size", type=int, default=2_000_000, help="reservoir sample size (lines)")
+    train.add_argument("--sample-bytes", type=parse_byte_size, default=DEFAULT_SAMPLE_BYTES,
+                       help="bytes of text to train on, drawn from every input file (e.g. 64M, 1G; default "
+                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~22 bytes of peak memory per byte, see docs/data.md)")
+    train.add_argument("--input-sentence-size", type=int, default=0,
+                       help="optional extra cap on the sampled sentences (sentencepiece's reservoir); 0 = none")
     train.add_argument("--character-coverage", type=float, default=0.9995)
     train.add_argument("--text-field", default="text", help="JSON/parquet text column")
     train.add_argument("--seed", type=int, default=0)
@@ -214,15 +231,15 @@ def cli(argv: Optional[list[str]] = None) -> int:
         model = train_tokenizer(
             args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,
             args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
-            byte_fallback=args.byte_fallback,
+            byte_fallback=args.byte_fallback, sample_bytes=args.sample_bytes,
         )
     except (ValueError, OSError) as err:
         from albert_dist.exit_codes import error_line
 
         print(error_line("albert-dist tokenizer: error", err), file=sys.stderr)
         return 2
-    # ru_maxrss is in KiB on Linux: the peak resident memory of this process (sentencepiece trains in-process).
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the peak resident memory of this process (sentencepiece trains in-process)
+    peak_mib = peak_rss_bytes() / 2**20
     print(f"wrote {model} (vocab {args.vocab_size}, {args.model_type}) in {time.perf_counter() - t0:.1f} s; "
           f"peak memory {peak_mib:.0f} MiB")
     return 0

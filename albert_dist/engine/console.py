@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 import warnings
 from typing import IO, Optional
 
@@ -72,12 +73,25 @@ class _Formatter(logging.Formatter):
         return self._warning.format(record) if record.levelno >= logging.WARNING else super().format(record)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stderr` is at each record, not the stream it was built with: an
+    in-process caller that swaps stderr (pytest's capture, a notebook) never leaves it writing to a closed file."""
+
+    @property
+    def stream(self) -> IO:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO) -> None:  # StreamHandler.__init__ assigns it; sys.stderr is always used
+        pass
+
+
 def configure_logging(rank: int, stream: Optional[IO] = None) -> None:
     """Root logging for one rank: INFO on rank 0, WARNING on the others (their INFO lines would repeat rank
     0's), a short prefix with the rank, and `install_noise_filters`. DeepSpeed's and torch.distributed's
     own loggers stay at WARNING: their INFO output (DeepSpeed's whole engine configuration, per rank) is
     volume, not noise of one known message."""
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(_Formatter(rank))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True, handlers=[handler])
     for name in ("DeepSpeed", "deepspeed", "torch.distributed"):

@@ -32,7 +32,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,51 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def local_rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The env:// variables torchrun sets for local rank ``rank`` of a ``world_size``-rank job on this machine
+    (rendezvous at 127.0.0.1:``port``), with one OpenMP thread: what `discover` reads, for the processes the
+    tests and benchmarks start themselves."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1"}
+
+
+def _spawned_rank(rank: int, fn: Any, world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(local_rank_env(rank, world_size, port))
+    import torch
+
+    torch.set_num_threads(1)
+    fn(rank, *args)
+
+
+def spawn_local_ranks(fn: Any, world_size: int, *args: Any, timeout_s: Optional[float] = None) -> None:
+    """Run ``fn(rank, *args)`` in ``world_size`` fresh processes on this machine (``torch.multiprocessing``,
+    start method spawn: ``fn`` must be importable by name) with `local_rank_env` set and one torch thread each;
+    ``fn`` starts its own process group (`init_distributed`). Returns when every rank returned.
+
+    Raises:
+        torch.multiprocessing.ProcessRaisedException / ProcessExitedException: a rank failed (its traceback);
+            the other ranks are terminated.
+        TimeoutError: not done within ``timeout_s`` (every rank terminated).
+    """
+    import time
+
+    import torch.multiprocessing as mp
+
+    ranks = mp.start_processes(_spawned_rank, args=(fn, world_size, free_port(), args), nprocs=world_size,
+                               join=False, start_method="spawn")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while not ranks.join(timeout=5.0 if deadline is None else max(0.1, min(5.0, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{world_size} local ranks did not finish within {timeout_s:g} s")
+    finally:
+        for proc in ranks.processes:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=10)
 
 
 def _master_port(env: Mapping[str, str]) -> int | None:
@@ -389,7 +434,7 @@ def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None
     })
 
 
-def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
+def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
     """Discover this process's place, export it as env:// variables and start the process group.
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
@@ -400,6 +445,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
 
     Args:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
+        store: the job's rendezvous store, already open (`albert_dist.engine.rendezvous.open_store`: the
+            preflight verdict went through it); the process group starts over it instead of env://.
 
     Raises:
         ValueError: from :func:`discover`, or ``timeout_s <= 0``.
@@ -418,6 +465,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
         # (srun --gpus-per-task / --gpu-bind=single: CUDA_VISIBLE_DEVICES holds one device, index 0)
         accel.set_device(dist_env.local_rank % max(1, accel.device_count()))
     if not tdist.is_initialized():
+        if store is not None:  # DeepSpeed then wraps the group it finds
+            tdist.init_process_group(accel.communication_backend_name(), store=store, rank=dist_env.rank,
+                                     world_size=dist_env.world_size, timeout=timedelta(seconds=timeout_s))
         deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
                                    distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
                                    verbose=dist_env.rank == 0)

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +22,9 @@ PARAMS_FILE = "params.json"
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
-class Tracker(Protocol):
-    """What the trainer calls; every rank may call every method (trackers of ranks > 0 do nothing)."""
+class Tracker:
+    """What the trainer calls; every rank may call every method. This base records nothing: it is the tracker
+    of ranks other than 0 (`NullTracker`), and what a tracker that does not override a method does."""
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Record the (nested) config and derived values once per job."""
@@ -44,7 +45,11 @@ class Tracker(Protocol):
         """End the run with ``status`` (one of `RUN_STATUSES`); idempotent."""
 
 
-class JsonlTracker:
+class NullTracker(Tracker):
+    """The tracker of ranks other than 0 (and of a job without one): records nothing."""
+
+
+class JsonlTracker(Tracker):
     """`<run_dir>/metrics.jsonl` tracker (rank 0).
 
     Args:
@@ -87,41 +92,9 @@ class JsonlTracker:
         with open(self.path, "a") as fh:  # one write of one whole line: a concurrent reader sees all or nothing
             fh.write(json.dumps(record) + "\n")
 
-    def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Nothing to do: the checkpoint is on local disk, and the trainer logs where."""
-
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
-        """Nothing to do: the file is already on local disk."""
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        """Nothing to record locally (the run's tags are MLflow's; a debug line only)."""
-        logger.debug("tags %s", tags)
-
     def close(self, status: str) -> None:
         """Note the end of the run ("FINISHED", "KILLED" on preemption, "FAILED")."""
         logger.info("run %s; metrics in %s", status, self.path)
-
-
-class NullTracker:
-    """The tracker of ranks other than 0: records nothing."""
-
-    def log_params(self, params: dict) -> None:
-        """Ignore."""
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Ignore."""
-
-    def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Ignore."""
-
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
-        """Ignore."""
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        """Ignore."""
-
-    def close(self, status: str) -> None:
-        """Ignore."""
 
 
 def read_metric_log(run_dir: str | Path, offset: int = 0) -> Iterator[dict]:

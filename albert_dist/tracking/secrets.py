@@ -18,6 +18,7 @@ User info in URIs (``https://user:pw@host``) is removed as well.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -37,6 +38,8 @@ SPECIAL_TOKEN_WORDS = frozenset({"pad", "cls", "sep", "mask", "unk", "bos", "eos
 #: Environment values shorter than this are not scrubbed from text: a short value ("1", "true", "prod")
 #: occurs everywhere by chance, and masking it would garble every tag and config that contains it.
 MIN_SECRET_LEN = 8
+#: Text artifacts scrubbed before upload (binary files are uploaded as they are).
+TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".toml", ".sh", ".log")
 
 _WORD_SPLIT = re.compile(r"[^0-9A-Za-z]+|(?<=[a-z])(?=[A-Z])")
 
@@ -102,3 +105,27 @@ def redact(obj: Any, values: Optional[list[str]] = None) -> Any:
     if isinstance(obj, str):
         return scrub_text(obj, values)
     return obj
+
+
+def scrub_file(path: str, redact_keys: bool = True) -> None:
+    """Rewrite a text artifact with secrets masked (a fresh file, so a hard-linked original is untouched)."""
+    if not path.endswith(TEXT_SUFFIXES):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (UnicodeDecodeError, OSError):
+        return
+    scrubbed = scrub_text(text)
+    if redact_keys and path.endswith((".json", ".yaml", ".yml")):
+        import yaml  # JSON is YAML; the key rules need the parsed mapping
+
+        try:
+            data = redact(yaml.safe_load(text))
+            scrubbed = json.dumps(data, indent=2) if path.endswith(".json") else yaml.safe_dump(data, sort_keys=False)
+        except yaml.YAMLError:
+            pass
+    if scrubbed != text:
+        os.remove(path)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(scrubbed)

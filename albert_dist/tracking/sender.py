@@ -1,32 +1,45 @@
-"""The background thread that opens a job's MLflow run and sends its params, tags and metric log, in order.
+"""The one background thread of a job's MLflow run: open it, then drain one ordered queue into it.
 
 Why not MLflow's own ``synchronous=False`` logging: its queue drops a batch once the HTTP retries for it are
 spent (mlflow #14627), and the synchronous API blocks the caller for as long as those retries last. Here
-the training thread only appends to ``<run_dir>/metrics.jsonl`` (`albert_dist.tracking.base.JsonlTracker`);
-this thread tails that file from the byte offset it has delivered and sends records with
-``MlflowClient.log_batch``. The file is the queue, so nothing is held in memory, and an outage, a server
+the training thread only appends metrics to ``<run_dir>/metrics.jsonl`` (`albert_dist.tracking.base.JsonlTracker`)
+and queues params, tags and artifact uploads in memory; this thread sends them with ``MlflowClient.log_batch``
+and ``log_artifact``. The metric file is read from the byte offset already delivered, so an outage, a server
 that is down when the job starts, a requeued attempt and `albert-dist tracking sync` are one path: open (or
 reopen) the run, then send the file from where the server's data ends.
 
+* Order: the queue is sent in call order; before each upload the metric log is sent to its end (and again
+  between the files of an upload, so a long upload does not hold metrics back): an upload arrives after
+  every metric logged before it was queued. A checkpoint's ``COMPLETE.json`` marker is its upload's last
+  file, so a complete checkpoint artifact is never ahead of the metrics of its steps
+  (`albert_dist.tracking.checkpoints`).
 * No (key, step) twice: a record whose step is at or below the last step the run holds for that key (a
   resumed job re-running steps after its checkpoint; resume is exact, so the first values stand) is skipped
   and counted in `RunSender.skipped`.
 * Retries: `tenacity`, exponential backoff, for as long as the error is transient (`is_transient`) and
   until `close`'s deadline. A permanently rejected batch is sent entry by entry and the bad entries dropped
-  (logged), so one bad value never blocks every later metric.
+  (logged), so one bad value never blocks every later metric; a refused artifact file (413) fails that file.
+* Only the newest checkpoint matters for resuming, so queuing one drops the older checkpoint uploads waiting
+  behind another upload (or for the run to open), and stops the running one at its next retry: uploads never
+  fall ever further behind.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import tenacity
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 
 from albert_dist.tracking.base import read_metric_log
+from albert_dist.tracking.checkpoints import MARKER_NAME, list_files, prune_checkpoints
+from albert_dist.tracking.retry import is_transient, retrying
 
 log = logging.getLogger(__name__)
 
@@ -35,61 +48,37 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
-def http_status(exc: BaseException) -> Optional[int]:
-    """The HTTP status a failed MLflow call answered with (MlflowException or requests' HTTPError), else None."""
-    if isinstance(exc, MlflowException):
-        return exc.get_http_status_code()
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when a failed request may succeed later: no answer (connection refused/reset, DNS, timeout: OSError
-    and requests' errors, which MLflow wraps as a 500), 408, 429 or a 5xx. Any other 4xx (a bad value, an
-    unknown run, 413 payload too large) is final: retrying it would block everything queued behind it."""
-    status = http_status(exc)
-    if status is not None:
-        return status >= 500 or status in (408, 429)
-    return isinstance(exc, OSError)  # requests.RequestException is an OSError
-
-
-def retrying(what: str, *, backoff_s: float, max_backoff_s: float, stop: Callable[[], bool],
-             sleep: Callable[[float], None] = time.sleep, attempts: Optional[int] = None) -> tenacity.Retrying:
-    """A `tenacity.Retrying` for MLflow calls: transient errors only, doubling waits from ``backoff_s`` to
-    ``max_backoff_s``, until ``stop()`` is true or after ``attempts`` tries; the last error is re-raised."""
-    def should_stop(state: tenacity.RetryCallState) -> bool:
-        return stop() or (attempts is not None and state.attempt_number >= attempts)
-
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception()
-        log.warning("%s failed (attempt %d: %s: %s); retrying in %.1f s", what, state.attempt_number,
-                    type(exc).__name__, str(exc)[:200], state.upcoming_sleep)
-
-    return tenacity.Retrying(retry=tenacity.retry_if_exception(is_transient), stop=should_stop,
-                             wait=tenacity.wait_exponential(multiplier=backoff_s, max=max_backoff_s),
-                             sleep=sleep, before_sleep=before_sleep, reraise=True)
-
-
 class RunSender:
-    """Opens the run (``open_run(client) -> mlflow.entities.Run``, retried) on its own thread, then sends
-    queued params and tags and the metric log of ``run_dir`` until `close`.
+    """Opens the run (``open_run(client) -> mlflow.entities.Run``, retried) on its own thread, then sends the
+    queue (params, tags, uploads, in call order) and the metric log of ``run_dir`` until `close`.
+
+    An upload job is ``{"staging": folder, "dest": artifact folder[, "step", "tag"]}`` (a checkpoint when it
+    has a step: `albert_dist.tracking.checkpoints.stage_checkpoint`); the staging folder is deleted once
+    uploaded. A checkpoint whose files all arrived gets its marker, then older checkpoint artifacts beyond
+    ``keep_last`` (None: all kept) are deleted, except ``keep_steps``.
 
     Attributes: `run` (the open run, or None), `opened` (Event: the run is open, or opening failed for good:
-    then `error` holds the reason), `offset` (bytes of metrics.jsonl delivered), `skipped`, `dropped`.
-    ``on_open(run)`` is called on the thread once the run is open; ``on_reconnect()`` after an outage ended.
+    then `error` holds the reason), `offset` (bytes of metrics.jsonl delivered), `skipped`, `dropped`,
+    `completed` (checkpoint steps uploaded and marked), `failed` (artifacts that will not arrive).
+    ``on_open(run)`` is called on the thread once the run is open; ``on_reconnect()`` after an outage ended;
+    ``on_pending(jobs)`` whenever the list of uploads not yet done changes (`pending_uploads`).
     """
 
     def __init__(self, client: Any, run_dir: str, open_run: Callable[[Any], Any], *, flush_interval_s: float,
-                 retry_backoff_s: float, max_backoff_s: float, on_open: Callable[[Any], None] = lambda run: None,
-                 on_reconnect: Callable[[], None] = lambda: None):
+                 retry_backoff_s: float, max_backoff_s: float, keep_last: Optional[int] = None,
+                 keep_steps: tuple = (), on_open: Callable[[Any], None] = lambda run: None,
+                 on_reconnect: Callable[[], None] = lambda: None,
+                 on_pending: Callable[[list[dict]], None] = lambda jobs: None):
         self._client, self._run_dir, self._open_run = client, run_dir, open_run
         self._flush_interval_s, self._backoff, self._max_backoff = flush_interval_s, retry_backoff_s, max_backoff_s
-        self._on_open, self._on_reconnect = on_open, on_reconnect
+        self._keep_last, self._keep_steps = keep_last, set(keep_steps)
+        self._on_open, self._on_reconnect, self._on_pending = on_open, on_reconnect, on_pending
         self._cond = threading.Condition()
-        self._params: dict[str, str] = {}
-        self._tags: dict[str, str] = {}
+        self._queue: list[tuple[str, Any]] = []  # ("params" | "tags", dict) or ("upload", job), in call order
+        self._current: Optional[tuple[str, Any]] = None  # the item being sent (never dropped from the queue)
         self._existing_params: dict[str, str] = {}
         self._last_step: dict[str, int] = {}
+        self._newest_step = -1
         self._closing, self._deadline, self._flush = False, float("inf"), False
         self._outage = False
         self.run = None
@@ -100,6 +89,8 @@ class RunSender:
         """Metric values not sent because the run already held their (key, step)."""
         self.dropped = 0
         """Entries the server rejected permanently (each logged as an error)."""
+        self.completed: list[int] = []
+        self.failed: list[str] = []
         self._thread = threading.Thread(target=self._main, name="mlflow-sender", daemon=True)
 
     def start(self) -> "RunSender":
@@ -108,44 +99,63 @@ class RunSender:
         return self
 
     # ---- producer side: never touches the network ----
+    def _put(self, item: tuple[str, Any]) -> None:
+        with self._cond:
+            self._queue.append(item)
+            self._flush = True
+            self._cond.notify_all()
+
     def add_params(self, params: dict[str, str]) -> None:
         """Queue flat string params (one already on a resumed run with another value becomes a
         ``param_changed.<name>`` tag: MLflow params are immutable)."""
-        with self._cond:
-            self._params.update(params)
-            self._flush = True
-            self._cond.notify_all()
+        self._put(("params", dict(params)))
 
     def add_tags(self, tags: dict[str, str]) -> None:
         """Queue tags (a later value overwrites an earlier one)."""
-        with self._cond:
-            self._tags.update(tags)
-            self._flush = True
-            self._cond.notify_all()
+        self._put(("tags", dict(tags)))
 
-    def wait_sent(self, offset: int, timeout_s: Optional[float] = None) -> bool:
-        """Block until metrics.jsonl up to byte ``offset`` and every queued param/tag are delivered; False on
-        timeout or once the thread has ended without it."""
-        end = None if timeout_s is None else time.monotonic() + timeout_s
+    def submit(self, job: dict) -> None:
+        """Queue an upload job (class docstring); the staging folder is the sender's from now on. A checkpoint
+        drops the older checkpoint uploads waiting behind another upload, or for the run to open (logged;
+        their staging folders deleted)."""
         with self._cond:
-            self._flush = True
-            self._cond.notify_all()
-            while self.offset < offset or self._params or self._tags:
-                remaining = None if end is None else end - time.monotonic()
-                if not self._thread.is_alive() or (remaining is not None and remaining <= 0):  # ended / timeout
-                    return False
-                self._cond.wait(timeout=1.0 if remaining is None else min(remaining, 1.0))
-            return True
+            if job.get("step") is not None:
+                self._newest_step = max(self._newest_step, job["step"])
+            old, blocked = [], self.run is None
+            for item in self._queue:
+                if item[0] != "upload":
+                    continue
+                step = item[1].get("step")
+                if blocked and item is not self._current and step is not None and step < self._newest_step:
+                    old.append(item)
+                else:
+                    blocked = True  # whatever queues behind this upload waits for it
+            self._queue = [i for i in self._queue if i not in old]
+        for _, superseded in old:
+            log.warning("checkpoint step %d not uploaded: a newer checkpoint (step %d) is queued",
+                        superseded["step"], self._newest_step)
+            self.failed.append(superseded["dest"])
+            shutil.rmtree(superseded["staging"], ignore_errors=True)
+        self._put(("upload", job))
+        self._on_pending(self.pending_uploads)
+
+    @property
+    def pending_uploads(self) -> list[dict]:
+        """Upload jobs not done yet (queued or running), in order (copies)."""
+        with self._cond:
+            return [dict(job) for kind, job in self._queue if kind == "upload"]
 
     def unsent(self) -> dict[str, int]:
-        """What is not delivered: ``{"params": n, "tags": n, "metric_records": n}``."""
+        """What is not delivered: ``{"params": n, "tags": n, "metric_records": n}`` (uploads: `pending_uploads`)."""
         records = sum(1 for _ in read_metric_log(self._run_dir, self.offset))
         with self._cond:
-            return {"params": len(self._params), "tags": len(self._tags), "metric_records": records}
+            left = {kind: {key for k, entries in self._queue if k == kind for key in entries}
+                    for kind in ("params", "tags")}
+        return {"params": len(left["params"]), "tags": len(left["tags"]), "metric_records": records}
 
     def close(self, timeout_s: float) -> dict[str, int]:
-        """Send what is left, retrying until ``timeout_s`` has passed; returns `unsent` (all zero: everything
-        arrived). Idempotent."""
+        """Send what is left, retrying until ``timeout_s`` has passed; returns `unsent` (all zero, and no
+        `pending_uploads`: everything arrived). Idempotent."""
         with self._cond:
             self._closing = True
             self._deadline = min(self._deadline, time.monotonic() + timeout_s)
@@ -159,10 +169,11 @@ class RunSender:
         return self._closing and time.monotonic() >= self._deadline
 
     def _sleep(self, seconds: float) -> None:
-        with self._cond:  # close() wakes the wait to try once more before its deadline
+        with self._cond:  # close() (and a newer checkpoint) wake the wait to look at the stop condition again
             self._cond.wait(timeout=max(0.0, min(seconds, self._deadline - time.monotonic())))
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], Any], stop: Optional[Callable[[], bool]] = None) -> Any:
+        """``fn()`` retried while its error is transient, until ``stop()`` (default: close's deadline)."""
         def note_outage(state: tenacity.RetryCallState) -> None:
             if not self._outage:
                 exc = state.outcome.exception()
@@ -171,8 +182,8 @@ class RunSender:
                             what, self._run_dir)
             self._outage = True
 
-        retry = retrying(what, backoff_s=self._backoff, max_backoff_s=self._max_backoff, stop=self._stopped,
-                         sleep=self._sleep)
+        retry = retrying(what, backoff_s=self._backoff, max_backoff_s=self._max_backoff,
+                         stop=stop or self._stopped, sleep=self._sleep)
         retry.before_sleep = note_outage  # one line per outage, not one per attempt
         result = retry(fn)
         if self._outage:
@@ -203,78 +214,138 @@ class RunSender:
                 self._flush = False
                 closing = self._closing
             try:
-                self._retry("send metrics", self._drain)
-            except Exception as exc:  # noqa: BLE001 - only a transient error at the close deadline gets here
-                log.error("MLflow run %s: sending stopped at the close deadline (%s)", run.info.run_id, exc)
+                self._drain()
+            except Exception as exc:  # noqa: BLE001 - a transient error escapes a retry only at the deadline
+                log.error("MLflow run %s: sending stopped (%s: %s)", run.info.run_id, type(exc).__name__, exc)
                 return
             if closing:
                 return
 
-    def _send(self, **batch: list) -> None:
-        self._client.log_batch(self.run.info.run_id, **batch, synchronous=True)
+    def _drain(self) -> None:
+        """Send each queued item in order, the metric log to its end before each upload and at the end."""
+        while True:
+            with self._cond:
+                self._current = item = self._queue[0] if self._queue else None
+            if item is None or item[0] == "upload":
+                self._send_metrics()
+            if item is None:
+                return
+            kind, payload = item
+            if kind == "upload":
+                self._upload(payload)
+            else:
+                self._send_entries(kind, payload)
+            with self._cond:
+                self._queue.remove(item)
+                self._current = None
+                self._cond.notify_all()
+            if kind == "upload":
+                self._on_pending(self.pending_uploads)
 
-    def _send_isolating(self, kind: str, entries: list) -> None:
+    def _log_batch(self, kind: str, entries: list) -> None:
         """Send ``entries``; if the server rejects the batch for good, send them one by one and drop the bad."""
+        def send(batch: list) -> None:
+            self._retry(f"send {kind}", lambda: self._client.log_batch(self.run.info.run_id, **{kind: batch},
+                                                                       synchronous=True))
         try:
-            self._send(**{kind: entries})
+            send(entries)
             return
         except Exception as exc:  # noqa: BLE001
             if is_transient(exc):
                 raise
         for entry in entries:
             try:
-                self._send(**{kind: [entry]})
+                send([entry])
             except Exception as exc:  # noqa: BLE001
                 if is_transient(exc):
                     raise
                 self.dropped += 1
                 log.error("MLflow rejected %s entry %r, dropped: %s", kind, entry, exc)
 
-    def _drain(self) -> None:
-        with self._cond:
-            params, tags = dict(self._params), dict(self._tags)
-        new = {k: v for k, v in params.items() if k not in self._existing_params}
-        changed = {k: v for k, v in params.items() if self._existing_params.get(k, v) != v}
-        if changed:
-            log.warning("resumed with changed params (kept as tags param_changed.*): %s",
-                        {k: (self._existing_params[k], v) for k, v in changed.items()})
-            tags.update({f"param_changed.{k}": v for k, v in changed.items()})
-        items = sorted(new.items())
+    def _send_entries(self, kind: str, entries: dict[str, str]) -> None:
+        if kind == "params":
+            changed = {k: v for k, v in entries.items() if self._existing_params.get(k, v) != v}
+            if changed:
+                log.warning("resumed with changed params (kept as tags param_changed.*): %s",
+                            {k: (self._existing_params[k], v) for k, v in changed.items()})
+                self._send_entries("tags", {f"param_changed.{k}": v for k, v in changed.items()})
+            entries = {k: v for k, v in entries.items() if k not in self._existing_params}
+        items = sorted(entries.items())
         for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-            self._send_isolating("params", [Param(k, v) for k, v in items[i:i + MAX_PARAMS_TAGS_PER_BATCH]])
-            self._existing_params.update(items[i:i + MAX_PARAMS_TAGS_PER_BATCH])
-        items = sorted(tags.items())
-        for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-            self._send_isolating("tags", [RunTag(k, v) for k, v in items[i:i + MAX_PARAMS_TAGS_PER_BATCH]])
-        with self._cond:
-            for queue, sent in ((self._params, params), (self._tags, tags)):
-                for k, v in sent.items():
-                    if queue.get(k) == v:
-                        del queue[k]
-            self._cond.notify_all()
-        while self._send_metric_batch():
-            pass
+            chunk = items[i:i + MAX_PARAMS_TAGS_PER_BATCH]
+            self._log_batch(kind, [(Param if kind == "params" else RunTag)(k, v) for k, v in chunk])
+            if kind == "params":
+                self._existing_params.update(chunk)
 
-    def _send_metric_batch(self) -> bool:
-        """Send the next records of the metric log (whole records, <= one log_batch); False at its end."""
-        batch, last, skipped, end = [], {}, 0, self.offset
-        for record in read_metric_log(self._run_dir, self.offset):
-            step, ts, end = int(record.pop("step")), int(record.pop("timestamp_ms", time.time() * 1000)), record.pop("_end")
-            for key, value in record.items():
-                if step <= last.get(key, self._last_step.get(key, -1)):
-                    skipped += 1
-                    continue
-                batch.append(Metric(key, float(value), ts, step))
-                last[key] = step
-            if len(batch) >= MAX_METRICS_PER_BATCH - 100:
-                break
-        if end == self.offset:
-            return False
-        if batch:
-            self._send_isolating("metrics", batch)
-        with self._cond:
+    def _send_metrics(self) -> None:
+        """Send the metric log from `offset` to its end, in whole records, <= one log_batch at a time."""
+        while True:
+            batch, last, skipped, end = [], {}, 0, self.offset
+            for record in read_metric_log(self._run_dir, self.offset):
+                step, end = int(record.pop("step")), record.pop("_end")
+                ts = int(record.pop("timestamp_ms", time.time() * 1000))
+                for key, value in record.items():
+                    if step <= last.get(key, self._last_step.get(key, -1)):
+                        skipped += 1
+                        continue
+                    batch.append(Metric(key, float(value), ts, step))
+                    last[key] = step
+                if len(batch) >= MAX_METRICS_PER_BATCH - 100:
+                    break
+            if end == self.offset:
+                return
+            if batch:
+                self._log_batch("metrics", batch)
             self.offset = end
             self._last_step.update(last)
             self.skipped += skipped
-            self._cond.notify_all()
-        return True
+
+    def _upload(self, job: dict) -> None:
+        """Upload a job's files (its marker last, for a checkpoint); a superseded checkpoint is dropped."""
+        run_id, step = self.run.info.run_id, job.get("step")
+        files, failed, t0 = list_files(job["staging"]), [], time.monotonic()
+        # A few plain files are named (config.yaml and ds_config.json both go to `config/`: one line each).
+        what = (f"checkpoint step {step}" if step is not None else
+                f"artifact {', '.join(sorted(files))}" if 0 < len(files) <= 3 else f"artifacts {job['dest'] or '/'}")
+
+        def superseded() -> bool:
+            return self._stopped() or (step is not None and self._newest_step > step)
+
+        def put(path: str, dest: Optional[str], name: str) -> None:
+            self._retry(f"upload of {job['dest']}/{name}", lambda: self._client.log_artifact(run_id, path, dest),
+                        stop=superseded)
+        try:
+            for rel, size in files.items():
+                try:
+                    put(os.path.join(job["staging"], rel),
+                        "/".join(p for p in (job["dest"], os.path.dirname(rel)) if p) or None, rel)
+                except Exception as exc:  # noqa: BLE001
+                    if is_transient(exc):
+                        raise  # superseded or out of time
+                    failed.append(rel)
+                    log.error("MLflow refused %s/%s (%d bytes): %s; not retried", job["dest"], rel, size,
+                              str(exc)[:300])
+                self._send_metrics()
+            if step is not None and not failed:
+                with tempfile.TemporaryDirectory() as tmp:
+                    marker = os.path.join(tmp, MARKER_NAME)
+                    with open(marker, "w") as f:
+                        json.dump({"step": step, "tag": job["tag"], "files": files}, f, indent=1)
+                    put(marker, job["dest"], MARKER_NAME)
+        except Exception as exc:  # noqa: BLE001 - an upload failure never stops training
+            if self._stopped() or step is None or self._newest_step <= step:
+                log.error("%s not uploaded (%s: %s); kept for the next attempt / albert-dist tracking sync",
+                          what, type(exc).__name__, str(exc)[:200])
+                raise
+            log.error("%s not uploaded (%s: %s)", what, type(exc).__name__, str(exc)[:200])
+            self.failed.append(job["dest"])
+            shutil.rmtree(job["staging"], ignore_errors=True)
+            return
+        self.failed += [f"{job['dest']}/{rel}" for rel in failed]
+        if step is not None and not failed:
+            self.completed.append(step)
+            if self._keep_last is not None:
+                prune_checkpoints(self._client, self.run, step, self._keep_last, self._keep_steps)
+        log.info("%s uploaded to %s (%d files, %.1f MB, %.1f s)%s", what, job["dest"] or "/", len(files) - len(failed),
+                 sum(files.values()) / 1e6, time.monotonic() - t0, f"; refused: {failed}" if failed else "")
+        shutil.rmtree(job["staging"], ignore_errors=True)

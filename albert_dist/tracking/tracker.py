@@ -22,16 +22,17 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from albert_dist.engine.distributed import all_gather_object, broadcast_object, is_multi_rank
-from albert_dist.tracking.base import METRICS_FILE, RUN_STATUSES, JsonlTracker, Tracker
+from albert_dist.tracking.base import RUN_STATUSES, JsonlTracker, NullTracker, Tracker
+from albert_dist.tracking.checkpoints import stage_artifact, stage_checkpoint
 from albert_dist.tracking.config import TrackingConfig
+from albert_dist.tracking.params import flatten, hostname, run_tags
+from albert_dist.tracking.secrets import redact, scrub_text
+from albert_dist.tracking.sender import RunSender
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ DEFAULT_STORE_NAME = "mlruns.db"
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 #: How long a preempted job's close may take (Slurm's grace period is short; what is left goes next attempt).
 PREEMPT_TIMEOUT_S = 5.0
-#: Text artifacts scrubbed of secrets before upload (binary files are uploaded as they are).
-TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".cfg", ".ini", ".toml", ".sh", ".log")
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -113,69 +112,44 @@ def read_run_id(run_dir: str | Path) -> Optional[str]:
 class MLflowTracker(Tracker):
     """The MLflow run of one training job (module docstring), over a local tracker that writes metrics.jsonl.
 
-    Collective: every rank constructs it (after the process group is up when world_size > 1); ranks > 0 only
-    run MLflow's system-metrics monitor on their node's local rank 0 when the job spans several hosts.
+    Global rank 0's tracker; no collective inside: the app gathers ``hosts`` and hands the run id (or the
+    error) to the other ranks, whose `NodeTracker` runs the system-metrics monitor of their node.
 
     Args:
         cfg: tracking section of the config.
         run_dir: the job's run directory (state file, metric log).
-        rank, world_size, local_rank: global rank, world size, node-local rank.
+        hosts: host names of all ranks, duplicates allowed (tags ``hosts``/``num_hosts``; several hosts: the
+            system metrics are per node); None: this host only.
         resume_run_id: continue this run; None: a new run (created when the server answers; a job whose
             earlier attempt never reached the server continues that attempt's state and metric log).
         tags: extra run tags (scrubbed of secrets).
-        local: the local tracker (default: `JsonlTracker(run_dir)` on rank 0).
+        local: the local tracker (default: `JsonlTracker(run_dir)`).
         keep_last_checkpoints: checkpoint artifacts kept (None: all); ``keep_steps``: steps never deleted.
         replay: `albert-dist tracking sync`: tags only from the state file (not this machine's), full close
             timeout whatever the status.
 
     Raises:
-        RuntimeError: on every rank, when the server answered that the run cannot be opened (deleted, unknown
-            id, refused credentials); an unreachable server is not an error.
+        RuntimeError: the server answered that the run cannot be opened (deleted, unknown id, refused
+            credentials); an unreachable server is not an error.
     """
 
-    def __init__(self, cfg: TrackingConfig, *, run_dir: str, rank: int = 0, world_size: int = 1,
-                 local_rank: Optional[int] = None, resume_run_id: Optional[str] = None,
-                 tags: Optional[dict[str, str]] = None, local: Optional[Tracker] = None,
-                 keep_last_checkpoints: Optional[int] = None, keep_steps: tuple = (), replay: bool = False):
-        from albert_dist.tracking.params import hostname
+    def __init__(self, cfg: TrackingConfig, *, run_dir: str, hosts: Optional[Sequence[str]] = None,
+                 resume_run_id: Optional[str] = None, tags: Optional[dict[str, str]] = None,
+                 local: Optional[Tracker] = None, keep_last_checkpoints: Optional[int] = None,
+                 keep_steps: tuple = (), replay: bool = False):
+        from mlflow import MlflowClient
 
-        self.cfg, self.run_dir, self.rank, self._replay = cfg, str(run_dir), rank, replay
+        self.cfg, self.run_dir, self._replay = cfg, str(run_dir), replay
         self.run_id: Optional[str] = None
         self._closed = False
         self._monitor = None
-        self._lock = threading.Lock()
-        hosts = all_gather_object(hostname()) if is_multi_rank() else [hostname()] * world_size
+        self._lock = threading.Lock()  # the state file is written from the training and the sender thread
+        hosts = list(hosts or [hostname()])
         self._node_id = hostname() if len(set(hosts)) > 1 else None
-        error = None
-        if rank == 0:
-            try:
-                self._start(resume_run_id, hosts, tags or {}, local, keep_last_checkpoints, keep_steps)
-                error = self._sender.error and f"{type(self._sender.error).__name__}: {self._sender.error}"
-            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-                error = f"{type(exc).__name__}: {exc}"
-        self.run_id, error = broadcast_object([self.run_id, error])
-        if error is not None:
-            from albert_dist.tracking.secrets import scrub_text
-
-            raise RuntimeError(f"MLflow run could not be opened ({scrub_text(resolve_tracking_uri(cfg.tracking_uri))}): "
-                               f"{scrub_text(error)}")
-        if rank != 0 and (local_rank or 0) == 0 and self._node_id and self.run_id:
-            self._start_system_metrics(self.run_id, resolve_tracking_uri(cfg.tracking_uri), resume=True)
-
-    # ---- rank 0 ----
-    def _start(self, resume_run_id, hosts, tags, local, keep_last, keep_steps) -> None:
-        from mlflow import MlflowClient
-
-        from albert_dist.tracking.checkpoints import Uploader
-        from albert_dist.tracking.params import run_tags
-        from albert_dist.tracking.secrets import redact
-        from albert_dist.tracking.sender import RunSender
-
-        # The background sender (tenacity) is the one retry layer: MLflow's own HTTP retries would keep one
-        # request going for minutes while the server is down, hiding that it is back. (The request timeout
-        # stays MLflow's 120 s: a large checkpoint upload may legitimately wait that long for its answer.)
+        # The sender is the one retry layer: MLflow's own HTTP retries would keep one request going for
+        # minutes while the server is down, hiding that it is back. (The request timeout stays MLflow's
+        # 120 s: a large checkpoint upload may legitimately wait that long for its answer.)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        cfg = self.cfg
         self.local = local if local is not None else JsonlTracker(self.run_dir)
         state = read_state(self.run_dir)
         if resume_run_id != state.get("run_id"):  # another run's state
@@ -186,7 +160,7 @@ class MLflowTracker(Tracker):
             "run_id": resume_run_id, "tracking_uri": self.tracking_uri,
             "experiment_name": state.get("experiment_name", cfg.experiment_name),
             "run_name": state.get("run_name") or cfg.run_name or Path(self.run_dir).resolve().name,
-            "tags": {**state.get("tags", {}), **({} if self._replay else redact(run_tags(hosts) | tags))},
+            "tags": {**state.get("tags", {}), **({} if replay else redact(run_tags(hosts) | (tags or {})))},
             "pending": [], "status": None,
         }
         os.makedirs(self.run_dir, exist_ok=True)
@@ -194,24 +168,23 @@ class MLflowTracker(Tracker):
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         self._sender = RunSender(self._client, self.run_dir, self._open_run, flush_interval_s=cfg.flush_interval_s,
                                  retry_backoff_s=cfg.retry_backoff_s, max_backoff_s=cfg.max_backoff_s,
-                                 on_open=self._on_open, on_reconnect=self._on_reconnect)
-        self._uploader = Uploader(self._client, self._sender, keep_last=keep_last, keep_steps=keep_steps,
-                                  on_pending=self._on_pending, retry_backoff_s=cfg.retry_backoff_s,
-                                  max_backoff_s=cfg.max_backoff_s)
+                                 keep_last=keep_last_checkpoints, keep_steps=keep_steps, on_open=self._on_open,
+                                 on_reconnect=self._on_reconnect, on_pending=self._on_pending)
         for job in state.get("pending", []):  # what an earlier attempt could not upload
             if os.path.isdir(job.get("staging", "")):
-                self._uploader.submit({**job, "metrics_offset": self._metrics_size()})
+                self._sender.submit(job)
         self._sender.start()
         self._sender.opened.wait(timeout=cfg.connect_timeout_s)
-        if self._sender.run is None and self._sender.error is None:
+        if self._sender.error is not None:
+            raise RuntimeError(f"MLflow run could not be opened ({self._public_uri()}): "
+                               f"{scrub_text(f'{type(self._sender.error).__name__}: {self._sender.error}')}")
+        if self._sender.run is None:
             log.warning("MLflow at %s did not answer within tracking.connect_timeout_s=%g s; training starts "
                         "anyway, the run is created when it answers (or run `albert-dist tracking sync %s`)",
                         self._public_uri(), cfg.connect_timeout_s, self.run_dir)
 
     def _public_uri(self) -> str:
-        from albert_dist.tracking.secrets import strip_uri_userinfo
-
-        return strip_uri_userinfo(self.tracking_uri)
+        return scrub_text(self.tracking_uri)  # no user info, no secret value
 
     def _open_run(self, client: Any) -> Any:
         """Reopen the recorded run, or create it (sender thread, retried while the server is unreachable)."""
@@ -255,28 +228,12 @@ class MLflowTracker(Tracker):
         with self._lock:
             self._state["run_id"] = self.run_id
             self._save_state()
-        self._start_system_metrics(self.run_id, self.tracking_uri, resume=self._resuming)
+        self._monitor = start_system_metrics(self.cfg, self.run_id, self.tracking_uri, self._node_id,
+                                             resume=self._resuming)
 
-    def _on_reconnect(self) -> None:
-        self._start_system_metrics(self.run_id, self.tracking_uri, resume=True)  # MLflow's monitor stops on an outage
-
-    def _start_system_metrics(self, run_id: str, uri: str, resume: bool) -> None:
-        if not self.cfg.log_system_metrics:
-            return
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        self._stop_system_metrics()
-        try:
-            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=self.cfg.system_metrics_interval_s,
-                                                 resume_logging=resume, node_id=self._node_id, tracking_uri=uri)
-            self._monitor.start()
-        except Exception as exc:  # noqa: BLE001 - system metrics are never worth failing the run for
-            log.warning("MLflow system metrics not started: %s", exc)
-
-    def _stop_system_metrics(self, timeout_s: float = 5.0) -> None:
-        monitor, self._monitor = self._monitor, None
-        if monitor is not None:  # finish() joins a thread that may be inside a request: bounded
-            _join_bounded(monitor.finish, timeout_s)
+    def _on_reconnect(self) -> None:  # MLflow's monitor stops on an outage
+        stop_system_metrics(self._monitor)
+        self._monitor = start_system_metrics(self.cfg, self.run_id, self.tracking_uri, self._node_id, resume=True)
 
     def _on_pending(self, jobs: list[dict]) -> None:
         with self._lock:
@@ -289,36 +246,23 @@ class MLflowTracker(Tracker):
         tmp.write_text(json.dumps(self._state, indent=1))
         os.replace(tmp, path)
 
-    def _metrics_size(self) -> int:
-        try:
-            return os.path.getsize(os.path.join(self.run_dir, METRICS_FILE))
-        except OSError:
-            return 0
-
     # ---- the tracker contract ----
     def log_params(self, params: dict[str, Any]) -> None:
         """Log a (nested) config / dict as dotted params (`albert_dist.tracking.params.flatten`); on a resumed
         run a param with a new value is recorded as the tag ``param_changed.<name>``."""
-        if self.rank != 0:
-            return
-        from albert_dist.tracking.params import flatten
-
         self.local.log_params(params)
         self._sender.add_params(flatten(params))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Append to the local log (the sender sends it in the background); never waits on the network."""
-        if self.rank == 0:
-            self.local.log_metrics(metrics, step)
+        self.local.log_metrics(metrics, step)
 
     def log_checkpoint(self, local_dir: str, step: int) -> None:
-        """Queue the upload of a finished checkpoint (rank 0 snapshots it with hard links; returns at once).
-        It is marked complete after its files and every metric logged before this call arrived."""
-        if self.rank != 0:
-            return
+        """Queue the upload of a finished checkpoint (snapshot with hard links; returns at once). It is marked
+        complete after its files and every metric logged before this call arrived."""
         self.local.log_checkpoint(local_dir, step)
         if self.cfg.log_checkpoints:
-            self._uploader.submit_checkpoint(local_dir, step, metrics_offset=self._metrics_size())
+            self._sender.submit(stage_checkpoint(local_dir, step))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None, redact_keys: bool = True) -> None:
         """Queue a file or directory for upload. Text files (``.json``, ``.yaml``, ...) go as a copy with
@@ -328,30 +272,10 @@ class MLflowTracker(Tracker):
         Raises:
             ValueError: ``local_path`` does not exist.
         """
-        if self.rank != 0:
-            return
-        if not os.path.exists(local_path):
-            raise ValueError(f"artifact {local_path!r} does not exist")
-        staging = tempfile.mkdtemp(prefix=".mlflow_upload_", dir=self.run_dir)
-        try:
-            if os.path.isdir(local_path):
-                shutil.copytree(local_path, staging, dirs_exist_ok=True)
-            else:
-                shutil.copy2(local_path, staging)
-            for dirpath, _, names in os.walk(staging):
-                for name in names:
-                    _scrub_file(os.path.join(dirpath, name), redact_keys)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        self._uploader.submit({"staging": staging, "dest": (artifact_path or "").strip("/")})
+        self._sender.submit(stage_artifact(local_path, self.run_dir, artifact_path, redact_keys))
 
     def set_tags(self, tags: dict[str, str]) -> None:
         """Queue tags (scrubbed of secrets; also kept in the state file for `tracking sync`)."""
-        if self.rank != 0:
-            return
-        from albert_dist.tracking.secrets import redact
-
         tags = redact({k: str(v) for k, v in tags.items()})
         with self._lock:
             self._state["tags"].update(tags)
@@ -361,12 +285,12 @@ class MLflowTracker(Tracker):
     @property
     def skipped_steps(self) -> int:
         """Metric values not sent because the run already held their (key, step) (a resume re-ran them)."""
-        return self._sender.skipped if self.rank == 0 else 0
+        return self._sender.skipped
 
     @property
     def checkpoints_uploaded(self) -> list[int]:
-        """Steps whose checkpoint upload completed (rank 0; empty elsewhere)."""
-        return list(self._uploader.completed) if self.rank == 0 else []
+        """Steps whose checkpoint upload completed."""
+        return list(self._sender.completed)
 
     def close(self, status: str = "FINISHED") -> dict:
         """Deliver what is left within ``close_timeout_s`` (``connect_timeout_s`` when the server never
@@ -376,16 +300,15 @@ class MLflowTracker(Tracker):
         ``albert-dist tracking sync``; the log says what. Idempotent; never raises on server trouble.
 
         Returns:
-            what is left unsent: ``{"params", "tags", "metric_records", "uploads", "run": bool}`` (rank 0).
+            what is left unsent: ``{"params", "tags", "metric_records", "uploads", "run": bool}``; {} when
+            already closed.
 
         Raises:
             ValueError: unknown ``status``.
         """
         if status not in RUN_STATUSES:
             raise ValueError(f"tracker close status must be one of {RUN_STATUSES}, got {status!r}")
-        if self._closed or self.rank != 0:
-            self._closed = True
-            self._stop_system_metrics()
+        if self._closed:
             return {}
         self._closed = True
         budget = self.cfg.close_timeout_s
@@ -395,9 +318,9 @@ class MLflowTracker(Tracker):
             budget = min(budget, PREEMPT_TIMEOUT_S)
         deadline = time.monotonic() + budget
         self.local.close(status)
-        jobs = self._uploader.close(max(0.1, deadline - time.monotonic()))
         left = self._sender.close(max(0.1, deadline - time.monotonic()))
-        self._stop_system_metrics(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
+        jobs = self._sender.pending_uploads
+        stop_system_metrics(self._monitor, timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
         ended = self._sender.run is not None and _join_bounded(
             lambda: self._client.set_terminated(self.run_id, status), max(1.0, deadline - time.monotonic()))
         left.update(uploads=len(jobs), run=not ended)
@@ -412,6 +335,48 @@ class MLflowTracker(Tracker):
         else:
             log.info("MLflow run %s ended %s", self.run_id, status)
         return left
+
+
+class NodeTracker(NullTracker):
+    """The tracker of a rank other than global rank 0 in a tracked job: records nothing; knows the job's
+    ``run_id`` (None while the server has not answered) and, given a ``node_id`` (local rank 0 of a job on
+    several hosts), runs MLflow's system-metrics monitor for the run under that node's name until `close`."""
+
+    def __init__(self, cfg: TrackingConfig, run_id: Optional[str], node_id: Optional[str] = None):
+        self.run_id = run_id
+        self._monitor = None
+        if node_id and run_id:
+            self._monitor = start_system_metrics(cfg, run_id, resolve_tracking_uri(cfg.tracking_uri), node_id,
+                                                 resume=True)
+
+    def close(self, status: str) -> None:
+        """Stop the monitor (bounded)."""
+        stop_system_metrics(self._monitor)
+        self._monitor = None
+
+
+def start_system_metrics(cfg: TrackingConfig, run_id: str, uri: str, node_id: Optional[str], resume: bool) -> Any:
+    """MLflow's `SystemMetricsMonitor` for ``run_id``, started, when ``cfg.log_system_metrics``; else None.
+    A monitor that cannot start is logged, never an error."""
+    if not cfg.log_system_metrics:
+        return None
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    try:
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.system_metrics_interval_s,
+                                       resume_logging=resume, node_id=node_id, tracking_uri=uri)
+        monitor.start()
+        return monitor
+    except Exception as exc:  # noqa: BLE001 - system metrics are never worth failing the run for
+        log.warning("MLflow system metrics not started: %s", exc)
+        return None
+
+
+def stop_system_metrics(monitor: Any, timeout_s: float = 5.0) -> None:
+    """Stop a monitor of `start_system_metrics` (None: nothing); finish() joins a thread that may be inside
+    a request, so the wait is bounded."""
+    if monitor is not None:
+        _join_bounded(monitor.finish, timeout_s)
 
 
 def _join_bounded(fn: Any, timeout_s: float) -> bool:
@@ -429,29 +394,3 @@ def _join_bounded(fn: Any, timeout_s: float) -> bool:
     thread.start()
     thread.join(timeout_s)
     return bool(ok)
-
-
-def _scrub_file(path: str, redact_keys: bool = True) -> None:
-    """Rewrite a text artifact with secrets masked (a fresh file, so a hard-linked original is untouched)."""
-    from albert_dist.tracking.secrets import redact, scrub_text
-
-    if not path.endswith(TEXT_SUFFIXES):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (UnicodeDecodeError, OSError):
-        return
-    scrubbed = scrub_text(text)
-    if redact_keys and path.endswith((".json", ".yaml", ".yml")):
-        import yaml  # JSON is YAML; the key rules need the parsed mapping
-
-        try:
-            data = redact(yaml.safe_load(text))
-            scrubbed = json.dumps(data, indent=2) if path.endswith(".json") else yaml.safe_dump(data, sort_keys=False)
-        except yaml.YAMLError:
-            pass
-    if scrubbed != text:
-        os.remove(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(scrubbed)

@@ -13,6 +13,11 @@ after training instead; --dump-end PATH dumps after training as well (both in on
 after DeepSpeed wrote its files and before the ranks agree the checkpoint is complete. --enospc-step N: on rank
 --enospc-rank, DeepSpeed's writer raises OSError(ENOSPC) for the first file of the save of step N (a full disk
 as `write` reports it, after the first bytes), so the save protocol's error handling runs for real.
+--fail-phase P (with --fail-rank R, default 1): an exception on rank R only, in phase P: "setup" (the training
+loader is built from a saved state whose data fingerprint does not match: loader.py's ValueError, raised in a
+DataLoader worker when there are workers), "loop" (the data stream raises at its 4th batch, in a worker when
+there are workers), "eval" (the evaluation at step 2 raises), "save" (the save of step 2 raises before its first
+collective). The other ranks are then waiting in a collective.
 """
 from __future__ import annotations
 
@@ -50,6 +55,58 @@ def dump_state(trainer, path: str) -> None:
         torch.save(out, path)
 
 
+def inject_failure(mp: pytest.MonkeyPatch, phase: str, job: dict) -> None:
+    """Make this rank raise in `phase` (see the module docstring); patched before any worker forks."""
+    from albert_dist import trainer as trainer_module
+    from albert_dist.data import loader as data_loader
+    from albert_dist.engine.checkpoint import save as ckpt_save
+    from albert_dist.trainer import Trainer
+
+    stream = data_loader.PretrainingStream
+    if phase == "setup":
+        build, load = trainer_module.build_train_loader, stream.load_state_dict
+
+        def build_from_saved_state(*args, **kwargs):
+            built = build(*args, **kwargs)
+            built.load_state_dict(built.state_dict())  # as a resume does: the workers restore the stream's state
+            return built
+
+        def stale_state(self, state):  # a state saved under another corpus: the real fingerprint check fails
+            return load(self, {**state, "fingerprint": "0123456789abcdef"})
+
+        mp.setattr(trainer_module, "build_train_loader", build_from_saved_state)
+        mp.setattr(stream, "load_state_dict", stale_state)
+    elif phase == "loop":
+        iterate = stream.__iter__
+
+        def failing_stream(self):
+            for i, batch in enumerate(iterate(self)):
+                if i == 3:
+                    raise RuntimeError("injected: the data stream failed at its 4th batch")
+                yield batch
+
+        mp.setattr(stream, "__iter__", failing_stream)
+    elif phase == "eval":
+        evaluate = Trainer.evaluate
+
+        def failing_evaluate(self):
+            if self.step >= 2:
+                raise RuntimeError(f"injected: evaluation failed at step {self.step}")
+            return evaluate(self)
+
+        mp.setattr(Trainer, "evaluate", failing_evaluate)
+    elif phase == "save":
+        rng_state = ckpt_save.rng_state
+
+        def failing_rng_state():
+            step = job["trainer"].step
+            if step >= 2:
+                raise RuntimeError(f"injected: the save of step {step} failed")
+            return rng_state()
+
+        mp.setattr(ckpt_save, "rng_state", failing_rng_state)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -63,6 +120,8 @@ def main(argv: list[str]) -> int:
                                                            "instead of setup/train")
     parser.add_argument("--enospc-step", type=int)
     parser.add_argument("--enospc-rank", type=int, default=0)
+    parser.add_argument("--fail-phase", choices=["setup", "loop", "eval", "save"])
+    parser.add_argument("--fail-rank", type=int, default=1)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -112,6 +171,8 @@ def main(argv: list[str]) -> int:
                 return save(self, state_dict, path)
 
             mp.setattr(TorchCheckpointEngine, "save", full_disk_save)
+        if args.fail_phase is not None and int(os.environ.get("RANK", "0")) == args.fail_rank:
+            inject_failure(mp, args.fail_phase, job)
         if args.no_guard:
             from albert_dist.engine.checkpoint import load as ckpt_load
 

@@ -41,7 +41,7 @@ from unittest import mock
 
 import torch
 
-from albert_dist.engine.distributed import free_port
+from albert_dist.engine.distributed import free_port, local_rank_env
 
 WORLD_SIZE = 2
 MICRO_BATCH = 2
@@ -495,9 +495,7 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
 
 def worker(rank: int, world_size: int, port: int, cells: list[Cell], results: "queue_mod.Queue") -> None:
     """Entry point of one spawned rank: start the process group, run every cell, post one message per cell."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      OMP_NUM_THREADS="1")
+    os.environ.update(local_rank_env(rank, world_size, port))
     torch.set_num_threads(1)
     try:
         from albert_dist.engine.distributed import init_distributed

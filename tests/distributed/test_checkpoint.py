@@ -10,9 +10,8 @@ The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run throu
 """
 from __future__ import annotations
 
-import json
 import math
-import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,94 +21,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_env, read_metrics, run_cli, start_ranks
 
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
-from albert_dist.engine.distributed import free_port
+from fixtures.ranks import CONFIG, Job, run_ok
 
 pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("ckpt_worker.py")
 CRASH_EXIT = 17
 MAX_STEPS = 8
 
-CONFIG = """
-model: {vocab_size: 8000, embedding_size: 16, hidden_size: 32, num_hidden_layers: 3, num_hidden_groups: 2,
-        num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 32, hidden_dropout_prob: 0.1,
-        sharing: all}
-data:
-  train: [{paths: ["data/sample/wikitext-2-train-*.txt"]}]
-  validation: []
-  tokenizer_path: data/sample/spiece.model
-  max_seq_length: 32
-  max_predictions_per_seq: 4
-  num_workers: 1
-  shard_piece_bytes: 65536
-optimizer: {lr: 0.003, warmup_steps: 2}
-engine: {zero_stage: 2, train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 2,
-         peak_tflops_per_device: 1.0}
-checkpoint: {save_interval_steps: 3, keep_last: 3}
-tracking: {enabled: false}
-max_steps: 8
-log_interval_steps: 1
-eval_interval_steps: 0
-progress_bar: false
-"""
-
-
-class Job:
-    """`world` worker processes of one job (env:// variables as torchrun sets them); logs in log_dir."""
-
-    def __init__(self, world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str] = ()):
-        port = free_port()
-        self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.procs, self.logs = [], []
-        for rank in range(world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-            log = open(run_dir.parent / f"{run_dir.name}.rank{rank}.log", "ab")
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}", *overrides],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
-
-    def wait(self, timeout: float = 240) -> list[int]:
-        deadline = time.time() + timeout
-        try:
-            return [p.wait(timeout=max(1.0, deadline - time.time())) for p in self.procs]
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
-        for log in self.logs:
-            log.close()
-
-    def log_tail(self) -> str:
-        return "\n".join(Path(l.name).read_text()[-3000:] for l in self.logs)
-
-
-def run_ok(*args, **kwargs) -> Job:
-    job = Job(*args, **kwargs)
-    codes = job.wait()
-    assert codes == [0] * len(codes), f"exit codes {codes}\n{job.log_tail()}"
-    return job
-
-
 def train_records(run_dir: Path) -> dict[int, dict]:
     records = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if names.TRAIN_LOSS in rec:
-            assert rec["step"] not in records, f"step {rec['step']} logged twice"
-            records[rec["step"]] = rec
+    for rec in read_metrics(run_dir, names.TRAIN_LOSS):
+        assert rec["step"] not in records, f"step {rec['step']} logged twice"
+        records[rec["step"]] = rec
     return records
 
 
@@ -205,9 +134,7 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     run_dir = tmp_path / "run"
     job = Job(2, config, run_dir, [], ["max_steps=200", "checkpoint.save_interval_steps=0"])
     deadline = time.time() + 240
-    while not (run_dir / "metrics.jsonl").is_file() or not any(
-            json.loads(l).get("step", 0) >= 2 for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if l.endswith("}")):
+    while not any(r["step"] >= 2 for r in read_metrics(run_dir)):
         assert all(p.poll() is None for p in job.procs), job.log_tail()
         assert time.time() < deadline
         time.sleep(0.2)
@@ -222,8 +149,6 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
 def _copy_checkpoints(reference, run_dir: Path) -> Path:
-    import shutil
-
     ref_dir, _, _ = reference
     shutil.copytree(ref_dir / "checkpoints", run_dir / "checkpoints")
     return run_dir / "checkpoints"
@@ -234,29 +159,9 @@ def _log_lines(job: Job, needle: str) -> list[str]:
             if needle in line]
 
 
-def test_truncated_newest_checkpoint_and_dangling_latest_resume_from_the_newest_that_verifies(
-        config, reference, tmp_path):
-    """step_8's rank-1 optimiser file is cut to 100 bytes and `latest` names a step_12 that does not exist:
-    --resume auto skips both (saying why, naming them), resumes step_6, and steps 7-8 equal the uninterrupted run."""
-    _, want, _ = reference
-    run_dir = tmp_path / "run"
-    ckpt_dir = _copy_checkpoints(reference, run_dir)
-    victim = ckpt_dir / "step_8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    with open(victim, "r+b") as fh:
-        fh.truncate(100)
-    ckpt.write_latest(ckpt_dir, "step_12")
-    job = run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
-    got = train_records(run_dir)
-    assert sorted(got) == [7, 8]
-    for step in (7, 8):
-        for k in TRAJECTORY_KEYS:
-            assert got[step][k] == want[step][k], f"step {step} {k}"
-    skipped = _log_lines(job, "skipping checkpoint")
-    assert len(skipped) == 1 and f"{ckpt_dir / 'step_8'}: zero_pp_rank_1_mp_rank_00_optim_states.pt has 100 bytes" \
-        in skipped[0], skipped
-    assert _log_lines(job, "names step_12, which does not exist")
-    assert ckpt.read_latest(ckpt_dir) == "step_8" and ckpt.verify(ckpt_dir / "step_8") is None  # saved again
-    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `ckpt.plan_resume`, tested
+# in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
+# test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
 
 def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and_exits_74(config, tmp_path):
@@ -289,14 +194,76 @@ def test_disk_full_with_on_save_error_continue_trains_on_and_saves_at_the_next_i
     assert len(_log_lines(job, "training continues (checkpoint.on_save_error=continue)")) == 1
 
 
+# ----------------------------------------------------------------------------- disk headroom (issue 20)
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A real, small file system: a tmpfs mounted at tmp_path/fs (needs root, as CI's runner is); `size(bytes)`
+    mounts it. Skips when it cannot mount."""
+    mounted = []
+
+    def size(n: int) -> Path:
+        where = tmp_path / "fs"
+        where.mkdir(exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={n}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield size
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_the_space_needed(config, tmpfs,
+                                                                                             tmp_path):
+    """The issue's 40 MB tmpfs, scaled to this model: a file system holding two checkpoints but not three.
+    keep_last=2 used to need room for keep_last + 1 checkpoints (exit 74 at the third save); now the oldest goes
+    before the save. A lowered keep_last applies when the job resumes (before its first save). With no room even
+    for one checkpoint, the save fails with exit 74 and the message says how much a checkpoint needs. The small
+    file system holds the checkpoints only (`checkpoint.dir`), not the run's final model and logs."""
+    from albert_dist.engine.checkpoint import retention
+    from albert_dist.exit_codes import EXIT_SAVE_FAILED
+
+    ckpt_size = 2.5 * 2**20  # the tiny config's checkpoint on one rank (2.4-2.5 MiB)
+    fs = tmpfs(int(2.6 * ckpt_size))
+    run_dir, ckpt_dir = tmp_path / "run", fs / "checkpoints"
+    steps = ["checkpoint.save_interval_steps=2", f"checkpoint.dir={ckpt_dir}", "checkpoint.keep_last=2"]
+    first = run_ok(1, config, run_dir, ["--run"], steps + ["max_steps=6"])
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_4", "step_6"]
+    made_room = _log_lines(first, "before saving")
+    assert len(made_room) == 1 and "removed step_2 before saving" in made_room[0], made_room
+    size = retention.checkpoint_bytes(ckpt_dir / "step_6")
+    assert 2.2 * 2**20 < size < 2.7 * 2**20, size
+
+    second = run_ok(1, config, run_dir, ["--run"], steps[:2] + ["checkpoint.keep_last=1", "max_steps=8",
+                                                                "checkpoint.resume=auto"])
+    log = Path(second.logs[0].name).read_text()
+    assert log.index("retention (keep_last=1): removed step_4") < log.index("resumed from"), log[-3000:]
+    assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_8"]
+
+    ballast = retention.free_bytes(fs) - 2**20  # leave 1 MiB: not even room for one more checkpoint
+    (fs / "ballast").write_bytes(b"\0" * ballast)
+    third = Job(1, config, run_dir, ["--run"], steps[:2] + ["max_steps=10", "checkpoint.resume=auto"])
+    assert third.wait() == [EXIT_SAVE_FAILED], third.log_tail()
+    lines = _log_lines(third, "not saved: disk full writing")
+    assert len(lines) == 1 and "errno 28 ENOSPC" in lines[0] and "still names step_8" in lines[0], lines
+    needed = float(lines[0].split("a checkpoint of this job needs about ")[1].split(" MiB")[0])
+    assert needed == pytest.approx(size / 2**20, abs=0.05), lines[0]
+    assert f"(step_8 took {needed:.1f} MiB)" in lines[0], lines[0]
+    free = float(re.search(r"([\d.]+) MiB were free in ", lines[0]).group(1))
+    assert 0.5 < free <= 1.0, lines[0]
+    assert _log_lines(third, "this save will probably fail (kept: step_8)")
+    assert ckpt.read_latest(ckpt_dir) == "step_8" and not (ckpt_dir / "step_10").exists()
+
+
 def test_resume_with_another_model_config_is_exit_2_before_any_process_group(config, reference, tmp_path):
     ref_dir, _, _ = reference
     run_dir = tmp_path / "never"
     step_8 = ref_dir / "checkpoints" / "step_8"
-    proc = subprocess.run([sys.executable, "-m", "albert_dist.cli", "train", "--config", str(config),
-                           "--resume", str(step_8), f"run_dir={run_dir}", "model.sharing=none",
-                           "model.hidden_size=48"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    proc = run_cli("train", "--config", str(config), "--resume", str(step_8), f"run_dir={run_dir}",
+                   "model.sharing=none", "model.hidden_size=48", env=clean_env(CUDA_VISIBLE_DEVICES=""), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"checkpoint {step_8} has model.hidden_size=32, the config has model.hidden_size=48; " \
            f"model.sharing='all', the config has model.sharing='none'" in proc.stderr

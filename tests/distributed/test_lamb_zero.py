@@ -10,17 +10,15 @@ different parameters, and ZeRO without `attach_zero_partition_map` must refuse t
 from __future__ import annotations
 
 import datetime
-import os
 import traceback
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from albert_dist.engine.distributed import free_port
+from albert_dist.engine.distributed import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -215,10 +213,7 @@ def _run_case(rank: int, stage: int, zero_extra: dict, variant: str, precision: 
     return result
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+def _worker(rank: int, out_dir: str) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo", timeout=datetime.timedelta(seconds=120))
@@ -238,7 +233,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("lamb_zero")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_local_ranks(_worker, WORLD, str(out))
     return torch.load(out / "results.pt")
 
 

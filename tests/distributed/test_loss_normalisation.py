@@ -13,13 +13,13 @@ reference.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from grad_matrix_worker import scaled_errors
+
+from albert_dist.engine.distributed import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -105,10 +105,7 @@ def reference(clip: float, per_micro_batch_mean_of: int = 0) -> dict[str, torch.
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+def _worker(rank: int, world: int, cases: list, out_dir: str) -> None:
     import deepspeed
 
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
@@ -133,18 +130,12 @@ def _worker(rank: int, world: int, port: int, cases: list, out_dir: str) -> None
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("loss_norm")
     for world in (1, 2):
         cases = [c for c in CASES if c[1] == world]
-        mp.spawn(_worker, args=(world, _free_port(), cases, str(out)), nprocs=world, join=True)
+        spawn_local_ranks(_worker, world, world, cases, str(out))
     return {name: torch.load(out / f"{name}.pt") for name, *_ in CASES}
 
 

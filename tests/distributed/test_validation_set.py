@@ -9,16 +9,14 @@ evaluates the same set with world size 1 and from full (B, S, V) logits in float
 from __future__ import annotations
 
 import datetime
-import os
 import traceback
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from albert_dist.engine.distributed import free_port
+from albert_dist.engine.distributed import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -44,10 +42,7 @@ def _evaluator(rank: int, world: int):
     return Evaluator(DataConfig(**DATA), MICRO, rank, world, torch.device("cpu"))
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD))
-    torch.set_num_threads(1)
+def _worker(rank: int, out_dir: str) -> None:
     try:
         import deepspeed
 
@@ -81,7 +76,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("valset")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    spawn_local_ranks(_worker, WORLD, str(out))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -16,16 +16,14 @@ with weight_decay 0.01.
 """
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_env, start_ranks
 
 from grad_matrix_worker import scaled_errors
 
@@ -61,28 +59,14 @@ progress_bar: false
 GA = {1: 4, 2: 2, 4: 1}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(world: int, config: Path, run_dir: Path, args: list[str], overrides: list[str],
             timeout: float = 300) -> None:
     """`world` worker processes (env:// variables as torchrun sets them); asserts every rank exits 0."""
-    port = _free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
-    procs, logs = [], []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-        log = open(run_dir / f"rank{rank}.log", "ab")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}",
-             f"engine.gradient_accumulation_steps={GA[world]}", *overrides],
-            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+    logs = [open(run_dir / f"rank{rank}.log", "ab") for rank in range(world)]
+    procs = start_ranks([sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}",
+                         f"engine.gradient_accumulation_steps={GA[world]}", *overrides], world,
+                        env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""), logs=logs, cwd=REPO)
     deadline = time.time() + timeout
     try:
         codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]

@@ -17,6 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 from fixtures.mlflow_server import MlflowServer
+from helpers import run_cli
 
 from albert_dist.tracking.checkpoints import CHECKPOINTS_ARTIFACT_DIR, complete_checkpoints
 from albert_dist.tracking.config import TrackingConfig
@@ -24,7 +25,6 @@ from albert_dist.tracking.tracker import MLflowTracker, read_run_id
 
 pytestmark = pytest.mark.e2e
 LOOP = str(Path(__file__).with_name("mlflow_fake_loop.py"))
-REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_checkpoint(root: Path, step: int) -> str:
@@ -79,8 +79,7 @@ def test_server_down_at_start_then_up_and_never_up_then_sync(tmp_path, monkeypat
     assert [s for s, _ in complete_checkpoints(client, tracker.run_id)] == [4]
 
     # 3. the never-up job, sent afterwards: same result as if the server had been there
-    sync = subprocess.run([sys.executable, "-m", "albert_dist.cli", "tracking", "sync", str(never)], env=env,
-                          capture_output=True, text=True, timeout=240, cwd=REPO)
+    sync = run_cli("tracking", "sync", str(never), env=env, timeout=240)
     assert sync.returncode == 0, sync.stdout[-3000:] + sync.stderr[-3000:]
     run_id = read_run_id(never)
     run = client.get_run(run_id)

@@ -1,7 +1,8 @@
 """The real trainer under the real deepspeed launcher (2 CPU ranks, ZeRO-2) logging to a real MLflow server:
 one run per job, killed with SIGKILL mid-run, continued with `--resume-from runs:/<id>` on a fresh run
-directory (no step logged twice, none missing, run FINISHED), and the final model exported from MLflow
-loads in transformers with the same MLM logits as ours.
+directory (no step logged twice, none missing, the re-run steps' values equal, run FINISHED; the one test of
+`--resume-from`), and the final model exported from MLflow loads in transformers with the same MLM logits
+as ours.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_metrics
 from mlflow import MlflowClient
 
 from albert_dist.engine.distributed import free_port
@@ -97,10 +99,14 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     assert run.info.run_name == "a"  # the first job's run directory
     assert "engine.peak_tflops_per_device" not in run.data.params  # null options are not logged
     # run B restarted from the newest complete checkpoint and re-ran steps run A had already logged
-    records = [json.loads(line) for line in (resumed_run["run_b"] / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(resumed_run["run_b"])
     resumed_at = min(r["step"] for r in records) - 1
     # a checkpoint can complete between the poll and the kill, so run B may start exactly at the last logged step
     assert resumed_at in (4, 8, 12) and resumed_at <= max(resumed_run["logged_before_kill"])
+    # the run holds one value per step: run A's for the steps B re-ran, equal to B's (the resume is exact)
+    held = {m.step: m.value for m in client.get_metric_history(run_id, names.TRAIN_LOSS)}
+    assert {r["step"]: held[r["step"]] for r in records if names.TRAIN_LOSS in r} == \
+        {r["step"]: r[names.TRAIN_LOSS] for r in records if names.TRAIN_LOSS in r}
     # params: the resolved config and derived values, checked against the closed-form count
     from albert_dist.config import load_config
     from albert_dist.model.sharing import block_parameter_counts, parameter_count
@@ -116,10 +122,13 @@ def test_two_rank_job_is_one_run_resumed_without_duplicate_or_missing_step(resum
     assert params["derived.total_parameters"] == str(parameter_count(cfg.model) + (layers - groups) * (attn + ffn))
     assert params["derived.group_0_parameters"] == str(attn + ffn)
     assert "version.deepspeed" in run.data.tags and "mlflow.source.git.commit" in run.data.tags
+    assert run.data.tags["num_hosts"] == "1" and "version.torch" in run.data.tags
     artifacts = {a.path for a in client.list_artifacts(run_id, "config")} | \
         {a.path for a in client.list_artifacts(run_id, "tokenizer")}
     assert artifacts == {"config/config.yaml", "config/ds_config.json", "tokenizer/spiece.model"}
-    assert [s for s, _ in complete_checkpoints(client, run_id)][0] == MAX_STEPS
+    newest, marker = complete_checkpoints(client, run_id)[0]
+    assert newest == MAX_STEPS and {"zero_pp_rank_0_mp_rank_00_optim_states.pt",  # every rank's shard
+                                    "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= set(marker["files"])
 
 
 def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_run):

@@ -7,12 +7,11 @@ One rank, `python -m albert_dist.cli train`, 2 steps of albert-tiny, a real MLfl
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import clean_env, run_cli
 from mlflow import MlflowClient
 
 pytestmark = pytest.mark.e2e
@@ -23,13 +22,12 @@ RECIPE = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
 def test_run_from_outside_the_checkout_writes_absolute_paths_and_the_final_model(mlflow_server, tmp_path):
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = dict(os.environ, MLFLOW_TRACKING_URI=mlflow_server.uri, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "albert_dist.cli", "train", "--config", str(RECIPE), "run_dir=out", "max_steps=2",
-           "optimizer.warmup_steps=1", "checkpoint.save_interval_steps=0", "eval_interval_steps=0",
-           "data.eval_examples=8", "data.num_workers=0", "log_interval_steps=1", "progress_bar=false",
-           "tracking.experiment_name=outside_checkout", "tracking.flush_interval_s=0.5"]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    env = clean_env(MLFLOW_TRACKING_URI=mlflow_server.uri, CUDA_VISIBLE_DEVICES="",
+                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = run_cli("train", "--config", str(RECIPE), "run_dir=out", "max_steps=2", "optimizer.warmup_steps=1",
+                   "checkpoint.save_interval_steps=0", "eval_interval_steps=0", "data.eval_examples=8",
+                   "data.num_workers=0", "log_interval_steps=1", "progress_bar=false",
+                   "tracking.experiment_name=outside_checkout", "tracking.flush_interval_s=0.5", env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
     run_dir = cwd / "out"

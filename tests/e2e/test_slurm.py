@@ -257,3 +257,36 @@ def test_signal_before_time_limit_reaches_batch_shell(jobs):
     start = float(re.search(r"start (\S+)", output).group(1))
     usr1 = float(re.search(r"usr1 (\S+)", output).group(1))
     assert 0 < usr1 - start < 58, output
+
+
+def test_pretrain_sbatch_kill_9_of_a_rank_ends_the_job_with_exit_1_naming_the_signal(jobs):
+    """The issue's kill -9 of rank 1, on Slurm: srun reports 128 + 9, not an exit code of albert-dist train; the
+    batch script says which signal and exits 1 (srun's kill-on-bad-exit ends rank 0 if it is stuck). The
+    requeue-free resume afterwards takes the run directory's lock again (the dead job's is the kernel's)."""
+    job = jobs.submit("slurm/pretrain.sbatch", TINY + ["max_steps=400", "checkpoint.save_interval_steps=2"])
+    deadline = time.monotonic() + 360
+    while not (jobs.run_dir / "checkpoints" / "latest").is_file():
+        assert jobs.state(job)[0] in ("PENDING", "RUNNING"), f"job ended early:\n{jobs.output()[-4000:]}"
+        assert time.monotonic() < deadline, f"no checkpoint after 360 s:\n{jobs.output()[-4000:]}"
+        time.sleep(0.2)
+    rank1 = None
+    for proc_dir in Path("/proc").iterdir():  # the virtual nodes share this host: find rank 1's process
+        try:
+            environ = (proc_dir / "environ").read_bytes().split(b"\0")
+            cmdline = (proc_dir / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (b"albert_dist.cli" in cmdline and f"SLURM_JOB_ID={job}".encode() in environ
+                and b"SLURM_PROCID=1" in environ and f"run_dir={jobs.run_dir}".encode() in cmdline):
+            ppid = int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if b"albert_dist.cli" not in (Path("/proc") / str(ppid) / "cmdline").read_bytes():  # not a worker
+                rank1 = int(proc_dir.name)
+    assert rank1 is not None, jobs.output()[-4000:]
+    killed = time.monotonic()
+    os.kill(rank1, 9)
+    info = jobs.wait(job, timeout_s=180)
+    output = jobs.output()
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "1:0"), (info, output[-4000:])
+    assert time.monotonic() - killed < 120
+    assert "a rank was killed by signal 9 (SIGKILL)" in output and "srun exited 137" in output, output[-4000:]
+    assert "every rank stops after step" not in output  # no checkpoint announced that could not be written

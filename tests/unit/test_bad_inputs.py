@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import clean_env
 
 from albert_dist import train
 from albert_dist.data.config import SourceConfig
@@ -81,6 +81,7 @@ def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_pro
     assert "line 4" in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
     script = textwrap.dedent(f"""
         import sys, pytest
@@ -92,9 +93,8 @@ def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
             mp.setattr(Trainer, "setup", boom)
             sys.exit(cli.main(["train", "--config", {RECIPE!r}, "tracking.enabled=false", "run_dir={tmp_path / 'r'}"]))
     """)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
-                          cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=clean_env(), cwd=REPO)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert out.count("Traceback (most recent call last)") == 1 and out.count("RuntimeError: setup exploded") == 1

@@ -1,4 +1,5 @@
-"""The benchmark suite's plumbing (bench/run_all.py, bench/report.py): discovery, summaries, the README table.
+"""The benchmark suite's plumbing (bench/run_all.py, bench/suite/runner.py and report.py, bench/_common.py):
+discovery, summaries, the README table, the shared synthetic batch.
 
 No benchmark is timed here; the child-process test runs a fake benchmark that returns fixed numbers.
 """
@@ -11,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _load(name: str):
+def _load(rel: str):
     sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{Path(rel).name}_under_test", BENCH / f"{rel}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -25,30 +27,32 @@ def _load(name: str):
 
 
 run_all = _load("run_all")
-report = _load("report")
+report = _load("suite/report")
+runner = _load("suite/runner")
+common = _load("_common")
 
 
 def test_summarize_lists_scalars_and_presummarized():
-    s = run_all.summarize({"a": [3.0, 1.0, 2.0, 10.0], "b": {"c": 4, "ok": True, "name": "x"},
+    s = runner.summarize({"a": [3.0, 1.0, 2.0, 10.0], "b": {"c": 4, "ok": True, "name": "x"},
                            "d": {"min": 1.0, "median": 2.0, "max": 5.0, "n": 7}, "e": [float("nan"), 2.0]})
     assert s["a"] == {"min": 1.0, "median": statistics.median([3.0, 1.0, 2.0, 10.0]), "max": 10.0, "n": 4}
     assert s["b.c"] == {"min": 4.0, "median": 4.0, "max": 4.0, "n": 1}
     assert s["d"] == {"min": 1.0, "median": 2.0, "max": 5.0, "n": 7}
     assert s["e"]["n"] == 1  # NaN dropped
     assert "b.ok" not in s and "b.name" not in s  # booleans and strings are not measurements
-    flat = run_all.summarize({"x": {"tps_min": 1.0, "tps_median": 2.0, "tps_max": 4.0, "repeats": 3, "tps_median2": 9}})
+    flat = runner.summarize({"x": {"tps_min": 1.0, "tps_median": 2.0, "tps_max": 4.0, "repeats": 3, "tps_median2": 9}})
     assert flat["x.tps"] == {"min": 1.0, "median": 2.0, "max": 4.0, "n": 3}
     assert "x.tps_min" not in flat and flat["x.tps_median2"]["median"] == 9.0
 
 
 def _results(ratio_values, status="ok"):
-    summary = run_all.summarize({"ratio_ours_over_hf": ratio_values, "ours_tokens_per_s": [1200.0, 1300.0, 1250.0],
+    summary = runner.summarize({"ratio_ours_over_hf": ratio_values, "ours_tokens_per_s": [1200.0, 1300.0, 1250.0],
                                  "hf_tokens_per_s": [1000.0, 1010.0, 990.0], "extra_ratio": 0.5})
     return {"wall_s": 12.0, "machine": {"cpu_model": "Test CPU", "cpu_cores_used": 2, "cpu_count": 2,
                                         "memory_gib": 24.0, "date_utc": "2026-01-01T00:00:00Z",
                                         "versions": {"torch": "2.13.0"}, "git_commit": "abc"},
             "benchmarks": {"model_step": {"status": status, "summary": summary},
-                           "newbench": {"status": "ok", "summary": run_all.summarize({"speed_ratio": [2.0, 4.0]})}}}
+                           "newbench": {"status": "ok", "summary": runner.summarize({"speed_ratio": [2.0, 4.0]})}}}
 
 
 def test_table_rows_targets_and_unknown_benchmarks():
@@ -123,6 +127,39 @@ def test_plot_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_discover_searches_bench_and_its_study_folders_but_not_the_runner(tmp_path):
+    for rel in ("a.py", "study/b.py", "suite/c.py", "study/_d.py", "run_all.py"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text("def run(repeats=1):\n    return {}\n")
+    (tmp_path / "study" / "helper.py").write_text("def main():\n    pass\n")
+    assert run_all.discover(tmp_path) == ["a", "b"]
+    assert run_all.bench_file("b", tmp_path) == tmp_path / "study" / "b.py"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.py").write_text("def run():\n    return {}\n")
+    with pytest.raises(ValueError, match=r"\['a'\]"):
+        run_all.discover(tmp_path)
+    found = run_all.discover()  # the real bench/: the convergence study lives in its own folder
+    assert {"model_step", "zero", "lamb", "convergence"} <= set(found) and "report" not in found
+
+
+def test_synthetic_batch_and_stats():
+    batch = common.synthetic_batch(vocab_size=100, batch=3, seq=32, predictions=5, seed=1, padded=True)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
+        **{k: ((3, 32), torch.int64) for k in ("input_ids", "attention_mask", "token_type_ids", "mlm_labels")},
+        "sop_labels": ((3,), torch.int64)}
+    real = batch["attention_mask"].bool()
+    assert real.sum(1).tolist()[0] == 16 and bool((batch["input_ids"][~real] == 0).all())  # one short row, pad 0
+    labelled = batch["mlm_labels"] != -100
+    assert labelled.sum(1).tolist() == [5, 5, 5] and not labelled[:, 0].any() and not (labelled & ~real).any()
+    assert torch.equal(batch["mlm_labels"][labelled], batch["input_ids"][labelled])
+    assert bool((batch["input_ids"][real] >= 5).all())  # no special ids among the tokens
+    again = common.synthetic_batch(vocab_size=100, batch=3, seq=32, predictions=5, seed=1, padded=True)
+    assert all(torch.equal(batch[k], again[k]) for k in batch)
+    assert common.stats([3.0, float("nan"), 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    assert common.fmt_stats([1.0, 2.0, 4.0], scale=2.0, digits=1) == "0.5 / 1.0 / 2.0"
+
+
+@pytest.mark.integration
 def test_discover_and_child_process(tmp_path):
     (tmp_path / "fake.py").write_text(
         "def run(repeats=1):\n    return {'ratio_x': [1.0 * i for i in range(1, repeats + 1)], 'summary': {'x': 1}}\n")
@@ -150,7 +187,7 @@ def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
     results["benchmarks"]["model_step"].update(wall_s=3.0, kwargs={"repeats": 3})
     results["benchmarks"]["newbench"].update(wall_s=1.0, kwargs={"repeats": 2})
     (tmp_path / "results.json").write_text(json.dumps(results))
-    rid = run_all.log_to_mlflow(results, uri, "bench-test", [tmp_path / "results.json"])
+    rid = runner.log_to_mlflow(results, uri, "bench-test", [tmp_path / "results.json"])
     run = MlflowClient(tracking_uri=uri).get_run(rid)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["model_step/ratio_ours_over_hf/median"] == 1.25
@@ -161,6 +198,7 @@ def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
     assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(rid)] == ["results.json"]
 
 
+@pytest.mark.integration
 def test_child_benchmark_can_spawn_processes(tmp_path):
     # lamb.py / zero.py start their ranks with the spawn method, which unpickles the worker function by
     # its module's name: the runner must import a benchmark under its plain name, importable in the ranks.

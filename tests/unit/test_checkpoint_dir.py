@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from albert_dist.engine.checkpoint import layout as cd
 
 
@@ -21,6 +23,7 @@ def test_latest_is_replaced_whole(tmp_path):
     assert cd.read_latest(tmp_path) is None
 
 
+@pytest.mark.integration
 def test_imports_no_torch():
     code = "import sys, albert_dist.engine.checkpoint.layout; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

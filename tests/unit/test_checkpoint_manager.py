@@ -2,7 +2,7 @@
 `albert_dist.engine.checkpoint.save_checkpoint` writes them (single process, no DeepSpeed engine: the files'
 contents do not matter to these rules, only their names, sizes and the metadata).
 
-The distributed tests (tests/distributed/test_checkpoint.py) run the same rules on real DeepSpeed checkpoints.
+The distributed tests (tests/distributed/test_checkpoint.py) resume real DeepSpeed checkpoints through these rules.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from albert_dist.config import TrainConfig, resume_rules, to_container
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint import retention
 
 RULES = resume_rules()
 
@@ -55,6 +56,11 @@ def test_newest_checkpoint_truncated_resume_auto_takes_the_previous_one_and_says
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert skipped == [f"skipping checkpoint {ckpt_dir / 'step_10'}: zero_pp_rank_1_mp_rank_00_optim_states.pt "
                        f"has 100 bytes, albert_dist.json lists 500 (truncated or rewritten)"]
+    ckpt.write_latest(ckpt_dir, "step_15")  # and `latest` names a step that does not exist (a crash mid-save)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert ckpt.plan_resume("auto", ckpt_dir, log=False).tag == "step_5"
+    assert caplog.records == []  # log=False: ranks other than 0 say nothing (the job says it once)
 
 
 def test_latest_naming_a_missing_step_falls_back_to_the_newest_verified(ckpt_dir, caplog):
@@ -108,6 +114,80 @@ def test_retention_deletes_nothing_when_nothing_verifies(tmp_path):
     d = tmp_path / "c"
     truncate(make_ckpt(d, 3) / "mp_rank_00_model_states.pt")
     assert ckpt.prune(d, keep_last=1) == [] and (d / "step_3").is_dir()
+
+
+# ------------------------------------------------------------------------------- disk headroom (issue 20)
+def _quota(monkeypatch, ckpt_dir: Path, quota: int) -> None:
+    """A file system of `quota` bytes holding only `ckpt_dir` (what a small tmpfs reports as free). Patched in
+    its module: `ckpt.free_bytes` would cache the patched function in the package."""
+
+    def free_bytes(path) -> int:
+        return quota - sum(p.stat().st_size for p in Path(ckpt_dir).rglob("*") if p.is_file())
+
+    monkeypatch.setattr(retention, "free_bytes", free_bytes)
+
+
+def _dirs(ckpt_dir: Path) -> list[str]:
+    return sorted((p.name for p in ckpt_dir.iterdir() if p.is_dir()), key=lambda n: (len(n), n))
+
+
+def test_headroom_removes_unverified_then_oldest_before_the_save_never_the_newest(ckpt_dir, monkeypatch, caplog):
+    make_ckpt(ckpt_dir, 15)
+    (ckpt_dir / "step_20").mkdir()  # a save cut short: DeepSpeed's first file only
+    (ckpt_dir / "step_20" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 300)
+    size = ckpt.checkpoint_bytes(ckpt_dir / "step_15")
+    assert size == sum(FILES.values()) + (ckpt_dir / "step_15" / ckpt.META_FILE).stat().st_size
+    # room for 3 checkpoints in all: step_5 and step_10 must go for step_15 + the new one, step_20 first of all
+    _quota(monkeypatch, ckpt_dir, 3 * size + 100)
+    assert ckpt.last_checkpoint_bytes(ckpt_dir) == ("step_15", size)
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        removed = ckpt.make_room(ckpt_dir, size, keep_last=3)
+    assert removed == ["step_20", "step_5"]
+    assert _dirs(ckpt_dir) == ["step_10", "step_15"]
+    assert retention.free_bytes(ckpt_dir) >= size
+    msg = [r.getMessage() for r in caplog.records]
+    assert len(msg) == 1 and "removed step_20, step_5 before saving" in msg[0] and "keep_last=3" in msg[0], msg
+    assert ckpt.make_room(ckpt_dir, size, keep_last=3) == []  # enough room now: nothing else goes
+
+
+def test_headroom_keeps_the_resumed_checkpoint_and_says_when_the_room_is_still_short(ckpt_dir, monkeypatch, caplog):
+    make_ckpt(ckpt_dir, 15)
+    size = ckpt.checkpoint_bytes(ckpt_dir / "step_15")
+    _quota(monkeypatch, ckpt_dir, 3 * size - 10)  # short by more than 10 bytes, even after removing step_10
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert ckpt.make_room(ckpt_dir, size, keep_last=3, protect="step_5") == ["step_10"]
+    assert _dirs(ckpt_dir) == ["step_5", "step_15"]  # the resumed-from one and the newest verified one
+    short = [r.getMessage() for r in caplog.records if "will probably fail" in r.getMessage()]
+    assert len(short) == 1 and "kept: step_5, step_15" in short[0], caplog.text
+
+
+def test_free_bytes_of_a_directory_not_made_yet_is_its_file_systems(tmp_path):
+    import shutil
+
+    assert abs(ckpt.free_bytes(tmp_path / "a" / "b") - shutil.disk_usage(tmp_path).free) < 2**24
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_lowered_keep_last_applies_when_the_job_resumes(ckpt_dir, rank):
+    """Three checkpoints, resumed with keep_last=2: rank 0 removes step_5 before the engine is even built (so
+    before any save); the other ranks delete nothing."""
+    from albert_dist.engine.config import CheckpointConfig
+
+    class EngineBuilt(Exception):
+        pass
+
+    def build_engine(overrides):
+        raise EngineBuilt  # the test looks at the directory as it is when the engine would be built
+
+    make_ckpt(ckpt_dir, 15)
+    config = _config()
+    plan = ckpt.resume_plan("auto", ckpt_dir, config, 2, resume_rules(), log=False)
+    assert plan.point.tag == "step_15"
+    manager = ckpt.CheckpointManager(CheckpointConfig(keep_last=2), ckpt_dir, rank=rank, world_size=2,
+                                     config=config, config_hash="h", seed=0, plan=plan)
+    with pytest.raises(EngineBuilt):
+        manager.resume(build_engine, build_loader=None)
+    assert _dirs(ckpt_dir) == (["step_10", "step_15"] if rank == 0 else ["step_5", "step_10", "step_15"])
 
 
 def _config(**changes) -> dict:

@@ -14,14 +14,13 @@ import gzip
 import json
 import logging
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import read_metrics, run_cli
 
 from albert_dist.data import tokenizer as tok
 from albert_dist.data.config import DataConfig, SourceConfig
@@ -202,6 +201,7 @@ def test_every_format_resumes_exactly_with_two_workers(corpus):
     _same_batches([b for _, b in zip(range(4), third)], reference[8:])
 
 
+@pytest.mark.integration
 def test_train_through_the_cli_on_every_format(corpus, tmp_path):
     """One real `albert-dist train` (1 rank, 2 steps) over a directory holding every format, with a .jsonl.zst
     validation set: the preflight passes, the run trains, validates and checkpoints (the loader-level resume
@@ -210,18 +210,14 @@ def test_train_through_the_cli_on_every_format(corpus, tmp_path):
     data.mkdir()
     for name, path in corpus.items():
         os.symlink(path, data / f"{name}-{path.name}")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")}
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "albert_dist.cli", "train", "--config", RECIPE, f"run_dir={run_dir}", "max_steps=2",
-         "engine.zero_stage=0", "engine.train_micro_batch_size_per_gpu=2", "data.max_seq_length=32",
-         "data.max_predictions_per_seq=4", "data.num_workers=0", "data.eval_examples=8", "tracking.enabled=false",
-         "progress_bar=false", "log_interval_steps=1", f"data.train=[{{paths: [{data}]}}]",
-         f"data.validation=[{{paths: [{corpus['jsonl.zst']}]}}]", "data.shard_piece_bytes=4096"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli("train", "--config", RECIPE, f"run_dir={run_dir}", "max_steps=2", "engine.zero_stage=0",
+                   "engine.train_micro_batch_size_per_gpu=2", "data.max_seq_length=32", "data.max_predictions_per_seq=4",
+                   "data.num_workers=0", "data.eval_examples=8", "tracking.enabled=false", "progress_bar=false",
+                   "log_interval_steps=1", f"data.train=[{{paths: [{data}]}}]",
+                   f"data.validation=[{{paths: [{corpus['jsonl.zst']}]}}]", "data.shard_piece_bytes=4096", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
     assert any("val/loss" in r for r in records)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
@@ -354,7 +350,9 @@ def _error_of(capsys, command: list[str], runner) -> str:
         logging.root.handlers[:] = handlers
     err = capsys.readouterr().err.strip()
     assert rc == 2, (command, err)
-    return err
+    *logged, line = err.splitlines()  # log lines (an earlier in-process command may have set INFO) + the error
+    assert all(x.startswith("[rank") for x in logged), err
+    return line
 
 
 @pytest.mark.parametrize("case", ["missing file", "empty glob", "unknown suffix", "compressed parquet",

@@ -54,6 +54,7 @@ def test_python_expander(nodelist):
     assert D.expand_nodelist_py(nodelist) == EXPANSIONS[nodelist]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
 @pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
 def test_python_expander_matches_scontrol(nodelist):
@@ -154,6 +155,7 @@ def test_export_env_round_trip(no_scontrol):
     assert D.discover(exported) == D.DistEnv(3, 4, 1, 2, 1, "gpu01", env.master_port, 2, "torchrun")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
 def test_virtual_node_resolves_to_node_addr():
     """On the CI cluster (.ci/slurm-cluster.sh) n1 and n2 are virtual: their NodeAddr is 127.0.0.1."""

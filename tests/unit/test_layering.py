@@ -69,6 +69,7 @@ def test_no_import_cycles_in_the_package():
     assert find_cycle(graph) is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module", ["albert_dist.config", "albert_dist.engine.config", "albert_dist.data.config",
                                     "albert_dist.model.config", "albert_dist.tracking.config"])
 def test_config_layer_imports_no_torch(module):

@@ -52,6 +52,7 @@ def test_group_index_rejects_bad_arguments(args):
         group_index(*args)
 
 
+@pytest.mark.integration
 def test_model_package_imports_no_distributed_stack():
     import subprocess
     import sys

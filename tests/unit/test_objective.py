@@ -1,5 +1,6 @@
 """SOP weight and its schedule (albert_dist.engine.objective): values per step, validation, config wiring."""
 import pytest
+from helpers import read_metrics
 
 from albert_dist.engine.objective import ObjectiveConfig, sop_weight_at
 from albert_dist.engine import metric_names as names
@@ -56,10 +57,9 @@ def test_objective_section_loads_strictly():
         load_config(None, ["objective.sop_wieght=1"])
 
 
+@pytest.mark.integration
 def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path):
     """SOP weight 0 for steps 0-1, 1 from step 2 (one trainer in this process: DeepSpeed keeps its groups)."""
-    import json
-
     import torch
 
     from albert_dist.config import load_config
@@ -88,5 +88,4 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path):
     # Weight 0: the SOP head's gradient is 0 and, without weight decay, AdamW leaves it exactly as it was.
     assert torch.equal(initial, mlm_only)
     assert not torch.equal(mlm_only, final)
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r[names.TRAIN_SOP_WEIGHT] for r in records if names.TRAIN_SOP_WEIGHT in r] == [0.0, 0.0, 1.0]
+    assert [r[names.TRAIN_SOP_WEIGHT] for r in read_metrics(tmp_path, names.TRAIN_SOP_WEIGHT)] == [0.0, 0.0, 1.0]

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "configs/pretrain/albert-tiny-wikitext.yaml"
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")]
 
 
 def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") -> subprocess.CompletedProcess:
@@ -28,8 +28,11 @@ def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") 
     fake.chmod(0o755)
     # python for the free-port helper comes from this interpreter's directory
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(tmp_path / "run")}
+    # SIGINT at its default, as in a terminal (a background CI runner's children inherit it ignored, and bash
+    # cannot trap a signal ignored when it started)
     return subprocess.run(["bash", str(REPO / "launch/pretrain_local.sh"), *args], capture_output=True, text=True,
-                          env=env, timeout=60, start_new_session=True)
+                          env=env, timeout=60, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _launch(tmp_path: Path, *args: str) -> list[str]:
@@ -57,7 +60,7 @@ def test_arguments_reach_the_launcher(tmp_path, args, ranks, recipe, rest):
 
 def _continue_command(stdout: str) -> list[str]:
     lines = stdout.splitlines()
-    return shlex.split(lines[lines.index(next(x for x in lines if "continue with:" in x)) + 1])
+    return shlex.split(lines[lines.index(next(x for x in lines if x.rstrip().endswith(" with:"))) + 1])
 
 
 @pytest.mark.parametrize("args, expected_tail", [
@@ -84,22 +87,50 @@ def test_after_a_config_error_there_is_no_resume_hint(tmp_path):
     assert "exit 2" in after and "resume" not in after and "continue" not in after
 
 
-# A process started in the background by a non-interactive shell (a CI runner, nohup ... &) inherits SIGINT
-# ignored, and bash cannot trap a signal that was ignored when it started: the INT case cannot run there.
-_SIGINT_IGNORED = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+def _checkpoint(run: Path, tag: str, reason: str) -> str:
+    """Shell commands writing what a save leaves: the tag's albert_dist.json (with its "reason"), then `latest`."""
+    ckpt = run / "checkpoints"
+    return (f"mkdir -p {ckpt / tag}; echo '{{\"step\": 7, \"reason\": \"{reason}\"}}' > {ckpt / tag}/albert_dist.json; "
+            f"echo {tag} > {ckpt}/latest")
 
 
-@pytest.mark.parametrize("signal_name", [
-    pytest.param("INT", marks=pytest.mark.skipif(_SIGINT_IGNORED, reason="SIGINT is ignored in this process tree "
-                                                                          "(started in the background); bash cannot trap it")),
-    "TERM"])
-def test_ctrl_c_or_sigterm_to_the_group_prints_the_command_to_continue(tmp_path, signal_name):
-    # The signal reaches the whole group: the ranks checkpoint, `deepspeed`'s runner exits non-zero. The
-    # stand-in signals the script itself (its parent), writes a checkpoint's `latest` and exits 1.
-    checkpoints = tmp_path / "run" / "checkpoints"
+@pytest.mark.parametrize("signal_name", ["INT", "TERM"])
+def test_ctrl_c_or_sigterm_then_a_stop_checkpoint_is_exit_75_with_the_command_to_continue(tmp_path, signal_name):
+    # The signal reaches the whole group: the ranks checkpoint, DeepSpeed's launch.py exits 1 whatever they said.
+    # The stand-in signals the script (its parent), writes a stop checkpoint and exits 1.
     proc = _run(tmp_path, "2", "max_steps=50", exit_code=1,
-                before_exit=f"kill -{signal_name} $PPID; sleep 0.5; mkdir -p {checkpoints}; echo step_7 > {checkpoints}/latest")
+                before_exit=f"kill -{signal_name} $PPID; sleep 0.5; {_checkpoint(tmp_path / 'run', 'step_7', 'stop')}")
     assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
-    assert f"(SIG{signal_name} received, the launcher exited 1; newest complete checkpoint: step_7)" in proc.stdout
+    assert f"(SIG{signal_name}: every rank stopped after writing checkpoint step_7; the launcher exited 1)" \
+        in proc.stdout
     assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
                                               "max_steps=50", "--resume", "auto"]
+
+
+@pytest.mark.parametrize("written, reason", [(False, ""), (True, "interval")])
+def test_a_signal_without_a_checkpoint_at_the_stop_is_not_called_one(tmp_path, written, reason):
+    """The issue's Ctrl-C case: the last interval checkpoint was taken for one written at the stop (exit 75).
+    Now: no new checkpoint, or a new one the ranks wrote on their interval (killed before their stop's), is an
+    interrupt: exit 130 (128 + SIGINT), the newest complete checkpoint named, the command to continue printed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    subprocess.run(["bash", "-c", _checkpoint(run, "step_5", "interval")], check=True)
+    write = _checkpoint(run, "step_7", reason) if written else "true"
+    proc = _run(tmp_path, "2", exit_code=1, before_exit=f"kill -INT $PPID; sleep 0.5; {write}")
+    assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr)
+    newest = "step_7" if written else "step_5"
+    assert f"(SIGINT: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or the " \
+           f"ranks were killed); newest complete checkpoint: {newest})" in proc.stdout
+    assert "pretraining interrupted (exit 130)" in proc.stdout and "stopped by a signal" not in proc.stdout
+    assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
+
+
+@pytest.mark.parametrize("launcher_exit, signum, name", [(247, 9, "KILL"), (137, 9, "KILL"), (245, 11, "SEGV")])
+def test_a_rank_killed_by_a_signal_is_exit_1_naming_the_signal(tmp_path, launcher_exit, signum, name):
+    """kill -9 of rank 1: DeepSpeed's launch.py exits with the rank's return code -9, i.e. 247, which is not one
+    of the documented codes: it becomes 1 (a crash; `--resume auto` continues), the signal named."""
+    proc = _run(tmp_path, "2", exit_code=launcher_exit)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"(a rank was killed by signal {signum} (SIG{name}), e.g. the kernel's OOM killer (see dmesg) or a " \
+           f"kill -9; the launcher exited {launcher_exit})" in proc.stdout
+    assert "pretraining failed (exit 1)" in proc.stdout and _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]

@@ -61,6 +61,7 @@ def test_hostfile_errors(capsys):
     assert H.main(["--nodelist", "n1", "--slots", "0"]) == 2
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shell_syntax(script):
@@ -68,6 +69,7 @@ def test_shell_syntax(script):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (Debian package `shellcheck`; .ci/run installs it)")
 def test_shellcheck():
@@ -86,8 +88,27 @@ def test_sbatch_directives_precede_commands():
         assert not [line for line in lines[first_command:] if line.startswith("#SBATCH")], script
 
 
+@pytest.mark.integration
 def test_hostfile_cli_runs_as_script(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "launch/slurm_hostfile.py"), "--nodelist", "n[1-2]",
                            "--slots", "2"], capture_output=True, text=True, env={"PATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "n1 slots=2\nn2 slots=2\n"
+
+
+@pytest.mark.parametrize("command_exit, expected, says", [
+    (137, 1, "a rank was killed by signal 9 (SIGKILL): the kernel's OOM killer (see dmesg), a kill -9, or srun "
+             "ending a rank stuck after another failed (the first error above is the cause); exit 1 (srun exited 137)"),
+    (247, 1, "a rank was killed by signal 9 (SIGKILL)"),  # DeepSpeed's launch.py: the rank's -9
+    (130, 130, "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop"),
+    (75, 75, "training exited with status 75"), (74, 74, "training exited with status 74"),
+    (1, 1, "training exited with status 1"),
+])
+def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_code(command_exit, expected, says):
+    """What the batch script exits with when srun's tasks end: albert-dist train's codes pass through; a task
+    killed by a signal (srun: 128 + N) is not one of them: 1, naming the signal (130 for SIGINT)."""
+    script = (f"MASTER_ADDR=127.0.0.1 SLURM_JOB_ID=1; source slurm/common.sh; "
+              f"run_preemptible true -- bash -c 'exit {command_exit}'; echo \"rc=$?\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
+    assert says in proc.stdout, proc.stdout

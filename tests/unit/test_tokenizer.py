@@ -228,3 +228,22 @@ def test_transformers_gives_sentencepiece_ids_from_train_and_export(tmp_path, lo
                 assert hf(text, add_special_tokens=False)["input_ids"] == sp.encode(text), (directory, cls, text)
             assert hf(MIXED[0])["input_ids"] == [tok.CLS_ID, *sp.encode(MIXED[0]), tok.SEP_ID]
     assert transformers.AlbertTokenizer.from_pretrained(str(tmp_path / "hf")).model_max_length == 32
+
+
+def test_cli_prints_the_byte_budget_and_samples_every_file(tmp_path, caplog):
+    """--sample-bytes bounds what sentencepiece holds; the budget and the files it came from are logged."""
+    import logging
+
+    words = [f"w{i} alpha beta gamma delta epsilon." for i in range(4000)]
+    for k in range(3):  # three files of ~50 KB: a 30 KB budget takes ~10 KB of each
+        (tmp_path / f"part{k}.txt").write_text("\n\n".join(words[k::3]) + "\n")
+    caplog.set_level(logging.INFO, logger="albert_dist.data.tokenizer")
+    rc = tok.cli(["train", "--input", str(tmp_path / "*.txt"), "--vocab-size", "60", "--sample-bytes", "30K",
+                  "--output", str(tmp_path / "tok")])
+    assert rc == 0
+    logs = [r.getMessage() for r in caplog.records]
+    share = 100 * 30 * 1024 / sum(p.stat().st_size for p in tmp_path.glob("*.txt"))
+    assert any(f"sample budget 30.0 KiB of text, {share:.1f}% of" in m and "in 3 files" in m for m in logs), logs
+    trained = next(m for m in logs if "trained on" in m)
+    assert "from 3 of 3 files" in trained
+    assert tok.load_tokenizer(str(tmp_path / "tok" / "spiece.model")).get_piece_size() == 60

@@ -17,7 +17,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from albert_dist.tracking.base import JsonlTracker, read_metric_log
-from albert_dist.tracking.checkpoints import Uploader, list_files, snapshot
+from albert_dist.tracking.checkpoints import list_files, snapshot, stage_checkpoint
 from albert_dist.tracking.config import TrackingConfig
 from albert_dist.tracking.params import flatten
 from albert_dist.tracking.secrets import MASK, is_secret_name, redact, scrub_text, secret_values
@@ -239,7 +239,6 @@ def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, c
     client = FakeClient()
     client.max_artifact_bytes = 1000
     sender = make_sender(client, tmp_path)
-    uploader = Uploader(client, sender, retry_backoff_s=0.01, max_backoff_s=0.02)
     ck = tmp_path / "ck" / "step_2"
     ck.mkdir(parents=True)
     (ck / "big.pt").write_bytes(b"x" * 5000)
@@ -247,16 +246,60 @@ def test_refused_upload_is_final_for_that_file_and_the_rest_continue(tmp_path, c
     model = tmp_path / "model"
     model.mkdir()
     (model / "weights.bin").write_bytes(b"z" * 500)
-    uploader.submit_checkpoint(str(ck), 2, metrics_offset=0)
-    uploader.submit({"staging": str(model), "dest": "model/hf"})
+    sender.submit(stage_checkpoint(str(ck), 2))
+    sender.submit({"staging": str(model), "dest": "model/hf"})
     t0 = time.monotonic()
-    assert uploader.close(timeout_s=30) == []  # nothing left pending: the 413 is not retried
+    sender.close(timeout_s=30)
+    assert sender.pending_uploads == []  # nothing left pending: the 413 is not retried
     assert time.monotonic() - t0 < 10
-    sender.close(1)
     assert client.artifacts == ["checkpoints/step_2/small.pt", "model/hf/weights.bin"]  # no COMPLETE.json
-    assert uploader.completed == [] and uploader.failed == ["checkpoints/step_2/big.pt"]
+    assert sender.completed == [] and sender.failed == ["checkpoints/step_2/big.pt"]
     assert "checkpoints/step_2/big.pt (5000 bytes)" in caplog.text
     assert "artifact weights.bin uploaded to model/hf (1 files, 0.0 MB" in caplog.text  # a few files are named
+
+
+def test_a_checkpoint_waiting_behind_an_upload_is_dropped_for_a_newer_one(tmp_path):
+    """Only the newest checkpoint matters: one queued behind a running upload is dropped when a newer one is
+    queued; one queued behind params only (quick items) is uploaded."""
+    class SlowClient(FakeClient):
+        def __init__(self):
+            super().__init__()
+            self.running, self.gate = threading.Event(), threading.Event()
+
+        def log_artifact(self, run_id, local_path, artifact_path=None):
+            if artifact_path.startswith("model"):  # the upload the checkpoints queue behind
+                self.running.set()
+                self.gate.wait(30)
+            super().log_artifact(run_id, local_path, artifact_path)
+
+    def checkpoint(step):
+        path = tmp_path / "ck" / f"step_{step}"
+        path.mkdir(parents=True)
+        (path / "model.pt").write_bytes(b"w" * 8)
+        return stage_checkpoint(str(path), step)
+
+    client = SlowClient()
+    sender = make_sender(client, tmp_path)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"z" * 8)
+    sender.submit({"staging": str(model), "dest": "model/hf"})
+    assert client.running.wait(10)
+    sender.submit(checkpoint(2))
+    sender.submit(checkpoint(4))  # step 2 waits behind the model upload: dropped
+    assert [job["step"] for job in sender.pending_uploads if "step" in job] == [4]
+    client.gate.set()
+    deadline = time.monotonic() + 10
+    while sender.pending_uploads and time.monotonic() < deadline:  # nothing is uploading now
+        time.sleep(0.01)
+    sender.add_params({"p": "1"})
+    sender.submit(checkpoint(6))
+    sender.submit(checkpoint(8))  # step 6 waits behind params at most: kept
+    sender.close(timeout_s=30)
+    assert sender.pending_uploads == [] and sender.completed == [4, 6, 8] and sender.failed == ["checkpoints/step_2"]
+    assert not (tmp_path / "ck" / ".mlflow_upload_step_2").exists()
+    assert [a for a in client.artifacts if a.endswith("COMPLETE.json")] == \
+        [f"checkpoints/step_{s}/COMPLETE.json" for s in (4, 6, 8)]
 
 
 @pytest.mark.parametrize("uri,expected", [

@@ -41,8 +41,16 @@ def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
         assert fragment in err, (fragment, err)
 
 
-def test_good_inputs_pass_the_preflight(tmp_path):
-    from albert_dist.config import load_config
+def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypatch, capsys):
+    """The same command line without the bad value: every check passes and the trainer is set up with the config."""
+    reached = []
+    def setup(self):  # stands in for the build: record the config, name the run directory as setup does
+        reached.append(self.cfg)
+        self.run_dir = Path(self.cfg.run_dir)
 
-    cfg = load_config(RECIPE, BASE + [f"run_dir={tmp_path}"])
-    trainer.check_inputs(cfg)  # the bundled sample and tokenizer exist and fit vocab_size 8000
+    monkeypatch.setattr(trainer.Trainer, "setup", setup)
+    monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
+    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    assert trainer.cli(["--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
+    assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
+    assert "albert-dist train:" not in capsys.readouterr().err

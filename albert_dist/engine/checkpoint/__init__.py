@@ -24,7 +24,8 @@ Layout of `<checkpoint dir>` (default `<run_dir>/checkpoints`)::
     step_<N>_universal/       the same converted by DeepSpeed's ds_to_universal, made when resuming elsewhere
     latest                    the tag of the newest *verified* checkpoint (DeepSpeed's format: the tag, no newline)
 
-`albert_dist.json` (`META_FILE`) = {"format", "step", "world_size", "zero_stage", "config_hash", "config" (the
+`albert_dist.json` (`META_FILE`) = {"format", "step", "world_size", "zero_stage", "config_hash", "reason" (why it
+was written: "interval", "final" or "stop", the last for a stop signal's), "config" (the
 resolved TrainConfig: the model and data-shape snapshot the drift check compares), "files": {relative path:
 bytes} of every other file of the tag directory}. A checkpoint *verifies* when its metadata reads and every
 listed file exists with the listed size (`verify`): this catches what real clusters leave behind, a save cut
@@ -33,19 +34,22 @@ far more than the 5 % of the save time such a check may take (measured in docs/c
 
 Save protocol (`save_checkpoint`, collective: every rank writes its own ZeRO partition): (1) every rank's
 data-loader and RNG states are gathered into the `TrainState`; (2) rank 0 removes a stale directory of the same
-tag and its universal copy (an earlier attempt's, now stale); (3) `engine.save_checkpoint(..., save_latest=False)`
+tag and its universal copy (an earlier attempt's, now stale), and, when the free space is below the size of the
+last verified checkpoint, deletes older checkpoints first (`make_room`: never the newest verified one nor the one
+the job resumed from); (3) `engine.save_checkpoint(..., save_latest=False)`
 with DeepSpeed's writer wrapped so an `OSError` (or the `RuntimeError` torch's zip writer raises on a full
 disk) is recorded instead of leaving the other ranks in DeepSpeed's barrier; (4) barrier; (5) the ranks agree
 on the first error; (6) rank 0 lists the files, writes `albert_dist.json`, verifies it and only then moves
 `latest` atomically (temporary file, fsync, `os.replace`); (7) on any error the partial directory is removed,
 `latest` still names the previous checkpoint, and every rank raises the same `CheckpointSaveError` (one line:
-the path and the errno, "disk full" for ENOSPC); (8) rank 0 applies retention (`prune`); (9) barrier.
+the path and the errno; "disk full" for ENOSPC, with the bytes a checkpoint needs and those free); (8) rank 0 applies retention (`prune`); (9) barrier.
 DeepSpeed's own `latest` (written from rank 0 without waiting for the others) is not used.
 
 Resume (`plan_resume`, no process group needed): "auto" takes the newest `step_<N>` directory that verifies,
 logging each newer one it skips and why (whatever `latest` says: a `latest` naming a missing step falls back
 the same way). Retention (`prune`) never deletes the newest verified checkpoint, nor the one the job resumed
-from until a newer verified one exists; unverified directories are removed.
+from until a newer verified one exists; unverified directories are removed. It also runs when a job resumes, so
+a lowered `checkpoint.keep_last` frees its space before the first save.
 
 Resume on another number of ranks (the saved world size differs), or with a changed field whose resume rule is
 "convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `ResumePlan.universal`): rank 0 converts the checkpoint with
@@ -106,6 +110,10 @@ _HOME: dict[str, str] = {
     "CheckpointSaveError": "save",
     "save_checkpoint": "save",
     "prune": "retention",
+    "make_room": "retention",
+    "free_bytes": "retention",
+    "checkpoint_bytes": "retention",
+    "last_checkpoint_bytes": "retention",
     "UNIVERSAL_CHECKPOINT_INFO": "load",
     "load_checkpoint": "load",
     "to_universal": "load",

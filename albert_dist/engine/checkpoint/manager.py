@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 from albert_dist.engine.checkpoint.load import load_checkpoint
 from albert_dist.engine.checkpoint.resume import ResumePlan, Resumed
+from albert_dist.engine.checkpoint.retention import prune
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
 from albert_dist.engine.reshard import LoaderFactory, build_resumed_loader
@@ -75,6 +76,9 @@ class CheckpointManager:
         if fetch is not None:
             self.plan = fetch(self.ckpt_dir)
         point = self.plan.point
+        if point is not None and self.rank == 0:
+            # Retention at resume: a lowered checkpoint.keep_last frees its space before the first save.
+            prune(self.ckpt_dir, self.cfg.keep_last, protect=point.tag if self._resumed_here(point) else None)
         engine = build_engine({"checkpoint": {"load_universal": True}} if self.plan.universal else {})
         if point is None:
             loader = build_loader(self.rank, self.world_size)
@@ -94,20 +98,31 @@ class CheckpointManager:
             seed_all(seed_for(self.seed, self.rank, state.step))
         return Resumed(engine, loader, state.step, point)
 
-    def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False) -> Optional[str]:
+    def _resumed_here(self, point) -> bool:
+        return Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
+
+    def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False,
+                   stop: bool = False) -> Optional[str]:
         """Save step `step` when the cadence says so (`every(step, save_interval_steps, last)`) and it is not
         saved yet (collective); returns the tag or None.
 
-        `data_state` is called only when saving (a loader's state_dict is not free). A failed save raises
+        `data_state` is called only when saving (a loader's state_dict is not free). `stop`: this is a stop
+        signal's checkpoint (`albert_dist.json` records why each checkpoint was written: "interval", "final" or
+        "stop"; launch/pretrain_local.sh reads it). A failed save raises
         `CheckpointSaveError`, unless `checkpoint.on_save_error` is "continue" and this is an interval save: then
         it is logged (one line) and the next interval tries again. A `last` save (the final step, a stop) always
         raises: there is no next interval, and a stop must not exit as if a checkpoint had been written.
         """
         if self.last_saved == step or not every(step, self.cfg.save_interval_steps, last):
             return None
+        # The checkpoint resumed from (in this directory) is protected until this job has saved one of its own.
+        point = self.plan.point
+        protect = (point.tag if point is not None and self.last_saved == point.step and self._resumed_here(point)
+                   else None)
         try:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
-                                  config=self.config, protect=self.plan.point.tag if self.plan.point else None)
+                                  config=self.config, protect=protect,
+                                  reason="stop" if stop else "final" if last else "interval")
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise

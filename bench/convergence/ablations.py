@@ -1,15 +1,15 @@
-"""Objective and recipe ablations on the bundled corpus, scored like bench/convergence.py.
+"""Objective and recipe ablations on the bundled corpus, scored like bench/convergence/convergence.py.
 
 Every cell is one run of the real trainer (one rank, global batch 16, seq 128, AdamW, linear warmup/decay,
 ``BASE`` overrides on the quickstart recipe) for ``--steps`` (1,000) optimiser steps with a checkpoint every
-``--every`` (100) steps, each checkpoint scored on bench/convergence.py's held-out set through the HF export;
+``--every`` (100) steps, each checkpoint scored on bench/convergence/convergence.py's held-out set through the HF export;
 the 300- and 1,000-step figures come from the same 1,000-step run (the 300-step point sees the 1,000-step
 learning-rate schedule). ``peer`` is transformers' run_mlm recipe (`convergence.train_peer`). Results are one
 JSON file per (cell, seed) in ``--out``; a cell already there is not rerun, so the grid can be extended.
 
-    python bench/ablations.py run peer shipped sop0 --seeds 1 2 --jobs 2 [--out runs/ablations]
-    python bench/ablations.py table [--out runs/ablations]        # the markdown table of docs/convergence.md
-    python bench/ablations.py list                                # the cells and their overrides
+    python bench/convergence/ablations.py run peer shipped sop0 --seeds 1 2 --jobs 2 [--out runs/ablations]
+    python bench/convergence/ablations.py table [--out runs/ablations]        # the markdown table of docs/convergence.md
+    python bench/convergence/ablations.py list                                # the cells and their overrides
 
 Not a suite benchmark (it has no ``run``): a full grid is hours of CPU.
 """
@@ -69,7 +69,7 @@ CELLS: dict[str, tuple[tuple[str, ...], str]] = {
     "lr1e-3": (("objective.sop_weight=0.0", "optimizer.lr=0.001"), "sop0, lr 1e-3"),
     "lr5e-3_w300": (("objective.sop_weight=0.0", "optimizer.lr=0.005", "optimizer.warmup_steps=300"),
                     "sop0, lr 5e-3 with 300 warmup steps"),
-    # corpus written by `python bench/sop_synthetic.py --corpus-only` (its MLM score on WikiText means nothing)
+    # corpus written by `python bench/convergence/sop_synthetic.py --corpus-only` (its MLM score on WikiText means nothing)
     "sop_numbered": (("objective.sop_weight=1.0", "objective.sop_start_step=0", "objective.sop_ramp_steps=0",
                       "data.train=[{paths: [runs/sop_synthetic/corpus/train.txt]}]",
                       "data.validation=[{paths: [runs/sop_synthetic/corpus/validation.txt]}]"),

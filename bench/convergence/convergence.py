@@ -20,7 +20,7 @@ Recipes of ours (trainer overrides on top of the quickstart recipe, see ``RECIPE
 
 * ``matched``: single-token masking (``data.max_ngram=1``, ``data.whole_word_masking=false``), no SOP loss
   (``objective.sop_weight=0``) and no short sequences (``data.short_seq_prob=0``, the peer's blocks are all full
-  length): the peer's objective on ALBERT's two-segment examples (bench/ablations.py cell ``matched_ssp0``;
+  length): the peer's objective on ALBERT's two-segment examples (bench/convergence/ablations.py cell ``matched_ssp0``;
   cell ``matched`` keeps ALBERT's 10% short sequences).
 * ``albert``: ALBERT's recipe: n-gram whole-word masking of 15% of the tokens, ``short_seq_prob`` 0.1, SOP at
   weight 1 from the first step.
@@ -36,9 +36,9 @@ validation, ``data.validation`` pairs) and its MLM accuracy over the MLM-only ru
 step run sees the learning-rate schedule of 1,000 steps (the 300-step point is inside that run, not the end
 of a 300-step run).
 
-    python bench/convergence.py                          # 1,000 steps, points at 300 and 1,000 (~25 min)
-    python bench/convergence.py --steps 200 --report-steps 100 200 --recipes matched
-    python bench/convergence.py --out runs/convergence   # keeps the runs (metrics.jsonl, checkpoints)
+    python bench/convergence/convergence.py                          # 1,000 steps, points at 300 and 1,000 (~25 min)
+    python bench/convergence/convergence.py --steps 200 --report-steps 100 200 --recipes matched
+    python bench/convergence/convergence.py --out runs/convergence   # keeps the runs (metrics.jsonl, checkpoints)
 
 ``run(...)`` returns the figures as a dict for bench/run_all.py (the suite runs fewer steps, same comparison).
 """
@@ -57,7 +57,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from albert_dist.tracking.base import read_metric_log
+
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
 log = logging.getLogger("bench.convergence")
 
@@ -65,7 +67,7 @@ log = logging.getLogger("bench.convergence")
 #: (= a curve point) every `curve_every` steps, all of them kept.
 COMMON = ("engine.zero_stage=2", "engine.train_micro_batch_size_per_gpu=16", "engine.gradient_accumulation_steps=1", "tracking.enabled=false",
           "progress_bar=false", "data.num_workers=1")
-#: BERT's and ALBERT's masking rate, and ModernBERT's (the quickstart recipe's); shared with bench/ablations.py.
+#: BERT's and ALBERT's masking rate, and ModernBERT's (the quickstart recipe's); shared with bench/convergence/ablations.py.
 MASK15 = ("data.masked_lm_prob=0.15", "data.max_predictions_per_seq=20")
 MASK30 = ("data.masked_lm_prob=0.3", "data.max_predictions_per_seq=40")
 #: ALBERT's masking (15% in n-gram whole words, short sequences).
@@ -231,8 +233,8 @@ def read_metrics(run_dir: str, batch: int = 16) -> tuple[dict[int, float], dict[
     Training seconds per log interval: ``interval_s`` when logged, else sequences / ``samples_per_s`` (both
     leave evaluation and checkpointing out); ``batch`` is the global batch (sequences per step)."""
     train_s, val, total, last_step = {}, {}, 0.0, 0
-    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        rec = flat_record(json.loads(line))
+    for rec in read_metric_log(run_dir):  # whole lines only
+        rec = flat_record({k: v for k, v in rec.items() if k != "_end"})
         if "interval_s" in rec:
             total += rec["interval_s"]
         elif "samples_per_s" in rec:
@@ -406,13 +408,13 @@ def run(steps: int = 1000, report_steps: Sequence[int] = (300, 1000), curve_ever
     return result
 
 
-#: bench/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
+#: bench/convergence/ablations.py cell holding the same run as each curve of this benchmark (`--reuse`).
 ABLATION_CELLS = {"peer": "peer", "matched": "matched_ssp0", "albert": "sop1", "albert_mlm_only": "sop0",
                   "quickstart": "shipped_mask30_sop1"}
 
 
 def reuse(ablations_dir: str, seed: int, report_steps: Sequence[int]) -> dict[str, Any]:
-    """The figures from bench/ablations.py runs of the same recipes (same trainer/peer/scoring code, curve points
+    """The figures from bench/convergence/ablations.py runs of the same recipes (same trainer/peer/scoring code, curve points
     every 100 steps there) instead of training again: `ABLATION_CELLS` maps this benchmark's curves to cells."""
     result: dict[str, Any] = {"report_steps": list(report_steps), "curves": {}, "reused_from": ablations_dir,
                               "seed": seed}
@@ -460,7 +462,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--peer-full-logits", action="store_true",
                    help="peer computes run_mlm's full (B, S, V) logits (same learning, its true wall time)")
     p.add_argument("--reuse", default=None, metavar="DIR",
-                   help="take the curves from bench/ablations.py results in DIR instead of training")
+                   help="take the curves from bench/convergence/ablations.py results in DIR instead of training")
     p.add_argument("--seed", type=int, default=1, help="with --reuse: the ablation seed to read")
     p.add_argument("--json", default=None, help="write the result dict here")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer overrides for every run")

@@ -1,6 +1,6 @@
 """The figures a fresh `make pretrain` should show, read from a reference run's metrics (not typed by hand).
 
-    python bench/quickstart_figures.py [RUN_DIR_OR_METRICS_JSONL] [--readme README.md] [--doc docs/convergence.md]
+    python bench/convergence/quickstart_figures.py [RUN_DIR_OR_METRICS_JSONL] [--readme README.md] [--doc docs/convergence.md]
 
 Default input: ``docs/quickstart-reference/metrics.jsonl`` (the reference run of
 configs/pretrain/albert-tiny-wikitext.yaml, copied from its run directory with the command that made it in
@@ -8,7 +8,7 @@ configs/pretrain/albert-tiny-wikitext.yaml, copied from its run directory with t
 ``interval_s``, evaluation and checkpoints excluded) and wall time of the whole run when the run directory
 holds ``wall_s``, first/last train loss, and the last validation record: MLM loss and accuracy, SOP accuracy,
 and the unigram baseline of the same validation set (``val_unigram_mlm_accuracy`` or
-``val_mlm_accuracy_over_unigram``, logged by the trainer; else computed here the way bench/convergence.py
+``val_mlm_accuracy_over_unigram``, logged by the trainer; else computed here the way bench/convergence/convergence.py
 computes it: training-corpus token frequencies over the masked tokens of the trainer's validation batches).
 With ``--readme``/``--doc`` the block replaces what is between ``<!-- quickstart figures start -->`` and
 ``<!-- quickstart figures end -->`` in those files.
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import convergence as conv  # noqa: E402
 DEFAULT = ROOT / "docs" / "quickstart-reference" / "metrics.jsonl"
 START, END = "<!-- quickstart figures start -->", "<!-- quickstart figures end -->"
@@ -109,7 +109,7 @@ def render(fig: dict[str, Any]) -> str:
                      f"{fig.get('val_sop_pairs', 0):.0f} SOP pairs |")
     lines += ["", "Validation MLM accuracy by step: " +
               ", ".join(f"{s}: {a:.3f}" for s, a in fig["curve"]) + ".",
-              "(`python bench/quickstart_figures.py` prints this block from the reference run; "
+              "(`python bench/convergence/quickstart_figures.py` prints this block from the reference run; "
               "docs/convergence.md has how it was chosen.)"]
     return "\n".join(lines)
 

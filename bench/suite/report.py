@@ -2,7 +2,7 @@
 
 Used by ``bench/run_all.py`` after a suite run, and on its own to re-render from an existing file:
 
-    python bench/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
+    python bench/suite/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
 
 Which figures make the table is declared once, in :data:`HEADLINES`: every row names the benchmark, the
 dotted key of its ratio in that benchmark's result, the target from the issue that asked for it, and (when
@@ -106,6 +106,15 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("data_scale", "1-step train CPU seconds: 2,000 files / the bundled 8 (same text size)",
              "startup.ratio_cpu_many_over_sample", None, None, "startup.many_files.cpu_s",
              "startup.bundled_sample.cpu_s", "CPU s"),
+    Headline("data_scale", "tokenizer train peak RSS, vocab 8000, 100 MB: byte-budgeted sample / every document into "
+             "sentencepiece's 2M-sentence reservoir (the previous command)", "tokenizer.100MB.ratio_rss_ours_over_peer",
+             None, None, "tokenizer.100MB.ours.peak_rss_bytes",
+             "tokenizer.100MB.peer_reservoir_2m_sentences.peak_rss_bytes", "bytes"),
+    Headline("data_scale", "tokenizer train peak RSS at 100 MB (1 GB and 10 GB with --full --10g), bytes",
+             "tokenizer.100MB.ours.peak_rss_bytes", "<=", 2e9),
+    Headline("data_scale", "data prepare of .jsonl.zst, MB per CPU-second: ours (1 worker, dedup, sized row groups) / "
+             "datasets load_dataset('json').to_parquet()", "prepare.ratio_mb_per_cpu_s_ours_over_peer", None, None,
+             "prepare.workers_1.mb_per_cpu_s", "prepare.peer_datasets_json_to_parquet.mb_per_cpu_s", "MB/CPU-s"),
     Headline("memory_scale", "model states per rank of albert-base (ZeRO-2/3, 1 and 4 ranks, bf16): DeepSpeed's "
              "tensors / our estimate (albert_dist.engine.memory), lowest cell", "headline.states_vs_ours_min", ">=", 0.8),
     Headline("memory_scale", "the same, highest cell", "headline.states_vs_ours_max", "<=", 1.25),
@@ -322,7 +331,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Re-render the results table in docs/benchmarks.md and the plot from an existing results file; returns 0."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(root / "bench" / "results.json"))
     p.add_argument("--doc", "--readme", dest="doc", default=str(root / "docs" / "benchmarks.md"),

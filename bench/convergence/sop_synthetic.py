@@ -6,8 +6,8 @@ and sentence "( 1 )" in B means "swapped" outright. If val SOP accuracy stays at
 (labels, token types, pooler, head, loss) is broken; if it learns here but not on the natural corpus, the task
 is only hard for the model.
 
-    python bench/sop_synthetic.py [--steps 300] [--out runs/sop_synthetic] [key=value ...]
-    python bench/sop_synthetic.py --probe [--corpus natural]      # is the order in the input at all?
+    python bench/convergence/sop_synthetic.py [--steps 300] [--out runs/sop_synthetic] [key=value ...]
+    python bench/convergence/sop_synthetic.py --probe [--corpus natural]      # is the order in the input at all?
 
 Prints the trainer's validation SOP accuracy per evaluation (validation: held-out synthetic documents).
 ``--probe`` instead fits a logistic regression on bag-of-(token, segment) counts of the trainer's own training

@@ -1,0 +1,122 @@
+"""One job per run directory: an OS lock (`fcntl.flock`) on `<run_dir>/.albert_dist.lock`, held by rank 0 for the
+whole job and released by the kernel when the process ends, however it ends (a killed job never leaves it
+stuck, so `--resume auto` after a crash and a Slurm requeue take it again).
+
+Two jobs on one run directory (a double `sbatch`, a requeue racing a manual restart) used to both run: each
+deleted the other's fresh checkpoints as "left by an earlier attempt", and `metrics.jsonl` got every step
+twice. The second job is now refused before any process group (`albert_dist.train`: exit 2), with a line
+naming the directory and the holder (pid, host, Slurm job, start time), which the holder writes into the lock
+file once it holds the lock.
+
+File systems: local ones and NFS (the Linux client turns `flock` into an NFS lock; a crashed client's lock
+is released when its lease ends, 90 s by default on NFSv4) lock across nodes; Lustre needs its `flock` mount
+option. Where the file system cannot lock (ENOLCK, EOPNOTSUPP, ...), the job runs with a warning saying a
+second job would not be refused.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".albert_dist.lock"
+
+#: errnos of a file system that cannot lock at all (as opposed to a lock held by someone else)
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+class RunDirBusy(ValueError):
+    """Another live job holds the run directory's lock; the message names the directory and the holder.
+    A `ValueError`, so the app refuses the job with exit code 2 like any other bad input."""
+
+
+def _holder(lock_path: Path) -> str:
+    """The holder as its lock file describes it: "pid 123 on host n1 (Slurm job 45), since <UTC time>"."""
+    try:
+        info = json.loads(lock_path.read_text() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info.get("pid"):
+        return "a job that has not written its pid yet"
+    text = f"pid {info['pid']} on host {info.get('host', '?')}"
+    if info.get("slurm_job_id"):
+        text += f" (Slurm job {info['slurm_job_id']})"
+    if info.get("started"):
+        text += f", since {info['started']}"
+    return text
+
+
+class RunDirLock:
+    """The lock of one run directory (see the module docstring). `acquire()` once on rank 0, before the process
+    group; the lock lasts while this object's file descriptor is open (`release()`, or the process's end)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> "RunDirLock":
+        """Take the lock without waiting (creating the run directory if needed) and record this process in
+        the lock file. Returns self.
+
+        Raises:
+            RunDirBusy: another process holds it; the message names the directory, the holder and what to do.
+            OSError: the run directory or the lock file cannot be created.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirBusy(
+                    f"run directory {self.run_dir} is in use by another job: {_holder(self.path)} (lock "
+                    f"{self.path}); one job per run directory: wait for it to end, or choose another run_dir"
+                ) from None
+            if err.errno in _NO_LOCKING:
+                logger.warning("cannot lock %s on this file system (%s): a second job on %s would not be refused",
+                               self.path, os.strerror(err.errno), self.run_dir)
+                return self
+            raise
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        # A flock belongs to the open file, which forked children (DataLoader workers) share: without this, a
+        # killed rank 0's workers would hold the lock on until they notice their parent is gone (~5 s).
+        os.register_at_fork(after_in_child=self._forget)
+        return self
+
+    def _forget(self) -> None:
+        """In a forked child: drop this process's reference to the lock (the parent keeps it)."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def release(self) -> None:
+        """Unlock (closing the descriptor releases the flock); the file stays, naming the last holder."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+__all__ = ["LOCK_FILE", "RunDirBusy", "RunDirLock"]
