@@ -360,7 +360,6 @@ def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: flo
     """Model-state bytes of `cells` [(preset, stage, precision)] on `world` ranks (each config with the dotted
     overrides `extra` too): per cell the per-rank maximum of every class, every rank's figures, DeepSpeed's
     estimates and our estimate."""
-    from albert_dist.engine import memory
 
     per_rank = _spawn(_states_worker, world, (cells, tuple(extra)), timeout_s)
     out = {}
@@ -370,7 +369,6 @@ def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: flo
         cells_by_rank = [per_rank[r][key] for r in sorted(per_rank)]
         worst = {c: max(x["by_class"][c] for x in cells_by_rank) for c in CLASSES}
         states = max(x["states_peak_bytes"] for x in cells_by_rank)
-        ours = memory.model_state_bytes(cfg, world)
         ds = cells_by_rank[0]["deepspeed"]
         ds_bytes = ds["zero3_bytes"] if int(stage) == 3 else ds["zero2_bytes"]
         out[key] = {
@@ -382,13 +380,23 @@ def measure_states(cells: list[tuple[str, int, str]], world: int, timeout_s: flo
                          for x in cells_by_rank],
             "deepspeed_estimate_bytes": ds_bytes, "deepspeed_printed": ds["printed"],
             "ratio_vs_deepspeed": states / ds_bytes,
-            "ours": ours.as_dict(),
-            "ratio_vs_ours": states / ours.model_states_bytes,
-            "buffers_vs_ours": (worst["buffers"] / ours.buffers_bytes) if ours.buffers_bytes else None,
-            "gathered_vs_ours": (worst["gathered"] / ours.gathered_bytes) if ours.gathered_bytes else None,
             "step_s": max(x["step_s"] for x in cells_by_rank), "overrides": list(extra),
         }
+        _estimate_states(out[key], cfg)
     return out
+
+
+def _estimate_states(cell: dict[str, Any], cfg) -> None:
+    """Our estimate (albert_dist.engine.memory) of a measured model-state cell and the ratios against it,
+    written into `cell`; `--merge` redoes it so merged runs are judged by the current estimator."""
+    from albert_dist.engine import memory
+
+    ours = memory.model_state_bytes(cfg, cell["world_size"])
+    worst = cell["per_rank_max"]
+    cell["ours"] = ours.as_dict()
+    cell["ratio_vs_ours"] = cell["model_states_bytes"] / ours.model_states_bytes
+    cell["buffers_vs_ours"] = (worst["buffers"] / ours.buffers_bytes) if ours.buffers_bytes else None
+    cell["gathered_vs_ours"] = (worst["gathered"] / ours.gathered_bytes) if ours.gathered_bytes else None
 
 
 # ------------------------------------------------------------------------------------------- activations
@@ -440,7 +448,6 @@ def measure_activations(preset: str, variants: Iterable[tuple[int, bool, str, in
     """Activation bytes of `preset` on CPU per variant (sequence length, checkpointing, precision,
     micro-batch) at two depths, against `albert_dist.engine.memory.activation_bytes` at the measured depth
     (with the batch's own number of MLM predictions) and its prediction at the preset's depth."""
-    from albert_dist.engine import memory
     from albert_dist.model import AlbertForPreTraining
 
     base = _cfg(preset, 0, "fp32")
@@ -467,17 +474,28 @@ def measure_activations(preset: str, variants: Iterable[tuple[int, bool, str, in
                                 "masked_per_sequence": masked, "measured": {str(d): v for d, v in figs.items()}}
         for what in ("retained_bytes", "peak_bytes"):
             cell[f"{what}_per_block"] = (figs[hi][what] - figs[lo][what]) / (hi - lo)
-        at_hi = _cfg(preset, 0, "fp32", [f"model.num_hidden_layers={hi}", "model.inner_group_num=1", *flags]).model
-        est_hi = memory.activation_bytes(at_hi, micro_batch, seq, precision, masked=round(masked))
-        est_full = memory.activation_bytes(_cfg(preset, 0, "fp32", flags).model, micro_batch, seq, precision,
-                                           masked=round(masked))
-        cell["estimate_measured_depth"] = est_hi.as_dict()
-        cell["estimate_full_depth"] = est_full.as_dict()
-        cell["ratio_retained_vs_ours"] = figs[hi]["retained_bytes"] / est_hi.retained_bytes
-        cell["ratio_peak_vs_ours"] = figs[hi]["peak_bytes"] / est_hi.peak_bytes
+        _estimate_activations(cell, preset, hi)
         key = f"S{seq}|{'ckpt' if ckpt else 'no_ckpt'}|{precision}|B{micro_batch}"
         out["cells"][key] = cell
     return out
+
+
+def _estimate_activations(cell: dict[str, Any], preset: str, depth: int) -> None:
+    """Our activation estimate of a measured cell at its measured `depth` and the preset's own depth, and
+    the ratios, written into `cell` (redone by `--merge`)."""
+    from albert_dist.engine import memory
+
+    seq, precision, micro_batch, masked = cell["seq"], cell["precision"], cell["micro_batch"], cell["masked_per_sequence"]
+    flags = [f"model.gradient_checkpointing={str(cell['checkpointing']).lower()}", f"data.max_seq_length={seq}"]
+    at_depth = _cfg(preset, 0, "fp32", [f"model.num_hidden_layers={depth}", "model.inner_group_num=1", *flags]).model
+    est_hi = memory.activation_bytes(at_depth, micro_batch, seq, precision, masked=round(masked))
+    est_full = memory.activation_bytes(_cfg(preset, 0, "fp32", flags).model, micro_batch, seq, precision,
+                                       masked=round(masked))
+    measured = cell["measured"][str(depth)]
+    cell["estimate_measured_depth"] = est_hi.as_dict()
+    cell["estimate_full_depth"] = est_full.as_dict()
+    cell["ratio_retained_vs_ours"] = measured["retained_bytes"] / est_hi.retained_bytes
+    cell["ratio_peak_vs_ours"] = measured["peak_bytes"] / est_hi.peak_bytes
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -542,13 +560,19 @@ def _checks(states: dict[str, Any], acts: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several runs' results as one (later runs' cells replace earlier ones of the same key), checks redone."""
+    """Several runs' results as one (later runs' cells replace earlier ones of the same key), our estimates
+    and the checks redone with the current code (the measurements are kept as they are)."""
     states: dict[str, Any] = {}
     acts: dict[str, Any] = {}
     for r in results:
         states.update(r["states"])
         for preset, a in r["activations"].items():
             acts.setdefault(preset, {**a, "cells": {}})["cells"].update(a["cells"])
+    for v in states.values():
+        _estimate_states(v, _cfg(v["preset"], v["stage"], v["precision"], tuple(v.get("overrides", ()))))
+    for preset, a in acts.items():
+        for cell in a["cells"].values():
+            _estimate_activations(cell, preset, a["depths"][1])
     out: dict[str, Any] = {"states": states, "activations": acts, "seconds": sum(r["seconds"] for r in results)}
     out["checks"] = _checks(states, acts)
     out["headline"] = out["checks"]["headline"]

@@ -15,6 +15,7 @@ measurements check:
 
     python bench/sizing.py --soak soak.json                # measures the checkpoints (~2 min), reads the soak
     python bench/sizing.py --no-checkpoints                # memory and data tables only
+    python bench/sizing.py --only memory                   # one table (memory, data, checkpoints, mlflow)
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def mlflow_table(soak: dict[str, Any]) -> str:
     a = soak["analysis"]
     rows, sys_rows = a["mlflow_metric_rows_per_1000_steps"], a["mlflow_system_metric_rows_per_hour"]
     db = a["mlflow_db_bytes_per_1000_steps"]
-    lines = [f"From the soak ({soak['steps']} steps, {soak['ranks']} ranks, log every 50 steps, validation every 250; "
+    lines = [f"From the soak ({soak.get('steps_done', soak['steps'])} steps, {soak['ranks']} ranks, log every 50 steps, validation every 250; "
              f"{soak['wall_s'] / 60:.0f} min): {rows:.0f} training/validation metric rows per 1,000 steps, "
              f"{sys_rows:.0f} system-metric rows per hour per node, SQLite {db / 1e6:.2f} MB per 1,000 steps; checkpoint "
              "artifacts bounded by `tracking.keep_last_checkpoints` (= `checkpoint.keep_last`). Training rows do not "
@@ -162,15 +163,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100 SXM: 989)")
     p.add_argument("--no-checkpoints", action="store_true", help="skip the checkpoint measurement")
+    p.add_argument("--only", choices=("memory", "data", "checkpoints", "mlflow"), help="print this table only")
     a = p.parse_args(argv)
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    print(memory_tables(), "\n")
-    print(data_table(Path(a.results), a.mfu, a.peak_tflops), "\n")
-    if not a.no_checkpoints:
+    if a.only in (None, "memory"):
+        print(memory_tables(), "\n")
+    if a.only in (None, "data"):
+        print(data_table(Path(a.results), a.mfu, a.peak_tflops), "\n")
+    if a.only == "checkpoints" or (a.only is None and not a.no_checkpoints):
         print(checkpoint_table(), "\n")
-    if a.soak:
+    if a.soak and a.only in (None, "mlflow"):
         print(mlflow_table(json.loads(Path(a.soak).read_text())))
     return 0
 
