@@ -8,25 +8,16 @@ bench/memory_scale.json (tests/unit/test_memory.py).
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import load_bench
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[2]
 CELLS = [("albert-tiny", 1, "fp32"), ("albert-tiny", 2, "bf16"), ("albert-tiny", 3, "fp32")]
 
 
 def _bench():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("memory_scale", REPO / "bench" / "memory_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # the spawned ranks unpickle its worker by this name
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("memory_scale", name="memory_scale")  # the spawned ranks unpickle its worker by this name
 
 
 def test_model_states_on_two_ranks_match_the_estimate():

@@ -7,7 +7,6 @@ model; the refusal against the project's own config loader.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_bench
 
 from albert_dist import train as train_app
 from albert_dist.config import load_config
@@ -26,15 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
 MEASURED = REPO / "bench" / "memory_scale.json"
 LO, HI = 0.8, 1.25
-
-
-def _bench():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_memory_scale_under_test", REPO / "bench" / "memory_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_memory_module_imports_no_torch():
@@ -116,7 +107,7 @@ def test_zero3_partitions_the_states_on_4_ranks():
 @pytest.mark.parametrize("seq, checkpointing", [(64, False), (64, True)])
 def test_activation_estimate_matches_a_live_profile(seq, checkpointing):
     """A 4-block model with I != 4H measured now with torch's profiler (bench/memory_scale.py's pass)."""
-    bench = _bench()
+    bench = load_bench("memory_scale")
     cfg = load_config(None, ["model.preset=albert-tiny", "model.num_hidden_groups=1", "model.intermediate_size=320",
                              f"model.gradient_checkpointing={str(checkpointing).lower()}"]).model
     torch.manual_seed(0)

@@ -2,25 +2,10 @@
 caught; a flat run passes. (The soak itself is not run in CI: docs/scale.md has its figures and command.)"""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import load_bench
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _soak():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_soak_under_test", REPO / "bench" / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _soak()
+soak = load_bench("soak")
 
 
 def _samples(rss_mb_per_1000: float = 0.0, slowdown: float = 0.0, checkpoints_on_disk: int = 2,
