@@ -24,6 +24,7 @@ bounded by `keep_last` (checkpoints never above keep_last + 1 checkpoints' bytes
 With `--budget-min` the job gets SIGTERM when the budget is spent (the trainer finishes the step, checkpoints it
 and exits 75, the documented preemption code) and the figures cover the steps sampled until then (`steps_done`).
     python bench/soak.py --json soak.json --keep         # keep the work directory (run dir, MLflow store)
+    python bench/soak.py --report soak.json              # the tables of an earlier run again
 
 The work directory is under $BENCH_TMPDIR (default /tmp) and deleted at the end unless --keep.
 """
@@ -356,6 +357,18 @@ def report(res: dict[str, Any]) -> str:
     lines.append(f"| MLflow artifacts (checkpoints kept) | max {a['mlflow_artifact_bytes_max'] / 1e6:.1f} MB during the "
                  f"run, {a['mlflow_artifact_growth_bytes_per_1000_steps'] / 1e6:+.2f} MB per 1,000 steps; "
                  f"{res['final_mlflow_artifact_bytes'] / 1e6:.1f} MB at the end (final model included) | — | — |")
+    lines += ["", "Every sample (the load average is the machine's, shared with other jobs):", "",
+              "| step | step time, s | CPU s per step (rank 0) | RSS MB per rank | checkpoints on disk | load (1 min) |",
+              "|---|---|---|---|---|---|"]
+    prev = None
+    for s in res["samples"]:
+        r0 = s["ranks"].get("0")
+        cpu = (f"{(r0['cpu_s'] - prev[1]) / (s['step'] - prev[0]):.3f}" if r0 and prev else "—")
+        step_s = f"{s['step_s']:.3f}" if s["step_s"] else "—"
+        lines.append(f"| {s['step']} | {step_s} | {cpu} | "
+                     + ", ".join(f"{v['rss_bytes'] / 1e6:.0f}" for _, v in sorted(s["ranks"].items()))
+                     + f" | {len(s['checkpoints'])} ({s['checkpoint_bytes'] / 1e6:.1f} MB) | {s['loadavg_1m']:.1f} |")
+        prev = (s["step"], r0["cpu_s"]) if r0 else None
     return "\n".join(lines)
 
 
@@ -369,7 +382,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--workdir", help="parent of the work directory (default $BENCH_TMPDIR or /tmp)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--json", help="write the result to this file")
+    p.add_argument("--report", metavar="JSON", help="run nothing: print the tables of an earlier --json result")
     a = p.parse_args(argv)
+    if a.report:
+        print(report(json.loads(Path(a.report).read_text())))
+        return 0
     sys.path.insert(0, str(ROOT))
     res = soak(steps=a.steps, sample_every=a.sample_every, ranks=a.ranks, warmup_steps=a.warmup_steps,
                workdir=a.workdir, keep=a.keep, budget_s=a.budget_min * 60 if a.budget_min else None)

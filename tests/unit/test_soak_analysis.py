@@ -46,3 +46,15 @@ def test_a_leak_a_slowdown_and_an_unbounded_disk_are_caught():
     assert not a["targets"]["rss_ok"] and a["targets"]["rss_growth_mb_per_1000_steps_max"] == pytest.approx(8, rel=0.1)
     assert not soak.analyse(_samples(slowdown=0.2), warmup_steps=1000, keep_last=2)["targets"]["step_time_ok"]
     assert not soak.analyse(_samples(checkpoints_on_disk=5), warmup_steps=1000, keep_last=2)["targets"]["disk_ok"]
+
+
+def test_the_report_of_a_budget_stopped_run_names_the_steps_done():
+    samples = _samples(steps=1500)
+    res = {"steps": 5000, "steps_done": 1500, "ranks": 2, "wall_s": 1740.0, "keep_last": 2, "budget_s": 1740.0,
+           "stopped_by_budget": True, "samples": samples, "final_mlflow_artifact_bytes": 31_000_000,
+           "analysis": soak.analyse(samples, warmup_steps=500, keep_last=2)}
+    text = soak.report(res)
+    assert text.startswith("1500 steps (stopped by the 29-minute budget after 1500 of max_steps=5000), 2 ranks")
+    rows = [line for line in text.splitlines() if line.startswith("| 1500 |")]
+    # the last sample: step time 0.3 s, rank 0's CPU seconds over the last 250 steps / 250 = 0.25, RSS 800 + 1 MB
+    assert rows == ["| 1500 | 0.300 | 0.250 | 801, 801 | 2 (30.0 MB) | 1.0 |"], rows
