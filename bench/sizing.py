@@ -13,7 +13,7 @@ measurements check:
   weights; every rank: its fp32 master + Adam partition), checked against the measured 1-rank total;
 * MLflow volume per 1,000 steps: the soak's counts (`--soak soak.json` from `python bench/soak.py --json ...`).
 
-    python bench/sizing.py --soak soak.json                # measures the checkpoints (~2 min), reads the soak
+    python bench/sizing.py --soak bench/soak.json          # measures the checkpoints (3.5 min at load 5-6), reads the soak
     python bench/sizing.py --no-checkpoints                # memory and data tables only
     python bench/sizing.py --only memory                   # one table (memory, data, checkpoints, mlflow)
 """
