@@ -38,6 +38,8 @@ from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
+from albert_dist.engine.compile import compile_engine, eager
+from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
 from albert_dist.engine.objective import sop_weight_at
@@ -115,13 +117,12 @@ class Trainer:
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        fetch = None
-        if self.resume_from is not None:  # MLflow: the run's newest complete checkpoint, then resumed as "auto"
-            def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:
-                fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
-                return self._plan("auto", ckpt_dir)
+        def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:  # MLflow: the run's newest complete checkpoint, as "auto"
+            fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
+            return self._plan("auto", ckpt_dir)
 
-        resumed = self.checkpoints.resume(self._build_engine, self._build_loader, fetch=fetch)
+        resumed = self.checkpoints.resume(self._build_engine, self._build_loader,
+                                          fetch=fetch if self.resume_from is not None else None)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
         with ckpt.rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
@@ -140,6 +141,9 @@ class Trainer:
             params["derived"] = {"world_size": world, "train_batch_size": self.global_batch,
                                  "n_parameters": self.n_params, "config_hash": self.config_hash}
             self.tracker.log_params(params)
+            note = cfg.data.masking_cap_note()
+            if note:  # not an error (ALBERT's own recipe does it), but a masking rate the user may not expect
+                logger.warning("%s", note)
 
     def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> ckpt.ResumePlan:
         """`ckpt.resume_plan` for this job (its config, world size and the config's resume rules); rank 0 warns."""
@@ -158,7 +162,8 @@ class Trainer:
         if self.dist_env.rank == 0:
             (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
         ckpt.seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
-        model = AlbertForPreTraining(cfg.model)
+        # The static MLM gather (one shape for every batch, no host sync): as many slots as a row can hold.
+        model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=cfg.data.prediction_slots)
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
         model.universal_checkpoint_info = dict(ckpt.UNIVERSAL_CHECKPOINT_INFO)
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -167,6 +172,9 @@ class Trainer:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=ds_config)
         after_initialize(engine)  # LAMB: DeepSpeed's partition map
+        install_exact_clipping(engine)  # ZeRO-0 fp32: clip with ZeRO-1/2's float64 norm (engine/grad_norm.py)
+        if cfg.engine.compile:
+            compile_engine(engine, cfg.engine.compile_scope)
         self.ga_steps = engine.gradient_accumulation_steps()
         if self.ga_steps != cfg.engine.gradient_accumulation_steps:  # the loop and DeepSpeed must agree
             raise RuntimeError(f"DeepSpeed runs {self.ga_steps} accumulation steps, the config says "
@@ -272,6 +280,11 @@ class Trainer:
 
     def _log_train(self, acc: MetricAccumulator, lr: float, sop_weight: float) -> dict[str, float]:
         stats = acc.reduce()
+        if stats["mlm_dropped"]:  # the pipeline caps every row at the model's slots: a bug, not a data problem
+            raise RuntimeError(f"{stats['mlm_dropped']:.0f} masked positions of the last {self.cfg.log_interval_steps}"
+                               f" steps had no slot in the model's static MLM gather (data.max_predictions_per_seq="
+                               f"{self.cfg.data.max_predictions_per_seq}, {self.cfg.data.prediction_slots} slots per "
+                               f"row): batches with more masked positions per row than the data pipeline makes")
         world = self.dist_env.world_size
         record = {names.TRAIN + q: stats[q] for q in names.EVAL_QUANTITIES}
         record.update({names.TRAIN_SOP_WEIGHT: float(sop_weight), names.TRAIN_GRAD_NORM: stats["grad_norm"],
@@ -315,7 +328,8 @@ class Trainer:
                 self.tracker.log_metrics(self._evaluator.once_metrics(), self.step)
         self.engine.eval()
         try:
-            val = self._evaluator.evaluate(self.engine)
+            with eager():  # a compiled model would compile the evaluation's shapes anew (engine/compile.py)
+                val = self._evaluator.evaluate(self.engine)
         finally:
             self.engine.train()
         if self.dist_env.rank == 0:

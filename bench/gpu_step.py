@@ -1,32 +1,45 @@
-"""ALBERT-base bf16 pretraining steps with DeepSpeed ZeRO-2 on one NVIDIA GPU, and a model-step comparison.
+"""ALBERT-base bf16 pretraining steps on one NVIDIA GPU: eager vs compiled, static vs dynamic MLM gather, host
+syncs, MFU, peak memory, and transformers' model in the same run.
 
-Run by bench/gpu_check.sh (which prepares the Python environment); not part of the CPU suite (it has no
-``run`` function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512):
+Run by bench/gpu_check.sh (which prepares the Python environment); not part of the CPU suite (it has no ``run``
+function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512), on the bundled
+WikiText-2 sample (batches from ``build_train_loader`` with the data defaults: 15% masking, at most 20 per row,
+prefetched to the GPU so the figure is the step, not the loader):
 
-1. ``engine``: configs/model/albert-base.yaml, ZeRO-2, bf16 with fp32 gradient accumulation, AdamW, through
-   the project's own ``build_deepspeed_config`` / ``build_optimizer``; batches from the bundled WikiText-2
-   sample via ``build_train_loader`` (prefetched to the GPU before timing, so the figure is the step, not the
-   loader; the loader's own rate is printed beside it). Prints tokens/s (padded positions, the compute run)
-   and non-padding tokens/s, MFU = training_flops_per_token(S) x positions/s / peak (the trainer's
-   definition: executed blocks, forward + backward; the MLM head is not counted), peak allocated memory.
-   The peak is the datasheet dense bf16 figure of the device (:data:`PEAK_BF16_TFLOPS`), else
-   $ALBERT_DIST_PEAK_TFLOPS; a bf16 matmul measured in the same run is printed as well.
+1. ``engine``: configs/model/albert-base.yaml, DeepSpeed ZeRO-2, bf16 with fp32 gradient accumulation, AdamW,
+   through the project's ``build_deepspeed_config`` / ``build_optimizer`` / ``optimizer_step`` (the trainer's
+   step), in up to four variants, each on a fresh engine from the same weights:
+   ``eager_dynamic`` (the MLM gather padded to the batch's longest row), ``eager_static`` (the trainer's static
+   gather), ``block`` and ``model`` (static + `engine.compile` with that `compile_scope`). Per variant: the first
+   step's seconds (the compile), tokens/s (padded positions, the compute run) and non-padding tokens/s, MFU =
+   training_flops_per_token(S) x positions/s / peak (the trainer's definition), peak allocated memory, and the
+   host syncs: one step under ``torch.cuda.set_sync_debug_mode("warn")`` with every warning attributed to
+   albert_dist, DeepSpeed or other code, then one forward + backward under ``"error"`` (must pass for the
+   static variants; the dynamic gather is the control and must raise). Compiled variants run every step after
+   the first under ``torch._dynamo.config.error_on_recompile``. The peak is the datasheet dense bf16 figure
+   (:data:`PEAK_BF16_TFLOPS`), else $ALBERT_DIST_PEAK_TFLOPS; a bf16 matmul measured in the same run is printed.
 2. ``model step vs transformers``: plain PyTorch, no DeepSpeed, bf16 autocast over fp32 weights, fused AdamW,
-   the same batches: albert_dist's AlbertForPreTraining vs transformers' (``attn_implementation="sdpa"``)
-   with the same weights (``to_transformers``), alternating blocks of steps; ratio ours / transformers.
+   the same batches: albert_dist's AlbertForPreTraining (static gather, eager) vs transformers'
+   (``attn_implementation="sdpa"``) with the same weights, alternating blocks of steps; ratio ours / transformers.
 
-    python bench/gpu_step.py [--seqs 128 512] [--steps 30] [--out results.json]
-    python bench/gpu_step.py --device cpu --model albert-tiny --seqs 64 --steps 2 --micro-batch 4  # smoke test
+Measurements run in priority order (eager, then transformers, then the compiled variants) and the ones that
+would start after ``--budget-s`` are skipped and listed, so the whole check ends in time on a slow machine.
+
+    python bench/gpu_step.py [--seqs 128 512] [--steps 20] [--variants ...] [--out results.json]
+    python bench/gpu_step.py --device cpu --model albert-tiny --seqs 64 --steps 2 --micro-batch 4 \
+        --compile-backend eager     # the CPU smoke run of bench/gpu_check.sh --cpu
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,6 +50,7 @@ MODEL_DIR = ROOT / "configs" / "model"
 #: Micro batch per sequence length: ~16k positions per step (ALBERT's batch 4096 x 512 is 2M positions per
 #: step across many devices; this keeps one step short while the GPU stays busy).
 MICRO_BATCH = {128: 128, 512: 32}
+VARIANTS = ("eager_dynamic", "eager_static", "block", "model")
 
 #: Dense bf16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name() (first match wins;
 #: vendor datasheets, without sparsity).
@@ -57,8 +71,9 @@ def datasheet_peak_tflops(device_name: str) -> Optional[float]:
     return float(env) if env else None
 
 
-def _prefetch(seq: int, micro_batch: int, n: int, device: torch.device) -> tuple[list[dict], float]:
-    """``n`` real batches at sequence length ``seq`` on ``device``, and the loader's tokens/s producing them."""
+def _prefetch(seq: int, micro_batch: int, n: int, device: torch.device) -> tuple[list[dict], float, Any]:
+    """``n`` real batches at sequence length ``seq`` on ``device``, the loader's tokens/s producing them, and the
+    data config (its ``prediction_slots`` size the static gather)."""
     from albert_dist.data.config import DataConfig
     from albert_dist.data.loader import build_train_loader
 
@@ -70,12 +85,137 @@ def _prefetch(seq: int, micro_batch: int, n: int, device: torch.device) -> tuple
     batches = [next(it) for _ in range(n)]
     rate = n * micro_batch * seq / (time.perf_counter() - t0)
     del it, loader
-    return [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in batches], rate
+    return [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in batches], rate, cfg
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _owner(filename: str) -> str:
+    return "albert_dist" if "/albert_dist/" in filename else "deepspeed" if "/deepspeed/" in filename else "other"
+
+
+@contextlib.contextmanager
+def sync_debug(mode: str, device: torch.device):
+    """``torch.cuda.set_sync_debug_mode(mode)`` inside the block (a no-op on CPU, where nothing syncs)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+def host_syncs(engine, batch: dict, device: torch.device) -> dict[str, Any]:
+    """The host syncs of one training step: a whole `optimizer_step` under sync-debug "warn" (warnings counted by
+    the owner of the Python frame that triggered them), then a forward + backward under "error" (the micro-step
+    alone; ``error_micro_step`` is None when it ran, else the error's first line)."""
+    from albert_dist.engine.loss import label_counts, micro_step_loss, optimizer_step
+
+    counts: dict[str, int] = {"albert_dist": 0, "deepspeed": 0, "other": 0}
+    sites: dict[str, int] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with sync_debug("warn", device):
+            optimizer_step(engine, [batch])
+            _sync(device)
+    for w in caught:
+        if "synchroniz" not in str(w.message):
+            continue
+        owner = _owner(w.filename)
+        counts[owner] += 1
+        site = f"{w.filename.rsplit('/site-packages/', 1)[-1]}:{w.lineno}"
+        sites[site] = sites.get(site, 0) + 1
+    error = None
+    try:
+        with sync_debug("error", device):
+            out = engine(**batch)
+            engine.backward(micro_step_loss(out, label_counts([batch]), engine.dp_world_size))
+    except RuntimeError as err:
+        error = str(err).splitlines()[0]
+    if error is None:  # after a raise the micro-step is half done: the engine is destroyed next anyway
+        engine.step()
+        _sync(device)
+    return {"checked": device.type == "cuda", "warn_step": counts, "warn_sites": sites, "error_micro_step": error}
+
+
+def engine_variant(model_name: str, variant: str, batches: list[dict], data_cfg, warmup: int, device: torch.device,
+                   peak: Optional[float], backend: str) -> dict[str, Any]:
+    """ZeRO-2 bf16 DeepSpeed steps of preset ``model_name`` in ``variant`` (module docstring) on ``batches``
+    (the first ``1 + warmup`` untimed, the first of them timed as the compile step)."""
+    import deepspeed
+
+    from albert_dist.config import TrainConfig, load_model_config
+    from albert_dist.engine.compile import compile_engine, dynamo_counters
+    from albert_dist.engine.deepspeed_config import build_deepspeed_config
+    from albert_dist.engine.grad_norm import install_exact_clipping
+    from albert_dist.engine.loss import optimizer_step
+    from albert_dist.engine.metrics import peak_memory_bytes
+    from albert_dist.engine.optim import build_optimizer
+    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.model.flops import training_flops_per_token
+
+    micro, seq = batches[0]["input_ids"].shape
+    cfg = TrainConfig(model=load_model_config(MODEL_DIR / f"{model_name}.yaml"))
+    cfg.engine.zero_stage, cfg.engine.precision, cfg.engine.grad_accum_dtype = 2, "bf16", "fp32"
+    cfg.engine.train_micro_batch_size_per_gpu = micro
+    torch.manual_seed(0)
+    slots = None if variant == "eager_dynamic" else data_cfg.prediction_slots
+    model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=slots)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
+                                      config=build_deepspeed_config(cfg.engine, world_size=1))
+    install_exact_clipping(engine)
+    if variant in ("block", "model"):
+        torch._dynamo.reset()
+        compile_engine(engine, variant, backend=backend)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses = []
+    graphs0 = dynamo_counters()["unique_graphs"]
+    _sync(device)
+    t0 = time.perf_counter()
+    result = optimizer_step(engine, [batches[0]])
+    losses.append(result.outputs[0].loss)
+    _sync(device)
+    first_s = time.perf_counter() - t0
+    graphs = dynamo_counters()["unique_graphs"] - graphs0
+    times = []
+    no_recompile = (torch._dynamo.config.patch(error_on_recompile=True) if variant in ("block", "model")
+                    else contextlib.nullcontext())
+    with no_recompile:
+        for i, batch in enumerate(batches[1:]):
+            _sync(device)
+            t = time.perf_counter()
+            result = optimizer_step(engine, [batch])
+            _sync(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+            losses.append(result.outputs[0].loss)
+        syncs = host_syncs(engine, batches[-1], device)
+    positions = micro * seq
+    real = [int(b["attention_mask"].sum()) for b in batches[1 + warmup:]]
+    tps = [positions / t for t in times]
+    flops = training_flops_per_token(cfg.model, seq)
+    out = {
+        "variant": variant, "seq": seq, "micro_batch": micro, "slots_per_row": None if slots is None else slots + 1,
+        "first_step_s": first_s, "graphs": graphs, "steps": len(times), "step_s": times, "tokens_per_s": tps,
+        "non_pad_tokens_per_s": [r / t for r, t in zip(real, times)],
+        "peak_memory_gib": peak_memory_bytes(device) / 2**30,  # allocated on CUDA, RSS on CPU
+        "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
+        "model_tflops_per_s": statistics.median(tps) * flops / 1e12, "syncs": syncs,
+    }
+    if peak:
+        out["mfu"] = [t * flops / (peak * 1e12) for t in tps]
+    engine.destroy()
+    del engine, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
 
 
 def _time_steps(step, batches: list[dict], warmup: int, device: torch.device) -> list[float]:
@@ -91,80 +231,24 @@ def _time_steps(step, batches: list[dict], warmup: int, device: torch.device) ->
     return out
 
 
-def engine_steps(model_name: str, seq: int, steps: int, warmup: int, device: torch.device,
-                 peak: Optional[float], micro: Optional[int] = None) -> dict[str, Any]:
-    """ZeRO-2 bf16 DeepSpeed steps of preset ``model_name`` at ``seq``: throughput, MFU, peak memory."""
-    import deepspeed
-
-    from albert_dist.config import TrainConfig
-    from albert_dist.engine.deepspeed_config import build_deepspeed_config
-    from albert_dist.engine.metrics import peak_memory_bytes
-    from albert_dist.engine.optim import build_optimizer
-    from albert_dist.config import load_model_config
-    from albert_dist.model import AlbertForPreTraining
-    from albert_dist.model.flops import training_flops_per_token
-
-    micro = micro or MICRO_BATCH.get(seq, max(1, 16384 // seq))
-    cfg = TrainConfig(model=load_model_config(MODEL_DIR / f"{model_name}.yaml"))
-    cfg.engine.zero_stage, cfg.engine.precision, cfg.engine.grad_accum_dtype = 2, "bf16", "fp32"
-    cfg.engine.train_micro_batch_size_per_gpu = micro
-    batches, loader_tps = _prefetch(seq, micro, steps + warmup, device)
-    torch.manual_seed(0)
-    model = AlbertForPreTraining(cfg.model)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
-                                      config=build_deepspeed_config(cfg.engine, world_size=1))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    losses = []
-
-    def step(batch):
-        loss = engine(**batch).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.detach())
-
-    times = _time_steps(step, batches, warmup, device)
-    positions = micro * seq
-    real = [int(b["attention_mask"].sum()) for b in batches[warmup:]]
-    tps = [positions / t for t in times]
-    flops = training_flops_per_token(cfg.model, seq)
-    out = {
-        "seq": seq, "micro_batch": micro, "steps": len(times), "step_s": times,
-        "tokens_per_s": tps, "non_pad_tokens_per_s": [r / t for r, t in zip(real, times)],
-        "loader_tokens_per_s_prefetch": loader_tps,
-        "peak_memory_gib": peak_memory_bytes(device) / 2**30,  # allocated on CUDA, RSS on CPU
-        "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
-        "model_tflops_per_s": statistics.median(tps) * flops / 1e12,
-    }
-    if peak:
-        out["mfu"] = [t * flops / (peak * 1e12) for t in tps]
-    engine.destroy()
-    del engine, model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return out
-
-
-def model_step_vs_hf(model_name: str, seq: int, steps: int, warmup: int, device: torch.device,
-                     micro: Optional[int] = None) -> dict[str, Any]:
-    """Plain bf16-autocast training steps of ours vs transformers' ALBERT-base (same weights, same batches)."""
+def model_step_vs_hf(model_name: str, batches: list[dict], data_cfg, warmup: int, steps: int,
+                     device: torch.device) -> dict[str, Any]:
+    """Plain bf16-autocast training steps of ours (static gather) vs transformers' ALBERT (same weights, batches)."""
     from albert_dist.config import load_model_config
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.hf import to_transformers
 
-    micro = micro or MICRO_BATCH.get(seq, max(1, 16384 // seq))
-    batches, _ = _prefetch(seq, micro, steps + warmup, device)
+    micro, seq = batches[0]["input_ids"].shape
     torch.manual_seed(0)
-    ours = AlbertForPreTraining(load_model_config(MODEL_DIR / f"{model_name}.yaml"))
+    ours = AlbertForPreTraining(load_model_config(MODEL_DIR / f"{model_name}.yaml"),
+                                max_predictions_per_seq=data_cfg.prediction_slots)
     hf = to_transformers(ours)  # attn_implementation="sdpa"
     ours, hf = ours.to(device).train(), hf.to(device).train()
     fused = device.type == "cuda"
     opts = {"ours": torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=fused),
             "hf": torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=fused)}
 
-    def make_step(name):
-        model, opt = (ours, opts["ours"]) if name == "ours" else (hf, opts["hf"])
-
+    def make_step(name, model, opt):
         def step(b):
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -182,8 +266,8 @@ def model_step_vs_hf(model_name: str, seq: int, steps: int, warmup: int, device:
     half = max(1, steps // 2)
     for block in range(2):  # ours, hf, ours, hf: drift hits both
         for name in ("ours", "hf"):
-            times[name] += _time_steps(make_step(name), batches[: warmup + half], warmup if block == 0 else 0,
-                                       device)
+            step = make_step(name, ours if name == "ours" else hf, opts[name])
+            times[name] += _time_steps(step, batches[: warmup + half], warmup if block == 0 else 0, device)
     positions = micro * seq
     out = {"seq": seq, "micro_batch": micro,
            "ours_tokens_per_s": [positions / t for t in times["ours"]],
@@ -196,18 +280,38 @@ def model_step_vs_hf(model_name: str, seq: int, steps: int, warmup: int, device:
     return out
 
 
+def _summary(r: dict[str, Any]) -> str:
+    med = statistics.median
+    mfu = f"MFU {med(r['mfu']):.1%}" if "mfu" in r else "MFU n/a (unknown device peak)"
+    s = r["syncs"]
+    sync = (f"syncs/step albert_dist {s['warn_step']['albert_dist']}, deepspeed {s['warn_step']['deepspeed']}, "
+            f"other {s['warn_step']['other']}; micro-step under 'error': "
+            + ("ok" if s["error_micro_step"] is None else f"raised ({s['error_micro_step'][:80]})")
+            if s["checked"] else "syncs not checked (CPU)")
+    return (f"S={r['seq']} B={r['micro_batch']} {r['variant']:<13}: first step {r['first_step_s']:.1f} s "
+            f"({r['graphs']} graphs), {med(r['tokens_per_s']):,.0f} tokens/s (min {min(r['tokens_per_s']):,.0f}, "
+            f"max {max(r['tokens_per_s']):,.0f}), non-pad {med(r['non_pad_tokens_per_s']):,.0f}, "
+            f"{r['model_tflops_per_s']:.0f} model TFLOP/s, {mfu}, peak {r['peak_memory_gib']:.2f} GiB, loss "
+            f"{r['loss_first']:.2f} -> {r['loss_last']:.2f}; {sync}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the GPU check; prints a summary and writes JSON to ``--out``. Returns 0, or 2 without a CUDA GPU."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seqs", type=int, nargs="+", default=[128, 512])
     p.add_argument("--model", default="albert-base", help="preset in configs/model/")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke test of this script only")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per measurement")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the first (compiling) one")
     p.add_argument("--micro-batch", type=int, default=None, help=f"sequences per step (default {MICRO_BATCH})")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled variants")
     p.add_argument("--skip-hf", action="store_true", help="skip the comparison with transformers")
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="seconds after which no further measurement starts (the rest are listed as skipped)")
     p.add_argument("--out", default=None, help="write the figures here as JSON")
     args = p.parse_args(argv)
+    start = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu_step %(levelname)s %(message)s")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_step: no CUDA device visible to torch "
@@ -225,36 +329,66 @@ def main(argv: list[str] | None = None) -> int:
     peak = datasheet_peak_tflops(name)
     # A bf16 matmul on CPU takes tens of seconds: the smoke test skips it.
     measured = measure_peak_tflops(device, torch.bfloat16, seconds=1.0) if device.type == "cuda" else float("nan")
-    result: dict[str, Any] = {
-        "device": name, "model": args.model, "peak_bf16_tflops_datasheet": peak,
-        "bf16_matmul_tflops_measured": measured,
-        "torch": torch.__version__, "cuda": torch.version.cuda, "engine": {}, "model_step": {},
-    }
     import deepspeed
 
-    result["deepspeed"] = deepspeed.__version__
+    result: dict[str, Any] = {
+        "device": name, "model": args.model, "peak_bf16_tflops_datasheet": peak,
+        "bf16_matmul_tflops_measured": measured, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "deepspeed": deepspeed.__version__, "compile_backend": args.compile_backend, "engine": {},
+        "model_step": {}, "skipped": [],
+    }
     print(f"device {name}; datasheet dense bf16 peak {peak} TFLOP/s; measured bf16 matmul {measured:.0f} TFLOP/s")
+    data: dict[int, tuple[list[dict], float, Any]] = {}
     for seq in args.seqs:
-        r = engine_steps(args.model, seq, args.steps, args.warmup, device, peak, args.micro_batch)
-        result["engine"][str(seq)] = r
+        micro = args.micro_batch or MICRO_BATCH.get(seq, max(1, 16384 // seq))
+        data[seq] = _prefetch(seq, micro, 1 + args.warmup + args.steps, device)
+        print(f"S={seq}: loader (prefetch) {data[seq][1]:,.0f} tokens/s")
+    # Priority order: what a budget overrun drops first comes last.
+    plan = [("engine", seq, v) for v in args.variants if v.startswith("eager") for seq in args.seqs]
+    plan += [] if args.skip_hf else [("hf", seq, None) for seq in args.seqs]
+    plan += [("engine", seq, v) for v in args.variants if not v.startswith("eager") for seq in args.seqs]
+    for kind, seq, variant in plan:
+        what = f"{kind} S={seq}" + (f" {variant}" if variant else "")
+        if time.perf_counter() - start > args.budget_s:
+            result["skipped"].append(what)
+            print(f"skipped (budget {args.budget_s:.0f} s spent): {what}")
+            continue
+        batches, _, data_cfg = data[seq]
+        try:
+            if kind == "engine":
+                r = engine_variant(args.model, variant, batches, data_cfg, args.warmup, device, peak,
+                                   args.compile_backend)
+                result["engine"].setdefault(str(seq), {})[variant] = r
+                print(_summary(r), flush=True)
+            else:
+                h = model_step_vs_hf(args.model, batches, data_cfg, args.warmup, args.steps, device)
+                result["model_step"][str(seq)] = h
+                med = statistics.median
+                print(f"model step S={seq} B={h['micro_batch']} bf16 autocast: ours {med(h['ours_tokens_per_s']):,.0f} "
+                      f"vs transformers {med(h['hf_tokens_per_s']):,.0f} tokens/s; ratio ours/transformers median "
+                      f"{med(h['ratio_ours_over_hf']):.2f} (min {min(h['ratio_ours_over_hf']):.2f}, max "
+                      f"{max(h['ratio_ours_over_hf']):.2f})", flush=True)
+        except Exception as err:  # one failed measurement must not cost the others
+            log.exception("%s failed", what)
+            result.setdefault("failed", {})[what] = f"{type(err).__name__}: {err}"
+        if args.out:  # after every measurement: a run killed at its time limit keeps what it measured
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for seq, variants in result["engine"].items():  # ratios within the run
         med = statistics.median
-        mfu = f"MFU {med(r['mfu']):.1%}" if "mfu" in r else "MFU n/a (unknown device peak)"
-        print(f"ZeRO-2 bf16 {args.model} S={seq} B={r['micro_batch']}: {med(r['tokens_per_s']):,.0f} tokens/s "
-              f"(min {min(r['tokens_per_s']):,.0f}, max {max(r['tokens_per_s']):,.0f}), non-pad "
-              f"{med(r['non_pad_tokens_per_s']):,.0f} tokens/s, {r['model_tflops_per_s']:.0f} model TFLOP/s, "
-              f"{mfu}, peak memory {r['peak_memory_gib']:.2f} GiB, loss {r['loss_first']:.2f} -> "
-              f"{r['loss_last']:.2f}; loader (prefetch) {r['loader_tokens_per_s_prefetch']:,.0f} tokens/s")
-        if not args.skip_hf:
-            h = model_step_vs_hf(args.model, seq, args.steps, args.warmup, device, args.micro_batch)
-            result["model_step"][str(seq)] = h
-            print(f"model step S={seq} B={h['micro_batch']} bf16 autocast: ours {med(h['ours_tokens_per_s']):,.0f} "
-                  f"vs transformers {med(h['hf_tokens_per_s']):,.0f} tokens/s; ratio ours/transformers median "
-                  f"{med(h['ratio_ours_over_hf']):.2f} (min {min(h['ratio_ours_over_hf']):.2f}, max "
-                  f"{max(h['ratio_ours_over_hf']):.2f})")
+        base = variants.get("eager_static")
+        ratios = {}
+        if base and "eager_dynamic" in variants:
+            ratios["static_over_dynamic"] = med(base["tokens_per_s"]) / med(variants["eager_dynamic"]["tokens_per_s"])
+        for scope in ("block", "model"):
+            if base and scope in variants:
+                ratios[f"{scope}_over_eager"] = med(variants[scope]["tokens_per_s"]) / med(base["tokens_per_s"])
+        result.setdefault("ratios", {})[seq] = ratios
+        print(f"S={seq} ratios (tokens/s): " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    result["seconds"] = time.perf_counter() - start
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
-    return 0
+    return 1 if result.get("failed") else 0
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "lamb": {"repeats": 2},
     "checkpoint_io": {"repeats": 3},
     "resume": {"repeats": 3},
+    # cold compiles of two scopes (~40 and ~120 CPU s of inductor on 2 idle cores), then 5 steps of 4 variants
+    "compile_step": {"repeats": 5},
     # read amplification on 40 MB corpora, one slot's throughput 128 MB vs 16 MB, 1-step runs over 2,000 files,
     # a 1,024 x 8-slot plan, tokenizer peak RSS on 100 MB (ours and the old reservoir), prepare of 64 MB .jsonl.zst
     # (~5 min on idle cores, hence its SUITE_TIMEOUT_S); --full sizes in docs/data.md

@@ -90,7 +90,11 @@ class DataConfig:
     masked_lm_prob: float = field(default=0.15, metadata=on_resume(RESTART_STREAMS))
     """Fraction of the (non-special) tokens to mask (ALBERT: 0.15)."""
     max_predictions_per_seq: int = field(default=20, metadata=on_resume(RESTART_STREAMS))
-    """Cap on masked tokens per example (ALBERT: 20 at sequence length 512)."""
+    """Cap on masked tokens per example (ALBERT: 20 at sequence length 512), training and validation alike. The
+    masking budget of a row is min(this, round(rate x its tokens)), so no row exceeds it by construction; the
+    model carries exactly ``prediction_slots`` positions per row through its MLM head (static shapes). Where it
+    is below ``masked_tokens_asked`` the cap binds and full-length rows mask fewer tokens than the rate asks
+    (``masking_cap_note`` says by how much; the trainer logs it)."""
     max_ngram: int = field(default=3, metadata=on_resume(RESTART_STREAMS))
     """Longest masked n-gram in whole words; p(n) proportional to 1/n (ALBERT paper, section 4.1)."""
     whole_word_masking: bool = field(default=True, metadata=on_resume(RESTART_STREAMS))
@@ -126,6 +130,37 @@ class DataConfig:
     """Uncompressed .txt/.jsonl files are split into byte ranges of about this size (units of split and resume)."""
     max_document_bytes: int = field(default=4194304, metadata=on_resume(RESTART_STREAMS))
     """Documents (and JSON lines) longer than this are skipped and counted, never buffered whole."""
+
+    @property
+    def prediction_slots(self) -> int:
+        """The most masked positions any row can hold: min(max_predictions_per_seq, max_seq_length - 3) ([CLS] and
+        two [SEP] are never masked). The model's static MLM gather (`AlbertForPreTraining`'s
+        ``max_predictions_per_seq``) uses this many slots per row (plus the first token)."""
+        return min(self.max_predictions_per_seq, self.max_seq_length - 3)
+
+    def masked_tokens_asked(self, rate: float) -> int:
+        """Tokens masking at ``rate`` asks for in a full-length row (max_seq_length - 3 candidates), before the cap:
+        round(rate x (max_seq_length - 3)), at least 1, as the pipeline rounds (`albert_dist.data.pretraining`)."""
+        return max(1, round(rate * (self.max_seq_length - 3)))
+
+    def masking_cap_note(self) -> Optional[str]:
+        """None when ``max_predictions_per_seq`` never lowers the masking rate of a full-length row, for training
+        (``masked_lm_prob``) and validation (``eval_masked_lm_prob``); otherwise one line saying how many tokens
+        such a row masks and how many the rate asks for. ALBERT's published recipe (length 512, rate 0.15, cap
+        20) is such a case: 20 of 509 tokens (3.9%); BERT sets the cap near max_seq_length x masked_lm_prob."""
+        candidates = self.max_seq_length - 3
+        parts = []
+        for field_name, rate in (("masked_lm_prob", self.masked_lm_prob),
+                                 ("eval_masked_lm_prob", self.eval_masked_lm_prob)):
+            asked = self.masked_tokens_asked(rate)
+            if asked > self.max_predictions_per_seq:
+                parts.append(f"data.{field_name}={rate:g} asks {asked}")
+        if not parts:
+            return None
+        cap = self.max_predictions_per_seq
+        return (f"data.max_predictions_per_seq={cap} caps a full-length row ({candidates} maskable tokens at "
+                f"data.max_seq_length={self.max_seq_length}) at {cap} masked tokens ({cap / candidates:.1%}) where "
+                f"{' and '.join(parts)}; shorter rows mask at the full rate")
 
     def __post_init__(self) -> None:
         if not self.train:

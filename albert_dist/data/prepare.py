@@ -88,8 +88,10 @@ DEFAULT_DEDUP_MEMORY_BYTES = 1 << 30
 SHARD_ZSTD_LEVEL = 3
 #: Bytes of output text the token estimate encodes.
 TOKEN_SAMPLE_BYTES = 4 << 20
-#: Skips reported with their location in the manifest (the counts are always complete).
+#: Skips of each reason reported with their location in the manifest (the counts are always complete).
 SKIP_EXAMPLES = 20
+#: Skips of each reason logged as warnings.
+SKIP_WARNINGS = 3
 _HASH_DTYPE = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("len", "<u8")])
 
 
@@ -368,7 +370,8 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
 
     def skip(reason: str, where: str, detail: str = "") -> None:
         counts[f"skipped_{reason}"] += 1
-        if len(examples) < SKIP_EXAMPLES:
+        # capped per reason: a damaged file (the rest of a piece lost) must not hide behind bad records
+        if counts[f"skipped_{reason}"] <= SKIP_EXAMPLES:
             examples.append({"reason": reason, "where": where, **({"detail": detail} if detail else {})})
 
     # Progress in on-disk bytes: the raw bytes read, scaled to the piece's share of the file (a compressed file's
@@ -707,13 +710,18 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
     counts = [s["documents"] for s in summaries]
     hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
     skipped: Counter = Counter(ex["reason"] for ex in plan_skips)
-    examples: list[dict] = plan_skips[:SKIP_EXAMPLES]
     for s in summaries:
         skipped.update(s["skipped"])
-        examples += s["skip_examples"][: max(0, SKIP_EXAMPLES - len(examples))]
-    for ex in examples[:5]:
-        logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
-                       f": {ex['detail']}" if ex.get("detail") else "")
+    # the first SKIP_EXAMPLES of each reason, in input order; the first few of each reason on the console
+    examples: list[dict] = []
+    kept: Counter = Counter()
+    for ex in plan_skips + [ex for s in summaries for ex in s["skip_examples"]]:
+        kept[ex["reason"]] += 1
+        if kept[ex["reason"]] <= SKIP_EXAMPLES:
+            examples.append(ex)
+        if kept[ex["reason"]] <= SKIP_WARNINGS:
+            logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
+                           f": {ex['detail']}" if ex.get("detail") else "")
 
     t_dedup = time.time()
     dups = (find_duplicates(hash_files, counts, opts.dedup_memory_bytes, work / "dedup") if opts.dedup

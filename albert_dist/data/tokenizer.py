@@ -207,7 +207,10 @@ def cli(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="albert-dist tokenizer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train spiece.model with ALBERT's special ids")
-    train.add_argument("--input", nargs="+", required=True, help="files, directories or globs (txt/jsonl/parquet, .gz/.zst)")
+    # extend, not the default store: `--input A --input B` (as `data prepare` takes it) must train on both, not
+    # silently on B alone
+    train.add_argument("--input", nargs="+", action="extend", required=True,
+                       help="files, directories or globs (txt/jsonl/parquet, .gz/.zst); repeatable")
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     train.add_argument("--output", required=True, help="output directory for spiece.model and spiece.vocab")

@@ -15,6 +15,8 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 GradAccumDtype = Literal["fp32", "bf16"]
 GRAD_ACCUM_DTYPES: tuple[str, ...] = get_args(GradAccumDtype)
+CompileScope = Literal["block", "model"]
+COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
 @dataclass
@@ -105,6 +107,16 @@ class EngineConfig:
     """ZeRO-Infinity parameter offload of the partitioned parameters (needs zero_stage 3)."""
     peak_tflops_per_device: Optional[float] = field(default=None, metadata=on_resume(QUIET))
     """Peak dense TFLOP/s of one device for MFU; None: $ALBERT_DIST_PEAK_TFLOPS, else a matmul measured at start."""
+    compile: bool = field(default=False, metadata=on_resume(
+        APPLIES, "compiles (or not) from the resumed step on; the arithmetic is the same within fp32 rounding "
+                 "(tests/distributed/test_compile.py)"))
+    """torch.compile (inductor) the training forward and backward (albert_dist.engine.compile); the first step
+    compiles. Off by default until measured on a GPU (docs/benchmarks.md has the CPU figures)."""
+    compile_scope: CompileScope = field(default="model", metadata=on_resume(
+        APPLIES, "compiles the new scope from the resumed step on"))
+    """What `compile` compiles: "model" (DeepSpeed's engine.compile(): the whole forward with embeddings, heads
+    and losses; ZeRO 0-2) or "block" (the executed-block function, once: two graphs serve every block whatever
+    the depth; ZeRO 0-3). CPU figures for both in docs/benchmarks.md."""
 
     @property
     def accumulation_dtype(self) -> str:
@@ -148,6 +160,15 @@ class EngineConfig:
         if self.offload_param.device != "none" and self.zero_stage != 3:
             raise ValueError(f"engine.offload_param.device={self.offload_param.device} needs engine.zero_stage=3, "
                              f"got zero_stage={self.zero_stage}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"engine.compile_scope must be one of {COMPILE_SCOPES}, got {self.compile_scope!r}")
+        if self.compile and self.compile_scope == "model" and self.zero_stage == 3:
+            # Measured with DeepSpeed 0.19.8: dynamo traces into ZeRO-3's per-submodule hooks and guards on each
+            # submodule's ds_id and hook objects, so it recompiles for every submodule, past its recompile limit
+            # (then the rest runs eagerly, slowly and noisily). The block scope keeps those hooks out of its graphs.
+            raise ValueError("engine.compile_scope=model does not work with engine.zero_stage=3 (ZeRO-3's "
+                             "parameter hooks make torch.compile recompile for every submodule); use "
+                             "engine.compile_scope=block, or zero_stage <= 2")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

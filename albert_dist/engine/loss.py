@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.engine.distributed import is_multi_rank
+from albert_dist.engine.grad_norm import exact_norm_applies, global_grad_norm
 from albert_dist.model.config import IGNORE_INDEX
 
 
@@ -53,36 +54,24 @@ def micro_step_loss(output: Any, counts: torch.Tensor, micro_steps: int, sop_wei
 
 
 class StepResult(NamedTuple):
-    """What `optimizer_step` returns."""
+    """What `optimizer_step` returns; tensors stay on the device (reading them is a host sync)."""
 
     outputs: list
     """The micro-steps' `PreTrainingOutput`s (detached), for metrics."""
-    grad_norm: Optional[float]
-    """The global gradient 2-norm of the step before clipping (None if DeepSpeed reports none and it could
-    not be computed)."""
-
-
-def _unpartitioned_fp32(engine: Any) -> bool:
-    """ZeRO-0 without a mixed-precision optimiser: full fp32 gradients sit in `param.grad` on every rank after
-    the boundary backward, and DeepSpeed 0.19 reports no norm (`engine.clip_fp32_gradients` drops
-    `clip_grad_norm_`'s return value, so `get_global_grad_norm()` stays None)."""
-    return (engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled()
-            and not engine.fp16_enabled())
-
-
-def _grad_norm(module: torch.nn.Module) -> float:
-    """2-norm over every `param.grad` of `module` (already reduced over ranks: the same on every rank)."""
-    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else 0.0
+    grad_norm: Optional[torch.Tensor]
+    """The global gradient 2-norm of the step before clipping, a scalar tensor (None if DeepSpeed reports
+    none and it could not be computed)."""
 
 
 def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> StepResult:
     """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
-    count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). Returns the detached
-    outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`, or, at fp32 ZeRO-0
-    where DeepSpeed keeps none, the norm of the reduced gradients just before the last `engine.step()`).
+    count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). No host sync of its
+    own: the outputs and the norm stay tensors (DeepSpeed's step may sync inside; docs/training.md lists where).
+    Returns the detached outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`;
+    at fp32 ZeRO-0 the float64 norm of `albert_dist.engine.grad_norm`, from the exact clipping the trainer
+    installs or, with clipping off, computed here just before the last `engine.step()`).
     Raises `ValueError` when the number of batches differs from the engine's accumulation steps.
     """
     ga = engine.gradient_accumulation_steps()
@@ -95,12 +84,12 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     for i, batch in enumerate(batches):
         out = engine(**batch)
         engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
-        if i == ga - 1 and _unpartitioned_fp32(engine):
-            own_norm = _grad_norm(engine.module)  # before step() clips and zeroes the gradients
+        if i == ga - 1 and exact_norm_applies(engine) and not engine.gradient_clipping() > 0:
+            own_norm = global_grad_norm(engine.module.parameters())  # before step() zeroes the gradients
         engine.step()
         outputs.append(type(out)(*(t.detach() for t in out)))  # metrics only: keep no autograd graph alive
-    reported = engine.get_global_grad_norm()
-    return StepResult(outputs, float(reported) if reported is not None else own_norm)
+    reported = own_norm if own_norm is not None else engine.get_global_grad_norm()
+    return StepResult(outputs, None if reported is None else torch.as_tensor(reported))
 
 
 __all__ = ["StepResult", "label_counts", "micro_step_loss", "optimizer_step"]

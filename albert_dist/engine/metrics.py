@@ -26,7 +26,7 @@ PEAK_TFLOPS_ENV = "ALBERT_DIST_PEAK_TFLOPS"
 #: The accumulator's vector, slot by name: sums added every micro-step (on the device), counts kept on the host
 #: (shapes are known without a sync), and per-step values that are already global (equal on every rank).
 _MICRO_FIELDS = ("mlm_loss_sum", "sop_loss_sum", "micro_steps", "mlm_correct", "mlm_count", "sop_correct",
-                 "sop_count", "tokens")
+                 "sop_count", "tokens", "mlm_dropped")
 _HOST_FIELDS = ("samples", "positions")
 _GLOBAL_FIELDS = ("grad_norm", "steps")
 _FIELDS = _MICRO_FIELDS + _HOST_FIELDS + _GLOBAL_FIELDS
@@ -58,14 +58,15 @@ class MetricAccumulator:
             "mlm_loss_sum": output.mlm_loss_sum.detach(), "sop_loss_sum": output.sop_loss_sum.detach(),
             "micro_steps": torch.ones((), device=self.device), "mlm_correct": output.mlm_correct,
             "mlm_count": output.mlm_count, "sop_correct": output.sop_correct, "sop_count": output.sop_count,
-            "tokens": attention_mask.sum(),
+            "tokens": attention_mask.sum(), "mlm_dropped": output.mlm_dropped,
         }
         self._sums[:len(_MICRO_FIELDS)] += torch.stack([values[f].double() for f in _MICRO_FIELDS]).to(self.device)
         self._samples += attention_mask.shape[0]
         self._positions += attention_mask.numel()
 
     def add_step(self, grad_norm: Any) -> None:
-        """Add one optimiser step and its global gradient norm (tensor, float or None when unavailable)."""
+        """Add one optimiser step and its global gradient norm (a tensor on any device, a float, or None when
+        unavailable); a tensor is added on the device, without a host sync."""
         if grad_norm is not None:
             self._sums[_SLOT["grad_norm"]] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
         self._sums[_SLOT["steps"]] += 1
@@ -76,7 +77,8 @@ class MetricAccumulator:
         normalisation, `albert_dist.engine.loss`), sop_loss (per labelled sequence), loss (their sum),
         mlm_accuracy, sop_accuracy (per masked token / labelled sequence), grad_norm
         (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
-        (padded positions, what the FLOPs count). Resets the accumulator."""
+        (padded positions, what the FLOPs count), mlm_dropped (labelled positions no loss saw, all ranks:
+        `PreTrainingOutput.mlm_dropped`; the trainer refuses any). Resets the accumulator."""
         sums = self._sums.clone()
         sums[_SLOT["samples"]], sums[_SLOT["positions"]] = float(self._samples), float(self._positions)
         if is_multi_rank():
@@ -93,7 +95,7 @@ class MetricAccumulator:
             "sop_accuracy": s["sop_correct"] / max(s["sop_count"], 1.0),
             "grad_norm": s["grad_norm"] / max(s["steps"], 1.0),
             "tokens_per_s": s["tokens"] / elapsed, "samples_per_s": s["samples"] / elapsed,
-            "positions_per_s": s["positions"] / elapsed,
+            "positions_per_s": s["positions"] / elapsed, "mlm_dropped": s["mlm_dropped"],
         }
         self.reset()
         return record

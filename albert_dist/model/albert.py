@@ -10,7 +10,7 @@ Parameter, as in transformers.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +73,9 @@ class PreTrainingOutput(NamedTuple):
     """Sum of the MLM cross-entropy over the labelled positions, fp32 scalar (nats)."""
     sop_loss_sum: torch.Tensor
     """Sum of the SOP cross-entropy over the labelled examples, fp32 scalar (nats)."""
+    mlm_dropped: torch.Tensor
+    """Labelled MLM positions beyond the model's `max_predictions_per_seq` slots of their row, which no loss
+    saw, int64 scalar (0 from the data pipeline, whose masking is capped at the same number)."""
 
 
 class AlbertEmbeddings(nn.Module):
@@ -198,6 +201,9 @@ class AlbertTransformer(nn.Module):
             AlbertLayer(config, not self.share_attention, not self.share_ffn)
             for _ in range(0 if all_shared else config.num_executed_blocks))
         self.plan = executed_blocks(config)
+        # What runs one executed block: `_run_block`, or a compiled version of it (albert_dist.engine.compile
+        # compiles it once; every block of a sharing mode has the same structure, so one graph serves all).
+        self.run_block = _run_block
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None,
                 output_positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -216,9 +222,9 @@ class AlbertTransformer(nn.Module):
             positions = output_positions if n == last else None
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 # Non-reentrant: the reentrant variant breaks ZeRO-2/3 when a module runs several times.
-                h = checkpoint(_run_block, attention, ffn_owner, h, key_mask, positions, use_reentrant=False)
+                h = checkpoint(self.run_block, attention, ffn_owner, h, key_mask, positions, use_reentrant=False)
             else:
-                h = _run_block(attention, ffn_owner, h, key_mask, positions)
+                h = self.run_block(attention, ffn_owner, h, key_mask, positions)
         return h
 
 
@@ -279,11 +285,22 @@ class AlbertForPreTraining(nn.Module):
 
     Initialisation as BERT/ALBERT: weights ~ normal(0, initializer_range), biases 0, LayerNorm weight 1 and
     bias 0. Unlike transformers no padding row is zeroed (the original ALBERT code has none either).
+
+    `max_predictions_per_seq` (the data pipeline's cap, `data.max_predictions_per_seq`) fixes how many labelled
+    positions per row `forward` carries through the last block and the MLM head: P + 1 per row (the first
+    token for SOP), padded, so every micro-batch of a run has the same shapes and no host sync (ALBERT's TF
+    code pads `masked_lm_positions` to the same P). None: the longest row of each batch decides (a host sync
+    and a new shape per batch). A plain attribute: it holds no parameter and changes no state dict.
     """
 
-    def __init__(self, config: AlbertConfig):
+    def __init__(self, config: AlbertConfig, max_predictions_per_seq: Optional[int] = None):
         super().__init__()
+        if max_predictions_per_seq is not None and (isinstance(max_predictions_per_seq, bool)
+                                                    or not isinstance(max_predictions_per_seq, int)
+                                                    or max_predictions_per_seq < 1):
+            raise ValueError(f"max_predictions_per_seq must be an integer >= 1 or None, got {max_predictions_per_seq!r}")
         self.config = config
+        self.max_predictions_per_seq = max_predictions_per_seq
         self.albert = AlbertModel(config)
         self.predictions = AlbertMLMHead(config, self.albert.embeddings.word_embeddings)
         self.sop_classifier = AlbertSOPHead(config)
@@ -319,32 +336,46 @@ class AlbertForPreTraining(nn.Module):
         Args: `input_ids`, `attention_mask` (1 = token, 0 = padding), `token_type_ids`, `mlm_labels` (-100 =
         not predicted): (B, S) int64; `sop_labels` (B,) int64 (0 = in order, 1 = swapped, -100 = ignore).
         Only the labelled positions and the first token are computed past the last block's keys and values,
-        and the MLM head runs only at the labelled positions: the loss equals the one computed from full
-        (B, S, V) logits at a fraction of the head's and the last block's cost. The gather has a data-dependent
-        size (one host sync on GPU). Raises `ValueError` on inconsistent shapes or S > max_position_embeddings.
+        and the MLM head runs only there: the loss equals the one computed from full (B, S, V) logits at a
+        fraction of the head's and the last block's cost. With `max_predictions_per_seq` = P the gather has
+        the static shape (B, min(P + 1, S)) (no host sync); a row with more than P labelled positions keeps
+        its first P and counts the rest in `mlm_dropped` (the data pipeline never makes one: its masking
+        budget is capped at P). Without P the gather is padded to the batch's longest row (one host sync).
+        Raises `ValueError` on inconsistent shapes or S > max_position_embeddings.
         """
         self._check_inputs(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            mlm_labels=mlm_labels)
         if sop_labels.shape != input_ids.shape[:1]:
             raise ValueError(f"sop_labels must be (B,) = {tuple(input_ids.shape[:1])}, got {tuple(sop_labels.shape)}")
         # Only the labelled positions and the first token (pooled for SOP) leave the encoder: gather their
-        # indices, labelled ones in order after position 0, padded per row to the longest row (N).
+        # indices, labelled ones in order after position 0, padded per row to N slots.
         labelled = mlm_labels != IGNORE_INDEX  # (B, S)
         needed = labelled.clone()
         needed[:, 0] = True
         counts = needed.sum(1)  # (B,)
-        n_max = int(counts.max())  # data-dependent size: one host sync on GPU
-        positions = torch.sort((~needed).to(torch.int8), dim=1, stable=True).indices[:, :n_max]  # (B, N)
+        if self.max_predictions_per_seq is None:
+            n_slots = int(counts.max())  # data-dependent size: one host sync on GPU
+        else:
+            n_slots = min(self.max_predictions_per_seq + 1, input_ids.shape[1])
+        positions = torch.sort((~needed).to(torch.int8), dim=1, stable=True).indices[:, :n_slots]  # (B, N)
         seq, pooled = self.albert(input_ids, attention_mask, token_type_ids, positions)  # (B, N, H), (B, H)
-        valid = torch.arange(n_max, device=counts.device)[None, :] < counts[:, None]  # (B, N)
+        valid = torch.arange(n_slots, device=counts.device)[None, :] < counts[:, None]  # (B, N)
         picked = mlm_labels.gather(1, positions)
-        picked_labelled = valid & (picked != IGNORE_INDEX)
-        targets = picked[picked_labelled]  # (M,) the M labelled positions
-        mlm_logits = self.predictions(seq[picked_labelled]).float()  # (M, V)
         mlm_count = labelled.sum()
-        mlm_loss_sum = F.cross_entropy(mlm_logits, targets, reduction="sum")
+        if self.max_predictions_per_seq is None:
+            picked_labelled = valid & (picked != IGNORE_INDEX)
+            targets = picked[picked_labelled]  # (M,) the M labelled positions
+            mlm_logits = self.predictions(seq[picked_labelled]).float()  # (M, V)
+            mlm_correct = (mlm_logits.argmax(-1) == targets).sum()
+            mlm_dropped = torch.zeros_like(mlm_count)
+        else:
+            # Every slot goes through the head; unlabelled ones (the first token, padding slots) are ignored.
+            targets = torch.where(valid, picked, IGNORE_INDEX).flatten()  # (B*N,)
+            mlm_logits = self.predictions(seq.flatten(0, 1)).float()  # (B*N, V)
+            mlm_correct = ((mlm_logits.argmax(-1) == targets) & (targets != IGNORE_INDEX)).sum()
+            mlm_dropped = (counts - n_slots).clamp(min=0).sum()
+        mlm_loss_sum = F.cross_entropy(mlm_logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         mlm_loss = mlm_loss_sum / mlm_count.clamp(min=1)
-        mlm_correct = (mlm_logits.argmax(-1) == targets).sum()
 
         sop_logits = self.sop_classifier(pooled).float()  # (B, 2)
         sop_valid = sop_labels != IGNORE_INDEX
@@ -356,7 +387,7 @@ class AlbertForPreTraining(nn.Module):
         return PreTrainingOutput(loss=mlm_loss + sop_loss, mlm_loss=mlm_loss, sop_loss=sop_loss,
                                  mlm_correct=mlm_correct, mlm_count=mlm_count,
                                  sop_correct=sop_correct, sop_count=sop_count,
-                                 mlm_loss_sum=mlm_loss_sum, sop_loss_sum=sop_loss_sum)
+                                 mlm_loss_sum=mlm_loss_sum, sop_loss_sum=sop_loss_sum, mlm_dropped=mlm_dropped)
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -94,6 +94,14 @@ HEADLINES: tuple[Headline, ...] = (
              "docs/convergence.md): ours (matched) / transformers run_mlm peer",
              "matched.step_60.ratio_accuracy_over_peer", None, None,
              "matched.step_60.mlm_accuracy", "peer.step_60.mlm_accuracy", "accuracy"),
+    Headline("compile_step", "train step albert-tiny B=16 S=128 fp32, 1 thread: eager / compiled block scope "
+             "(speedup)", "speedup_block", None, None, "step_cpu_s.block", "step_cpu_s.eager_static", "CPU s"),
+    Headline("compile_step", "train step: eager / compiled model scope (engine.compile(); speedup)",
+             "speedup_model", None, None, "step_cpu_s.model", "step_cpu_s.eager_static", "CPU s"),
+    Headline("compile_step", "train step: dynamic MLM gather / static (speedup of the static gather)",
+             "static_over_dynamic", None, None, "step_cpu_s.eager_static", "step_cpu_s.eager_dynamic", "CPU s"),
+    Headline("compile_step", "compile time, block scope, cold caches, CPU s (figure)", "compile_block_cpu_s"),
+    Headline("compile_step", "compile time, model scope, cold caches, CPU s (figure)", "compile_model_cpu_s"),
     Headline("data_scale", "read amplification of uncompressed .jsonl (many small / few large files), worst of 1, 8, "
              "64, 512 slots", "amplification.max_uncompressed_jsonl", "<=", 1.1),
     Headline("data_scale", "read amplification after `data prepare` (.jsonl.zst, parquet), worst of 1-512 slots",

@@ -61,6 +61,8 @@ MODEL_OVERRIDES = [
 OPTIM_OVERRIDES = ["optimizer.type=adamw", "optimizer.lr=1.0", "optimizer.eps=1.0", "optimizer.weight_decay=0.01",
                    "optimizer.warmup_steps=0", "engine.gradient_clipping=0.5", "max_steps=1"]
 
+#: Slots per row of the static MLM gather in the cells that use it: more than any row of `global_batch` holds.
+STATIC_SLOTS = 9
 SHARINGS = ("all", "attention", "ffn", "none")
 STAGES = (0, 1, 2, 3)
 GAS = (1, 3)
@@ -84,6 +86,11 @@ class Cell:
     """Optimiser steps; the parameters are compared after each (gradients after the first)."""
     optimizer: str = "adamw"
     """`optimizer.type`: "adamw" or "lamb" (`albert_dist.engine.lamb`)."""
+    compile: str = ""
+    """`engine.compile_scope` of a compiled cell ("block" or "model"); "" = eager."""
+    static_head: bool = False
+    """The model's static MLM gather (`max_predictions_per_seq` = the longest row of the cell's batches), as the
+    trainer builds it; compiled cells need it."""
 
     @property
     def id(self) -> str:
@@ -95,6 +102,12 @@ class Cell:
             base += f"-offload-{self.steps}steps"
         if self.optimizer != "adamw":
             base += f"-{self.optimizer}"
+        if self.compile:
+            base += f"-compiled-{self.compile}"
+        elif self.static_head:
+            base += "-static"
+        if self.steps != 1 and not self.offload:
+            base += f"-{self.steps}steps"
         return f"{base}-{self.control}" if self.control else base
 
 
@@ -125,6 +138,35 @@ def offload_cells() -> list[Cell]:
     return adamw + lamb
 
 
+def compile_cells(scope: str, sharings=("all", "none"), stages=STAGES, gas=GAS) -> list[Cell]:
+    """fp32 cells compiled with `engine.compile_scope=scope`, two steps (the second under
+    ``error_on_recompile``), each preceded by its eager twin (same cell, static head, not compiled), whose
+    gradients and parameters the compiled cell is also compared with."""
+    cells = []
+    for s in sharings:
+        for z in stages:
+            for ga in gas:
+                cells.append(Cell(s, z, ga, False, steps=2, static_head=True))
+                cells.append(Cell(s, z, ga, False, steps=2, static_head=True, compile=scope))
+    return cells
+
+
+def warm_compile_caches(cells: list[Cell]) -> None:
+    """Compile, in this process, the ZeRO 0-2 graphs the compiled `cells` will need (the plain model of each
+    (scope, sharing), the same config, static slots, batch shapes and thread count), so that the spawned ranks
+    load them from inductor's on-disk caches instead of both compiling them on the same two cores. ZeRO-3's
+    graphs (cut by DeepSpeed's hooks) cannot be made without DeepSpeed and are compiled by the ranks."""
+    from albert_dist.engine.compile import compile_model
+    from albert_dist.model import AlbertForPreTraining
+
+    torch.set_num_threads(1)
+    for scope, sharing in sorted({(c.compile, c.sharing) for c in cells if c.compile and c.zero_stage < 3}):
+        cfg = train_config(Cell(sharing, 0, 1, False)).model
+        model = AlbertForPreTraining(cfg, max_predictions_per_seq=STATIC_SLOTS)
+        compile_model(model, scope)
+        model(**global_batch(cfg, 1, seed=SEED)[0]).loss.backward()
+
+
 def control_cells() -> list[Cell]:
     """Cells that must fail: reentrant activation checkpointing under ZeRO-2 (DeepSpeed's hook sees a shared
     parameter's gradient once per checkpointed segment)."""
@@ -149,6 +191,8 @@ def train_config(cell: Cell):
         f"engine.offload_param.device={'cpu' if cell.offload and cell.zero_stage == 3 else 'none'}",
         f"seed={SEED}",
     ]
+    if cell.compile:
+        overrides += ["engine.compile=true", f"engine.compile_scope={cell.compile}"]
     return load_config(None, overrides)
 
 
@@ -289,6 +333,7 @@ def reference(cfg, batches, precision: str = "fp32", world_size: int = WORLD_SIZ
         "init": {name: start[name].clone() for name in named},
         "params": {name: p.detach().clone() for name, p in named.items()},
         "grad_norm": grad_norm,
+        "grad_norm_f64": float(torch.stack([g.double().norm() for g in grads.values()]).norm()),
         **extra,
     }
 
@@ -372,7 +417,9 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad
 
+    from albert_dist.engine.compile import compile_engine, dynamo_counters
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
+    from albert_dist.engine.grad_norm import install_exact_clipping
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model import albert as albert_module
@@ -401,12 +448,32 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
         ref32 = ref_cache[key32]
 
     ds_config = build_deepspeed_config(cfg.engine, world_size)
-    model = AlbertForPreTraining(cfg.model)
+    # The trainer's static gather has data.prediction_slots slots; here STATIC_SLOTS for every cell (one shape,
+    # so the compiled graphs serve every cell), checked to hold the longest row.
+    if cell.static_head:
+        longest = max(int((b["mlm_labels"] != -100).sum(1).max()) for b in batches + (second_batches or []))
+        if longest > STATIC_SLOTS:
+            raise ValueError(f"a row of cell {cell.id} has {longest} labels, more than STATIC_SLOTS={STATIC_SLOTS}")
+    model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=STATIC_SLOTS if cell.static_head else None)
     model.load_state_dict(ref["state"])
     optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
     t0 = time.perf_counter()
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     after_initialize(engine)
+    install_exact_clipping(engine)  # as the trainer does (ZeRO-0 fp32 only)
+    if cfg.engine.compile:
+        # Compiled once per process and reused: dynamo guards on structure, not on the module instance, so the
+        # block graphs serve every later cell of any sharing mode (the model scope's, every cell of one sharing
+        # mode). A guard failure past the recompile limit would fall back to eager silently: here it raises.
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        # Each family of cells (scope; ZeRO-3 or not: its hooks break the graphs at every submodule) starts from
+        # an empty dynamo cache, so the graphs a family compiles are counted on their own.
+        family = (cfg.engine.compile_scope, cell.zero_stage == 3)
+        if ref_cache.get("compile_family") != family:
+            torch._dynamo.reset()
+            ref_cache["compile_family"] = family
+        compile_engine(engine, cfg.engine.compile_scope)
+        result_dynamo_before = dynamo_counters()
     # Count DeepSpeed's backward prologue (ZeRO bookkeeping, BF16_Optimizer clearing its bf16 gradients): it
     # runs only from hooks DeepSpeed puts on the output tensors it can find, i.e. only if it can walk our
     # output type. The hook closure looks the method up on the engine at call time, so an instance attribute
@@ -446,18 +513,45 @@ def run_cell(cell: Cell, rank: int, world_size: int, ref_cache: dict) -> dict[st
     with ExitStack() as stack:
         if cell.control == "reentrant":
             stack.enter_context(mock.patch.object(albert_module, "checkpoint", _reentrant_checkpoint))
+        dynamo_after: list[dict[str, int]] = []
+        step_s: list[float] = []
         for step, step_batches in enumerate([batches, second_batches][:cell.steps]):
+            if step == 1 and cfg.engine.compile:  # anything compiled after the first step is an error
+                stack.enter_context(torch._dynamo.config.patch(error_on_recompile=True))
+            t_step = time.perf_counter()
             for micro in range(ga):
                 out = engine(**step_batches[micro * world_size + rank])
                 engine.backward(out.loss)
                 if step == 0 and micro == ga - 1:  # grads exist between the boundary backward and the step
                     grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in named.items()}
                 engine.step()
+            step_s.append(time.perf_counter() - t_step)
+            if step == 0:  # the norm DeepSpeed clipped with (ZeRO-0 fp32: albert_dist.engine.grad_norm's)
+                norm = engine.get_global_grad_norm()
+                result["reported_grad_norm"] = None if norm is None else float(norm)
+            dynamo_after.append(dynamo_counters())
             after.append(snapshot())
     module_params, master = after[0]
     result["prologue_calls"] = prologue_calls[0]
+    result["grad_norm_f64"] = ref["grad_norm_f64"]
+    result["step_s"] = step_s
+    if cfg.engine.compile:  # process-wide counts at the cell's start, after step 1, after step 2
+        result["dynamo"] = [result_dynamo_before] + dynamo_after
+        result["compiled"] = (engine.module.albert.encoder.run_block is not albert_module._run_block
+                              if cfg.engine.compile_scope == "block"
+                              else getattr(engine.module, "_compiled_call_impl", None) is not None)
     engine.destroy()
     result["seconds"] = time.perf_counter() - t_setup
+    if cell.static_head and not cell.compile:  # an eager twin: kept for the compiled cell that follows it
+        ref_cache[("eager", cell.sharing, cell.zero_stage, ga)] = {"grads": grads, "after": after}
+    twin = ref_cache.get(("eager", cell.sharing, cell.zero_stage, ga)) if cell.compile else None
+    if twin is not None:
+        result["eager_grad_error"] = _worst(scaled_errors(grads, twin["grads"]))
+        for i, ((mod, mas), (tmod, tmas)) in enumerate(zip(after, twin["after"])):
+            prefix = "eager_" if i == 0 else f"eager_step{i + 1}_"
+            result[f"{prefix}param_error"] = _worst(scaled_errors(mod, tmod))
+            if mas:
+                result[f"{prefix}master_param_error"] = _worst(scaled_errors(mas, tmas))
 
     result["grad_error"] = _worst(scaled_errors(grads, ref["grads"]))
     shared_names = [n for n in named if ref["n_copies"][n] > 1]

@@ -291,3 +291,22 @@ def test_dispatch_and_byte_sizes(tmp_path, capsys):
     for bad in ("abc", "0", "-1M"):
         with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
             parse_byte_size(bad)
+
+
+def test_a_damaged_file_is_named_after_many_bad_records(tmp_path, caplog):
+    """Skip examples are capped per reason: 30 malformed lines before a truncated .gz (the rest of a file lost)
+    must not push the damaged file out of the manifest's examples and the console warnings."""
+    import logging
+
+    bad = tmp_path / "a-bad.jsonl"
+    bad.write_text("".join('{"content": "ok %d"}\n{"content": broken\n' % i for i in range(30)))
+    gz = _write(tmp_path / "b-broken", [f"gz doc {i} " + "x" * 200 for i in range(5000)], "jsonl", ".gz")
+    gz.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
+    caplog.set_level(logging.WARNING, logger="albert_dist.data.prepare")
+    manifest = prep.prepare(_opts([bad, gz], tmp_path / "out"), "c")
+    assert manifest["skipped"] == {"malformed_json": 30, "damaged": 1}
+    reasons = [ex["reason"] for ex in manifest["skip_examples"]]
+    assert reasons == ["malformed_json"] * prep.SKIP_EXAMPLES + ["damaged"]
+    assert "b-broken.jsonl.gz, byte " in manifest["skip_examples"][-1]["where"]
+    warned = [r.getMessage() for r in caplog.records if "skipped a record" in r.getMessage()]
+    assert len(warned) == prep.SKIP_WARNINGS + 1 and "(damaged) at " in warned[-1] and "b-broken" in warned[-1]

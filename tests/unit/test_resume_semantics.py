@@ -112,8 +112,9 @@ def _validated(config: dict) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def base() -> dict:
-    """The resolved config a checkpoint was written with (ZeRO-3, so that the offload options are valid)."""
-    return to_container(load_config(None, ["engine.zero_stage=3"]))
+    """The resolved config a checkpoint was written with (ZeRO-3, so that the offload options are valid; the block
+    compile scope, the one ZeRO-3 compiles with, so that switching `engine.compile` on is valid)."""
+    return to_container(load_config(None, ["engine.zero_stage=3", "engine.compile_scope=block"]))
 
 
 def write_checkpoint(ckpt_dir: Path, config: dict, step: int = 8, world_size: int = 2) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHELL_SCRIPTS = sorted([*REPO.glob("slurm/*.sbatch"), *REPO.glob("slurm/*.sh"), *REPO.glob("launch/*.sh"),
-                        REPO / ".ci/slurm-cluster.sh", REPO / ".ci/run"])
+                        *REPO.glob("bench/*.sh"), REPO / ".ci/slurm-cluster.sh", REPO / ".ci/run"])
 
 
 def _load_hostfile_module():
@@ -73,7 +73,7 @@ def test_shell_syntax(script):
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck not installed (Debian package `shellcheck`; .ci/run installs it)")
 def test_shellcheck():
-    """Every launch/, slurm/ and .ci/ script passes shellcheck (warnings and style notes included); a line
+    """Every launch/, slurm/, bench/ and .ci/ script passes shellcheck (warnings and style notes included); a line
     that is right as written carries a `# shellcheck disable=SCxxxx # why` directive."""
     proc = subprocess.run(["shellcheck", "--format=gcc", *map(str, SHELL_SCRIPTS)], capture_output=True,
                           text=True, cwd=REPO)

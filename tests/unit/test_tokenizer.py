@@ -247,3 +247,19 @@ def test_cli_prints_the_byte_budget_and_samples_every_file(tmp_path, caplog):
     trained = next(m for m in logs if "trained on" in m)
     assert "from 3 of 3 files" in trained
     assert tok.load_tokenizer(str(tmp_path / "tok" / "spiece.model")).get_piece_size() == 60
+
+
+def test_cli_repeated_input_trains_on_every_input(tmp_path, caplog):
+    """`--input A --input B` (the form `data prepare` takes) samples both; argparse's default kept only B."""
+    import logging
+
+    words = [f"w{i} alpha beta gamma delta epsilon." for i in range(600)]
+    (tmp_path / "a.txt").write_text("\n\n".join(words[0::2]) + "\n")
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
+        f.write("\n\n".join(words[1::2]) + "\n")
+    caplog.set_level(logging.INFO, logger="albert_dist.data.tokenizer")
+    rc = tok.cli(["train", "--input", str(tmp_path / "a.txt"), "--input", str(tmp_path / "b.txt.gz"),
+                  "--vocab-size", "60", "--output", str(tmp_path / "tok")])
+    assert rc == 0
+    trained = next(r.getMessage() for r in caplog.records if "trained on" in r.getMessage())
+    assert "(600 documents) from 2 of 2 files" in trained, trained
