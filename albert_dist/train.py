@@ -33,6 +33,7 @@ from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import discover_files
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine import memory
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.engine.rendezvous import agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
@@ -92,6 +93,8 @@ def cli(argv: Sequence[str]) -> int:
                 check_resume_from(args.resume_from, cfg)
             trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
                               stop=stop)
+            # the memory line; a ValueError (exit 2) on a GPU the estimate exceeds, before any process group
+            memory.preflight(cfg, env.world_size, env.local_rank, log=env.rank == 0)
             if env.rank == 0:  # one job per run directory; last, so a job refused otherwise leaves nothing behind
                 locks = lock_run_dirs(cfg)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below

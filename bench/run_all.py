@@ -56,6 +56,12 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     # a 1,024 x 8-slot plan, tokenizer peak RSS on 100 MB (ours and the old reservoir), prepare of 64 MB .jsonl.zst
     # (~5 min on idle cores, hence its SUITE_TIMEOUT_S); --full sizes in docs/data.md
     "data_scale": {"repeats": 1, "full": False},
+    # albert-base, bf16 (the like-with-like cells of DeepSpeed's estimators), ZeRO-2/3 on 1 and 4 ranks, and its
+    # activations at S=512, with the 5e7-element bucket the memory check proposes (DeepSpeed's 5e8 has each of 4
+    # ranks zero 2 GB: 269 s, against 139 s with it, at load 3-7); `python bench/memory_scale.py --full`: every preset
+    "memory_scale": {"presets": ["albert-base"], "stages": [2, 3], "worlds": [1, 4], "precisions": ["bf16"],
+                     "activation_presets": ["albert-base"], "seqs": [512],
+                     "overrides": ["engine.zero_optimization.reduce_bucket_size=50000000"]},
     # ours (matched recipe) vs the peer as the standalone 1,000-step run (bench/convergence/convergence.py), on 60 steps and
     # 200 scored blocks (~80 s); at 60 steps both sit near the unigram floor: it checks the harness end to end
     "convergence": {"steps": 60, "report_steps": [30, 60], "curve_every": 30, "score_blocks": 200,

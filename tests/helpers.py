@@ -4,10 +4,12 @@
   torchrun must not make the job it starts think it is one of that job's ranks);
 * `start_ranks`: one process per local gloo rank with torchrun's variables
   (`albert_dist.engine.distributed.local_rank_env`); `spawn_local_ranks` and `free_port` for in-process workers;
-* `read_metrics`: the records of a run directory's metrics.jsonl.
+* `read_metrics`: the records of a run directory's metrics.jsonl;
+* `load_bench`: a benchmark script of bench/ as a module (bench/ is no package).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: What a launcher or a Slurm step sets that would make a started job join the caller's job.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-__all__ = ["REPO", "clean_env", "free_port", "local_rank_env", "read_metrics", "run_cli", "spawn_local_ranks",
-           "start_ranks"]
+__all__ = ["REPO", "clean_env", "free_port", "load_bench", "local_rank_env", "read_metrics", "run_cli",
+           "spawn_local_ranks", "start_ranks"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -57,3 +59,18 @@ def read_metrics(run_dir: str | Path, key: Optional[str] = None) -> list[dict]:
     those holding ``key`` when given."""
     records = [{k: v for k, v in r.items() if k != "_end"} for r in read_metric_log(run_dir)]
     return [r for r in records if key is None or key in r]
+
+
+def load_bench(rel: str, name: Optional[str] = None) -> Any:
+    """bench/<rel>.py imported as module `name` (default ``bench_<rel>_under_test``), with bench/ on sys.path for
+    its own imports (`_common`, siblings). The module is registered in ``sys.modules`` under `name`: dataclasses
+    look their module up there, and spawned processes unpickle its functions by that name."""
+    bench = REPO / "bench"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    name = name or f"bench_{Path(rel).name}_under_test"
+    spec = importlib.util.spec_from_file_location(name, bench / f"{rel}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

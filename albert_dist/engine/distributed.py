@@ -434,6 +434,26 @@ def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None
     })
 
 
+def default_torch_extensions_dir(environ: Optional[dict[str, str]] = None, prefix: Optional[str] = None) -> str:
+    """Point ``TORCH_EXTENSIONS_DIR`` at ``<prefix>/torch_extensions`` (the venv's, where `make install` pre-builds
+    DeepSpeed's CPU comm op) unless it is set or ``prefix`` is not writable; returns the value in effect ('' = torch's
+    default). Why: DeepSpeed JIT-builds that op on the first CPU process group into torch's default
+    ``~/.cache/torch_extensions``, which every venv of the user shares; two checkouts write different build.ninja
+    files there, so each start of either rebuilt the op (1-3 min of every launch, measured on the shared machine).
+
+    Args:
+        environ: the environment to update (default ``os.environ``).
+        prefix: the installation prefix (default ``sys.prefix``, the venv).
+    """
+    import sys
+
+    environ = os.environ if environ is None else environ
+    prefix = sys.prefix if prefix is None else prefix
+    if "TORCH_EXTENSIONS_DIR" not in environ and os.access(prefix, os.W_OK):
+        environ["TORCH_EXTENSIONS_DIR"] = os.path.join(prefix, "torch_extensions")
+    return environ.get("TORCH_EXTENSIONS_DIR", "")
+
+
 def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
     """Discover this process's place, export it as env:// variables and start the process group.
 
@@ -455,6 +475,7 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
         raise ValueError(f"timeout_s={timeout_s} must be > 0")
     dist_env = discover()
     export_env(dist_env)
+    default_torch_extensions_dir()
     import deepspeed
     import torch.distributed as tdist
     from deepspeed.accelerator import get_accelerator

@@ -103,6 +103,29 @@ def parameter_count(config: AlbertConfig) -> int:
     return embeddings + projection + n_attn * attn + n_ffn * ffn + heads
 
 
+def parameter_numels(config: AlbertConfig) -> list[int]:
+    """Element count of every trainable tensor of `AlbertForPreTraining(config)`, the tied decoder once, in no
+    particular order (torch-free): what decides which tensors ZeRO-3 keeps whole (DeepSpeed's
+    `stage3_param_persistence_threshold` compares each tensor's numel) and the largest tensor.
+
+    Sums to `parameter_count(config)`.
+    """
+    V, E, H, I = config.vocab_size, config.embedding_size, config.hidden_size, config.intermediate_size
+    L, G, K = config.num_hidden_layers, config.num_hidden_groups, config.inner_group_num
+    attention = [H * H, H] * 4 + [H, H]  # query, key, value, dense (weight, bias); LayerNorm
+    ffn = [I * H, I, H * I, H, H, H]  # ffn, ffn_output (weight, bias); full_layer_layer_norm
+    n_attn = G * K if shares_attention(config.sharing) else L * K
+    n_ffn = G * K if shares_ffn(config.sharing) else L * K
+    out = [V * E, config.max_position_embeddings * E, config.type_vocab_size * E, E, E]
+    if E != H:
+        out += [E * H, H]
+    out += attention * n_attn + ffn * n_ffn
+    out += [H * H, H]  # pooler
+    out += [E * H, E, E, E, V]  # MLM head: dense, LayerNorm, bias (the decoder is the word embedding)
+    out += [2 * H, 2]  # SOP classifier
+    return out
+
+
 def model_param_counts(model) -> dict[str, int]:
     """Parameter counts of an ``AlbertForPreTraining`` (logged as the run's ``derived.*`` params).
 

@@ -150,6 +150,10 @@ class MLflowTracker(Tracker):
         # minutes while the server is down, hiding that it is back. (The request timeout stays MLflow's
         # 120 s: a large checkpoint upload may legitimately wait that long for its answer.)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        # Checkpoint retention downloads each checkpoint's COMPLETE.json, and MLflow draws a tqdm bar for every
+        # download: three bars per save in a job's log, between the console lines (house rule: bars only on
+        # request). Unless the user asks for them.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         self.local = local if local is not None else JsonlTracker(self.run_dir)
         state = read_state(self.run_dir)
         if resume_run_id != state.get("run_id"):  # another run's state

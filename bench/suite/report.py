@@ -56,7 +56,8 @@ class Headline:
         return value >= self.target if self.target_op == ">=" else value <= self.target
 
 
-#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB), 8 and 11.
+#: The suite's headline rows, targets as written in issues 2 (model), 3 (data), 4 (engine), 7 (LAMB), 8, 11, 19
+#: (data at scale) and 20 (memory).
 #: Keys follow what each benchmark's ``run()`` returns; a row whose ratio key is missing is shown as "n/a".
 HEADLINES: tuple[Headline, ...] = (
     Headline("model_step", "train step ALBERT-base B=8 S=128 fp32, 1 thread: ours / transformers (SDPA)",
@@ -122,6 +123,17 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("data_scale", "data prepare of .jsonl.zst, MB per CPU-second: ours (1 worker, dedup, sized row groups) / "
              "datasets load_dataset('json').to_parquet()", "prepare.ratio_mb_per_cpu_s_ours_over_peer", None, None,
              "prepare.workers_1.mb_per_cpu_s", "prepare.peer_datasets_json_to_parquet.mb_per_cpu_s", "MB/CPU-s"),
+    Headline("memory_scale", "model states per rank of albert-base (ZeRO-2/3, 1 and 4 ranks, bf16): DeepSpeed's "
+             "tensors / our estimate (albert_dist.engine.memory), lowest cell", "headline.states_vs_ours_min", ">=", 0.8),
+    Headline("memory_scale", "the same, highest cell", "headline.states_vs_ours_max", "<=", 1.25),
+    Headline("memory_scale", "the same cells: DeepSpeed's tensors / DeepSpeed's estimators, lowest cell",
+             "headline.states_vs_deepspeed_bf16_min", ">=", 0.8),
+    Headline("memory_scale", "the same, highest cell", "headline.states_vs_deepspeed_bf16_max", "<=", 1.25),
+    Headline("memory_scale", "ZeRO-3 model states per rank, 4 ranks / 1 rank", "headline.zero3_states_4_over_1_ranks_max",
+             "<=", 0.3),
+    Headline("memory_scale", "activations of albert-base S=512 (torch's profiler) / our formula, lowest of saved and "
+             "peak, with and without checkpointing", "headline.activations_vs_ours_min", ">=", 0.8),
+    Headline("memory_scale", "the same, highest", "headline.activations_vs_ours_max", "<=", 1.25),
     Headline("resume", "loader restore + first batch, 0 workers: far (after 300 batches, as ours) / near (after 1)",
              "workers_0.ratio_far_over_near", "<=", 1.2, "workers_0.far_resume_s", "workers_0.near_resume_s", "s"),
     Headline("resume", "loader restore + first batch, 2 workers: far (after 300 batches, as ours) / near (after 1)",

@@ -210,3 +210,23 @@ def test_free_port_is_bindable_and_is_multi_rank_without_a_group():
         s.bind(("127.0.0.1", port))  # free: binding it again succeeds
     assert 1024 <= port < 65536
     assert D.is_multi_rank() is False  # no process group in a unit test
+
+
+def test_torch_extensions_dir_defaults_to_the_venvs_own(tmp_path, monkeypatch):
+    """DeepSpeed's CPU comm op is built where `make install` pre-built it (the venv), not in the
+    ~/.cache/torch_extensions every venv shares (where two checkouts rebuilt it at every start); a user's own
+    setting wins, and a read-only prefix (a shared install) keeps torch's default."""
+    import sys
+
+    env: dict[str, str] = {}
+    assert D.default_torch_extensions_dir(env, str(tmp_path)) == str(tmp_path / "torch_extensions")
+    assert env == {"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
+    env = {"TORCH_EXTENSIONS_DIR": "/mine"}
+    assert D.default_torch_extensions_dir(env, str(tmp_path)) == "/mine" and env == {"TORCH_EXTENSIONS_DIR": "/mine"}
+    monkeypatch.setattr(D.os, "access", lambda path, mode: False)  # a read-only prefix (root may write anywhere)
+    env = {}
+    assert D.default_torch_extensions_dir(env, str(tmp_path)) == "" and env == {}
+    monkeypatch.undo()
+    # the defaults: this process's environment and the running venv
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    assert D.default_torch_extensions_dir() == f"{sys.prefix}/torch_extensions"

@@ -486,3 +486,28 @@ def test_a_sqlite_store_keeps_its_artifacts_beside_it_whatever_the_working_direc
     exp = MlflowClient(uri).get_experiment_by_name("beside")
     assert exp.artifact_location == (store / "mlruns").as_uri()
     assert list((store / "mlruns").rglob("notes/note.txt")) and not (elsewhere / "mlruns").exists()
+
+
+def test_checkpoint_retention_draws_no_download_bars_into_the_log(tmp_path, monkeypatch, capfd):
+    """Retention reads every checkpoint's COMPLETE.json back; MLflow's per-download tqdm bars stayed out of
+    the job's log (they were three per save), and the newest checkpoints are kept."""
+    from mlflow import MlflowClient
+
+    from albert_dist.tracking.tracker import MLflowTracker
+
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    cfg = TrackingConfig(tracking_uri=uri, experiment_name="bars", log_system_metrics=False, flush_interval_s=0.05)
+    tracker = MLflowTracker(cfg, run_dir=str(tmp_path / "run"), keep_last_checkpoints=2)
+    for step in (1, 2, 3):
+        path = tmp_path / "ck" / f"step_{step}"
+        path.mkdir(parents=True)
+        (path / "model.pt").write_bytes(b"w" * 64)
+        tracker.log_checkpoint(str(path), step)
+        deadline = time.monotonic() + 30
+        while tracker._sender.pending_uploads and time.monotonic() < deadline:  # saves come one at a time
+            time.sleep(0.02)
+    assert tracker.close("FINISHED")["uploads"] == 0
+    kept = [a.path for a in MlflowClient(uri).list_artifacts(tracker.run_id, "checkpoints")]
+    assert kept == ["checkpoints/step_2", "checkpoints/step_3"]
+    assert "Downloading artifacts" not in capfd.readouterr().err
