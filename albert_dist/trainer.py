@@ -90,6 +90,8 @@ class Trainer:
             cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
+        self._acc: Optional[MetricAccumulator] = None  # the loop's open metric interval (saved with a checkpoint)
+        self._saved_interval: list = []  # a resumed checkpoint's open interval, every saved rank's
         self.engine = None
         self.tracker: Any = NullTracker()
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
@@ -100,8 +102,8 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         """Start the process group (over `store`, the rendezvous store the app's preflight used, if given to
-        `__init__`), resume (`CheckpointManager.resume`: engine, loaders, RNGs; fetching the MLflow run's checkpoint first for
-        `resume_from`), open the tracker. Without a fixed `run_dir`, rank 0 also takes the lock of the run
+        `__init__`), resume (`CheckpointManager.resume`: engine, loaders, RNGs, the open metric interval;
+        fetching the MLflow run's checkpoint first for `resume_from`), open the tracker. Without a fixed `run_dir`, rank 0 also takes the lock of the run
         directory it names (`albert_dist.engine.run_lock`; the app takes a fixed one's before)."""
         cfg = self.cfg
         # First: a stop signal during start-up is then a stop after the first step, not a traceback per rank.
@@ -124,6 +126,7 @@ class Trainer:
         resumed = self.checkpoints.resume(self._build_engine, self._build_loader,
                                           fetch=fetch if self.resume_from is not None else None)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
+        self._saved_interval = resumed.metrics_states
         with ckpt.rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
             device = self.engine.device
@@ -230,7 +233,10 @@ class Trainer:
         """Run optimiser steps until max_steps or a stop signal; returns EXIT_OK or EXIT_PREEMPTED."""
         cfg, engine = self.cfg, self.engine
         rank = self.dist_env.rank
-        acc = MetricAccumulator(self.device)
+        acc = self._acc = MetricAccumulator(self.device)
+        # A checkpoint written between log steps: the first record covers the same steps as without the restart
+        acc.restore(self._saved_interval, rank, self.dist_env.world_size)
+        self._saved_interval = []
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -343,7 +349,8 @@ class Trainer:
         the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
         the tag, or None when nothing was saved. Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
-        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop)
+        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop,
+                                          metrics_state=None if self._acc is None else self._acc.local_state)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)

@@ -71,6 +71,38 @@ class MetricAccumulator:
             self._sums[_SLOT["grad_norm"]] += torch.as_tensor(grad_norm, dtype=torch.float64).to(self.device)
         self._sums[_SLOT["steps"]] += 1
 
+    def local_state(self) -> dict[str, Any]:
+        """This rank's open interval, for a checkpoint (`TrainState.metrics_states`; no collective, no reset):
+        {"sums": the vector's values in `_FIELDS` order with the host counts, "seconds": its training time so
+        far}. A checkpoint written between two log steps holds the steps since the last log step, so the
+        resumed job's first record covers the same steps as an uninterrupted job's (`restore`)."""
+        sums = self._sums.tolist()
+        sums[_SLOT["samples"]], sums[_SLOT["positions"]] = float(self._samples), float(self._positions)
+        return {"sums": sums, "seconds": time.perf_counter() - self._start}
+
+    def restore(self, saved: list[dict[str, Any]], rank: int, world_size: int) -> None:
+        """Continue the interval a checkpoint saved: `saved[r]` is rank r's `local_state()` at the save.
+
+        On as many ranks as wrote it, each rank takes its own (the records are then bit-identical to an
+        uninterrupted job's: same sums in the same order). On another number of ranks, rank 0 takes every saved
+        rank's per-rank sums added up and every rank the global fields (equal on every saved rank), so `reduce`
+        still sums to the interval's totals. Empty `saved` (a checkpoint from before this existed): nothing.
+        Raises `ValueError` when a saved vector does not have this version's fields."""
+        if not saved:
+            return
+        for state in saved:
+            if len(state["sums"]) != len(_FIELDS):
+                raise ValueError(f"saved metric interval has {len(state['sums'])} fields, expected {len(_FIELDS)}")
+        if len(saved) == world_size:
+            sums = [float(v) for v in saved[rank]["sums"]]
+        else:
+            per_rank = len(_MICRO_FIELDS) + len(_HOST_FIELDS)
+            sums = [sum(float(s["sums"][i]) for s in saved) if rank == 0 else 0.0 for i in range(per_rank)]
+            sums += [float(v) for v in saved[0]["sums"][per_rank:]]
+        self._sums = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        self._samples, self._positions = int(sums[_SLOT["samples"]]), int(sums[_SLOT["positions"]])
+        self._start = time.perf_counter() - float(saved[rank % len(saved)]["seconds"])
+
     def reduce(self) -> dict[str, float]:
         """Sum over ranks (collective when a process group is up) and return the interval's record:
         mlm_loss (cross-entropy per masked token of the interval, all ranks: the training loss's own

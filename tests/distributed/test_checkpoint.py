@@ -92,6 +92,24 @@ def test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory(config, r
     assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
 
 
+def test_a_resume_between_log_steps_logs_the_uninterrupted_window(config, tmp_path):
+    """Logged every 2 steps, checkpointed at 3: the save of step 4 crashes (rank 1 dies, rank 0 is killed), the
+    job resumes from step_3, between two log steps. Its step-4 record covers steps 3 and 4, as the uninterrupted
+    job's does, because the checkpoint holds every rank's open metric interval: equal to the last bit."""
+    window = ["log_interval_steps=2", "max_steps=4"]
+    want = train_records(run_ok(2, config, tmp_path / "ref", [], window).run_dir)
+    run_dir = tmp_path / "run"
+    job = Job(2, config, run_dir, ["--crash-save-step", "4", "--crash-rank", "1"], window)
+    assert job.procs[1].wait(timeout=240) == CRASH_EXIT, job.log_tail()
+    job.kill()
+    assert ckpt.read_latest(run_dir / "checkpoints") == "step_3"
+    run_ok(2, config, run_dir, [], [*window, "checkpoint.resume=auto"])
+    got = train_records(run_dir)
+    assert sorted(got) == sorted(want) == [2, 4]
+    for k in TRAJECTORY_KEYS:
+        assert got[4][k] == want[4][k], f"step 4 {k}: {got[4][k]} != {want[4][k]}"
+
+
 @pytest.mark.parametrize("world", [1, 4])
 def test_universal_resume_on_another_world_size(config, reference, tmp_path, world):
     ref_dir, _, ref = reference

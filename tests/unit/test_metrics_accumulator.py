@@ -33,3 +33,60 @@ def test_record_from_two_micro_steps_and_two_steps():
     ratio = record["positions_per_s"] / record["tokens_per_s"]
     assert ratio == pytest.approx(12 / 9) and record["samples_per_s"] / record["tokens_per_s"] == pytest.approx(3 / 9)
     assert acc.reduce()["mlm_accuracy"] == 0.0  # reset after reduce
+
+
+QUANTITIES = ("loss", "mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy", "grad_norm", "mlm_dropped")
+
+
+def _step(acc: MetricAccumulator, k: int, rank: int) -> None:
+    """Optimiser step k of a rank: two micro-steps of distinct values, a norm."""
+    mask = torch.tensor([[1] * (3 + (k + rank) % 2) + [0] * (1 - (k + rank) % 2)] * 2)
+    acc.add_micro_step(_out(1.7 * k + rank, 0.3 * k, k % 3, 5 + rank, k % 2, 2), mask)
+    acc.add_micro_step(_out(0.9 * k, 0.1 + rank, 1, 4, 1, 2), mask)
+    acc.add_step(0.5 + 0.1 * k)
+
+
+def test_an_interval_saved_mid_window_and_restored_gives_the_uninterrupted_record():
+    """A checkpoint between log steps: steps 1-2 saved (`local_state`), restored into a new accumulator (a
+    resumed job), steps 3-4 added: the record equals that of one accumulator that saw steps 1-4."""
+    whole, before = MetricAccumulator(torch.device("cpu")), MetricAccumulator(torch.device("cpu"))
+    for k in (1, 2):
+        _step(whole, k, 0)
+        _step(before, k, 0)
+    saved = [before.local_state()]
+    resumed = MetricAccumulator(torch.device("cpu"))
+    resumed.restore(saved, rank=0, world_size=1)
+    for k in (3, 4):
+        _step(whole, k, 0)
+        _step(resumed, k, 0)
+    want, got = whole.reduce(), resumed.reduce()
+    assert all(got[q] == want[q] for q in QUANTITIES), (got, want)  # same sums in the same order: bit-equal
+    assert got["samples_per_s"] / got["tokens_per_s"] == pytest.approx(want["samples_per_s"] / want["tokens_per_s"])
+    empty = MetricAccumulator(torch.device("cpu"))
+    empty.restore([], rank=0, world_size=1)  # a checkpoint from before intervals were saved: a fresh interval
+    _step(empty, 3, 0)
+    assert empty.reduce()["grad_norm"] == pytest.approx(0.8)
+
+
+def test_an_interval_saved_by_two_ranks_restored_on_one_sums_both():
+    """On another number of ranks, rank 0 takes both saved ranks' sums and every rank the global fields: the
+    one-rank record of steps 1-3 equals the two-rank interval's totals (what `reduce`'s all-reduce would sum)."""
+    ranks = [MetricAccumulator(torch.device("cpu")) for _ in range(2)]
+    for k in (1, 2):
+        for r, acc in enumerate(ranks):
+            _step(acc, k, r)
+    saved = [acc.local_state() for acc in ranks]
+    one = MetricAccumulator(torch.device("cpu"))
+    one.restore(saved, rank=0, world_size=1)
+    _step(one, 3, 0)
+    got = one.reduce()
+    # by hand: mlm loss sums of both ranks' steps 1-2 and rank 0's step 3 over their masked tokens
+    mlm_sum = sum(1.7 * k + r + 0.9 * k for k in (1, 2) for r in (0, 1)) + (1.7 * 3 + 0.9 * 3)
+    mlm_count = sum(5 + r + 4 for k in (1, 2) for r in (0, 1)) + 9
+    assert got["mlm_loss"] == pytest.approx(mlm_sum / mlm_count, rel=1e-6)
+    assert got["grad_norm"] == pytest.approx((0.6 + 0.7 + 0.8) / 3)  # global: per step, not per rank
+    other = MetricAccumulator(torch.device("cpu"))
+    other.restore(saved, rank=1, world_size=3)  # rank 1 of 3: no per-rank sums, the global ones
+    assert other.reduce()["mlm_loss"] == 0.0
+    with pytest.raises(ValueError, match="fields"):
+        other.restore([{"sums": [0.0] * 3, "seconds": 0.0}], rank=0, world_size=1)

@@ -83,7 +83,7 @@ class CheckpointManager:
         if point is None:
             loader = build_loader(self.rank, self.world_size)
             seed_all(seed_for(self.seed, self.rank, 0))
-            return Resumed(engine, loader, 0, None)
+            return Resumed(engine, loader, 0, None, [])
         state = TrainState()
         state.load_state_dict(load_checkpoint(engine, point, universal=self.plan.universal))
         if not point.config and state.config_hash != self.config_hash and self.rank == 0:  # no snapshot to compare
@@ -96,17 +96,18 @@ class CheckpointManager:
             set_rng_state(state.rng_states[self.rank])
         else:
             seed_all(seed_for(self.seed, self.rank, state.step))
-        return Resumed(engine, loader, state.step, point)
+        return Resumed(engine, loader, state.step, point, state.metrics_states)
 
     def _resumed_here(self, point) -> bool:
         return Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
 
     def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False,
-                   stop: bool = False) -> Optional[str]:
+                   stop: bool = False, metrics_state: Optional[Callable[[], Any]] = None) -> Optional[str]:
         """Save step `step` when the cadence says so (`every(step, save_interval_steps, last)`) and it is not
         saved yet (collective); returns the tag or None.
 
-        `data_state` is called only when saving (a loader's state_dict is not free). `stop`: this is a stop
+        `data_state` (and `metrics_state`, the open metric interval's `MetricAccumulator.local_state`) is
+        called only when saving (a loader's state_dict is not free). `stop`: this is a stop
         signal's checkpoint (`albert_dist.json` records why each checkpoint was written: "interval", "final" or
         "stop"; launch/pretrain_local.sh reads it). A failed save raises
         `CheckpointSaveError`, unless `checkpoint.on_save_error` is "continue" and this is an interval save: then
@@ -122,7 +123,8 @@ class CheckpointManager:
         try:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
                                   config=self.config, protect=protect,
-                                  reason="stop" if stop else "final" if last else "interval")
+                                  reason="stop" if stop else "final" if last else "interval",
+                                  metrics_state=None if metrics_state is None else metrics_state())
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise

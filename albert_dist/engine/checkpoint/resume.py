@@ -80,6 +80,8 @@ class Resumed:
     """Optimiser steps done."""
     point: Optional[ResumePoint]
     """The checkpoint resumed from; None for a fresh start."""
+    metrics_states: list
+    """Every saved rank's open metric interval (`MetricAccumulator.restore`); [] for a fresh start."""
 
 
 @contextlib.contextmanager

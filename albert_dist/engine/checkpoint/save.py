@@ -128,12 +128,13 @@ def _space_needed(reports: list[dict], ckpt_dir: Path) -> str:
 
 def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, config_hash: str,
                     keep_last: int, *, config: Optional[dict] = None, protect: Optional[str] = None,
-                    reason: str = "interval") -> str:
+                    reason: str = "interval", metrics_state: Any = None) -> str:
     """Save step `step` on every rank (collective; see the module docstring for the protocol); returns the tag.
 
     `data_state` is this rank's `loader.state_dict()`; `config` the resolved config snapshot stored with it;
     `protect` a tag retention keeps until a newer verified checkpoint exists (the one the job resumed from);
-    `reason` why it is written ("interval", "final", "stop"), recorded in `albert_dist.json`.
+    `reason` why it is written ("interval", "final", "stop"), recorded in `albert_dist.json`; `metrics_state`
+    this rank's open metric interval (`MetricAccumulator.local_state()`, None: not saved).
     Before writing, rank 0 makes room (`retention.make_room`) when the free space is below the size of the last
     verified checkpoint.
 
@@ -146,10 +147,11 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
     tag = tag_for(step)
     tag_dir = ckpt_dir / tag
     rank = global_rank()
-    per_rank = all_gather_object({"data": data_state, "rng": rng_state()})
+    per_rank = all_gather_object({"data": data_state, "rng": rng_state(), "metrics": metrics_state})
     state = TrainState(step=step, config_hash=config_hash, config=dict(config or {}), world_size=world_size(),
                        zero_stage=int(engine.zero_optimization_stage()),
-                       data_states=[s["data"] for s in per_rank], rng_states=[s["rng"] for s in per_rank])
+                       data_states=[s["data"] for s in per_rank], rng_states=[s["rng"] for s in per_rank],
+                       metrics_states=[s["metrics"] for s in per_rank if s["metrics"] is not None])
     room: dict[str, Any] = {}  # rank 0: the space this save starts with (for a full disk's message)
     if rank == 0:  # an earlier attempt's save of this step (and its universal copy, which would be stale)
         for stale in (tag_dir, ckpt_dir / f"{tag}_universal"):

@@ -36,6 +36,9 @@ class TrainState:
     """Per rank: the training loader's state_dict()."""
     rng_states: list = field(default_factory=list)
     """Per rank: `rng_state()`."""
+    metrics_states: list = field(default_factory=list)
+    """Per rank: the open metric interval (`MetricAccumulator.local_state()`); [] in checkpoints written before
+    it was saved."""
 
     @property
     def model_config(self) -> dict:
@@ -46,10 +49,11 @@ class TrainState:
         """Plain dict for DeepSpeed's client_state (keys as the fields)."""
         return {"step": self.step, "config_hash": self.config_hash, "config": self.config,
                 "world_size": self.world_size, "zero_stage": self.zero_stage,
-                "data_states": self.data_states, "rng_states": self.rng_states}
+                "data_states": self.data_states, "rng_states": self.rng_states,
+                "metrics_states": self.metrics_states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from `state_dict()` (a missing "config" reads as {})."""
+        """Restore from `state_dict()` (a missing "config" reads as {}, missing "metrics_states" as [])."""
         self.step = int(state["step"])
         self.config_hash = str(state["config_hash"])
         self.config = dict(state.get("config") or {})
@@ -57,6 +61,7 @@ class TrainState:
         self.zero_stage = int(state["zero_stage"])
         self.data_states = list(state["data_states"])
         self.rng_states = list(state["rng_states"])
+        self.metrics_states = list(state.get("metrics_states") or [])
 
 
 def rng_state() -> dict[str, Any]:
