@@ -28,6 +28,12 @@ fi
 RUN_DIR="${RUN_DIR:-runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+# Without the venv on PATH there is no launcher: say so, rather than exit 127 with a hint to resume a run that
+# never started.
+if ! command -v deepspeed >/dev/null 2>&1; then
+    echo "$0: no 'deepspeed' command on PATH: activate the venv first (source .venv/bin/activate; 'make install' creates it)" >&2
+    exit 2
+fi
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
 PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"

@@ -267,7 +267,7 @@ class ScanTask:
 def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
-    parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
+    0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
     and check_text_field do."""
     from albert_dist.data.files import check_text_field
     from albert_dist.data.paths import discover_files, file_format
@@ -286,7 +286,8 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
                            "mtime_ns": st.st_mtime_ns, "source": i})
             common = dict(path=path, kind=kind, compression=compression, text_field=source.text_field,
                           txt_documents=source.txt_documents)
-            if st.st_size == 0:
+            if st.st_size == 0:  # counted like the training loader does: a 0-byte shard is often a failed download
+                skipped.append({"reason": "empty_file", "where": path})  # warned with the other skips
                 continue
             if kind == "parquet":
                 import pyarrow as pa

@@ -310,3 +310,19 @@ def test_a_damaged_file_is_named_after_many_bad_records(tmp_path, caplog):
     assert "b-broken.jsonl.gz, byte " in manifest["skip_examples"][-1]["where"]
     warned = [r.getMessage() for r in caplog.records if "skipped a record" in r.getMessage()]
     assert len(warned) == prep.SKIP_WARNINGS + 1 and "(damaged) at " in warned[-1] and "b-broken" in warned[-1]
+
+
+def test_a_zero_byte_input_is_a_counted_skip(tmp_path, caplog):
+    """A 0-byte shard (often a failed download) is counted and warned, as the training loader does; the
+    summary said "skipped nothing"."""
+    import logging
+
+    good = _write(tmp_path / "good", BASE[:20], "jsonl", "")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    caplog.set_level(logging.WARNING, logger="albert_dist.data.prepare")
+    manifest = prep.prepare(_opts([good, empty], tmp_path / "out"), "c")
+    assert manifest["documents"] == 20 and manifest["skipped"] == {"empty_file": 1}
+    assert manifest["skip_examples"] == [{"reason": "empty_file", "where": str(empty)}]
+    assert [r.getMessage() for r in caplog.records if str(empty) in r.getMessage()] == [
+        f"skipped a record (empty_file) at {empty}"]  # once

@@ -134,3 +134,17 @@ def test_a_rank_killed_by_a_signal_is_exit_1_naming_the_signal(tmp_path, launche
     assert f"(a rank was killed by signal {signum} (SIG{name}), e.g. the kernel's OOM killer (see dmesg) or a " \
            f"kill -9; the launcher exited {launcher_exit})" in proc.stdout
     assert "pretraining failed (exit 1)" in proc.stdout and _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
+
+
+def test_without_the_venv_on_path_it_says_to_activate_it(tmp_path):
+    """A fresh shell (no venv on PATH) got `deepspeed: command not found`, exit 127 and a hint to resume a run
+    that never started; now exit 2 naming the fix, and no run directory."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    proc = subprocess.run([shutil.which("bash"), str(REPO / "launch/pretrain_local.sh"), "2"], capture_output=True,
+                          text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_DIR": str(tmp_path / "run")},
+                          timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "no 'deepspeed' command on PATH" in proc.stderr and "source .venv/bin/activate" in proc.stderr
+    assert "--resume auto" not in proc.stdout + proc.stderr and not (tmp_path / "run").exists()
