@@ -41,8 +41,8 @@ from runner import _json_safe, log_to_mlflow, machine_facts, run_child  # noqa: 
 
 log = logging.getLogger("bench")
 
-#: Sizes passed to each benchmark by the suite, chosen so the whole suite stays under 10 minutes on 2 CPU
-#: cores. Keys are keyword arguments of that benchmark's run(); only those its signature accepts are passed.
+#: Sizes passed to each benchmark by the suite, each chosen to take minutes, not hours, on 2 CPU cores (the
+#: suite's budget: DEFAULT_BUDGET_S). Keys are keyword arguments of that benchmark's run(); only those its signature accepts are passed.
 SUITE_ARGS: dict[str, dict[str, Any]] = {
     "model_step": {"repeats": 2},
     "data_pipeline": {"repeats": 3},
@@ -73,9 +73,11 @@ DEFAULT_TIMEOUT_S = 300.0
 #: Benchmarks allowed longer than DEFAULT_TIMEOUT_S (unless --timeout-s is given): data_scale runs six sections,
 #: ~5 min on idle cores (its tokenizer section alone trains two sentencepiece models on 100 MB).
 SUITE_TIMEOUT_S: dict[str, float] = {"data_scale": 480.0}
-#: Seconds the whole suite may take (issue 8: under 10 minutes on 2 CPU cores); a benchmark gets at most what
-#: is left, and one that would get less than MIN_START_S is not started ("not run").
-DEFAULT_BUDGET_S = 570.0
+#: Seconds the whole suite may take; a benchmark gets at most what is left, and one that would get less than
+#: MIN_START_S is not started ("not run"). Issue 8's 10 minutes on 2 CPU cores no longer hold: data_scale (~5 min),
+#: compile_step (~3 min) and memory_scale (~2.5 min at load 3-7) came later, measured one by one; the whole
+#: suite has not been timed since, so the budget leaves room for every benchmark to start.
+DEFAULT_BUDGET_S = 1800.0
 MIN_START_S = 20.0
 
 #: Modules in bench/ that are not benchmarks even if they grew a `run`; folders not searched (the runner's).
