@@ -68,6 +68,21 @@ def articles(path: Path) -> list[str]:
     return docs
 
 
+def build_full_train(source: Path, out: Path, shards: int = 8) -> None:
+    """Write WikiText-2's whole train split (600 articles, ~2M words), cleaned as the sample, into ``out`` as
+    ``shards`` gzip files ``train-NN.txt.gz`` (articles dealt round-robin): the README's main job's corpus, 20x the
+    sample's train shards; its validation set stays the sample's (valid.txt, disjoint from train.txt)."""
+    import gzip
+
+    out.mkdir(parents=True, exist_ok=True)
+    train = articles(source / "train.txt")
+    for i in range(shards):
+        # mtime=0: the same bytes on every rebuild (gzip stores a timestamp in its header)
+        with open(out / f"train-{i:02d}.txt.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(("\n\n".join(train[i::shards]) + "\n").encode("utf-8"))
+    print(f"{len(train)} train articles in {shards} gzip shards -> {out}")
+
+
 def build(source: Path, out: Path) -> None:
     """Write the 8 train shards and the validation shard into ``out``."""
     train = articles(source / "test.txt")
@@ -108,10 +123,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder with WikiText-2 test.txt, valid.txt")
     parser.add_argument("--out", type=Path, default=OUT, help="where the shards go (default: this folder)")
+    parser.add_argument("--full-train", type=Path, metavar="DIR",
+                        help="instead: write WikiText-2's whole train split into DIR (data/wikitext-2)")
     parser.add_argument("--report", action="store_true", help="only report the <unk> share of the shards in --out")
     parser.add_argument("--tokenizer", default=str(OUT / "spiece.model"), help="model for --report")
     args = parser.parse_args()
-    if args.report:
+    if args.full_train:
+        build_full_train(args.source, args.full_train)
+    elif args.report:
         report(args.out, args.tokenizer)
     else:
         build(args.source, args.out)
