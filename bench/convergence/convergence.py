@@ -98,6 +98,16 @@ def _hf_tokenizer(tokenizer_path: str):
     return AlbertTokenizer.from_pretrained(tmp, do_lower_case=False, keep_accents=True)
 
 
+def _read_text(path: str) -> str:
+    """A whole plain or gzip text file (the downstream corpus data/wikitext-2 is gzip shards)."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return Path(path).read_text(encoding="utf-8")
+
+
 def grouped_blocks(paths: Sequence[str], tokenizer_path: str, block: int):
     """run_mlm's ``tokenize`` + ``group_texts``: every non-empty line as ``[CLS] ids [SEP]``, concatenated in
     file order, cut into (N, block) int64 blocks, the remainder dropped. Tokenized by sentencepiece directly
@@ -111,7 +121,7 @@ def grouped_blocks(paths: Sequence[str], tokenizer_path: str, block: int):
     sp = load_tokenizer(tokenizer_path)
     lines: list[str] = []
     for path in paths:
-        lines.extend(s for s in (line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()) if s)
+        lines.extend(s for s in (line.strip() for line in _read_text(path).splitlines()) if s)
     ids = sp.encode(lines, num_threads=1)
     flat = np.fromiter((t for seq in ids for t in (CLS_ID, *seq, SEP_ID)), dtype=np.int64)
     n = len(flat) // block
@@ -268,9 +278,16 @@ def score_run(cfg, run_dir: str, scoring: dict[str, Any]) -> list[dict[str, floa
 # ------------------------------------------------------------------------------------------------ peer
 def train_peer(cfg, steps: int, curve_every: int, scoring: dict[str, Any],
                full_logits: bool = False) -> list[dict[str, float]]:
+    """`train_peer_model`'s scored curve (the model is dropped)."""
+    return train_peer_model(cfg, steps, curve_every, scoring, full_logits)[1]
+
+
+def train_peer_model(cfg, steps: int, curve_every: int, scoring: Optional[dict[str, Any]],
+                     full_logits: bool = False):
     """transformers' run_mlm recipe on the same init/data/optimiser (module docstring); its scored curve.
 
-    ``full_logits=False`` computes the head at the masked positions only (`mlm_logits`): the same loss and
+    Returns ``(model, curve)``: the trained transformers ``AlbertForPreTraining`` and its scored curve (empty when
+    ``scoring`` is None). ``full_logits=False`` computes the head at the masked positions only (`mlm_logits`): the same loss and
     gradients as run_mlm's full (B, S, V) logits, ~5x less wall time per step on CPU, so the peer's seconds
     are those of the faster variant; True: run_mlm's full logits."""
     import torch
@@ -309,10 +326,10 @@ def train_peer(cfg, steps: int, curve_every: int, scoring: dict[str, Any],
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - t0
-        if step % curve_every == 0 or step == steps:
+        if scoring is not None and (step % curve_every == 0 or step == steps):
             curve.append({"step": step, "train_s": train_s, **score(model, scoring)})
             model.train()
-    return curve
+    return model, curve
 
 
 # ------------------------------------------------------------------------------------------------ figures
