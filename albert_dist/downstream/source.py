@@ -30,6 +30,10 @@ from albert_dist.model.config import AlbertConfig
 log = logging.getLogger(__name__)
 
 
+#: Files of which a transformers directory needs one to hold a tokenizer (sentencepiece's, or a `tokenizers` JSON).
+TOKENIZER_FILES = ("spiece.model", "tokenizer.json")
+
+
 class SourceError(ValueError):
     """A model that cannot be fine-tuned as given (no such run, step or tokenizer): the CLI's exit 2."""
 
@@ -159,12 +163,13 @@ def from_transformers_dir(path: Path) -> ModelSource:
         raise SourceError(f"{path}: not a transformers model directory ({exc})") from exc
     if hf_config.model_type != "albert":
         raise SourceError(f"{path}: model_type {hf_config.model_type!r}, not an ALBERT model")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        # transformers 5 builds an empty tokenizer (special tokens only) from a directory without one
+        raise SourceError(f"{path}: no tokenizer in the model directory (none of {', '.join(TOKENIZER_FILES)})")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
         raise SourceError(f"{path}: no tokenizer in the model directory ({type(exc).__name__}: {exc})") from exc
-    if tokenizer is None or isinstance(tokenizer, bool):
-        raise SourceError(f"{path}: no tokenizer in the model directory")
     from albert_dist.model.hf import HF_FIELDS
 
     try:
