@@ -18,12 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from albert_dist.engine.metric_names import DOWNSTREAM as DOWNSTREAM_PREFIX
 from albert_dist.tracking.secrets import redact
 
 log = logging.getLogger(__name__)
 
-#: Prefix of the summary metrics on the scored run.
-DOWNSTREAM_PREFIX = "downstream/"
 #: Experiment of standalone runs when neither --experiment nor a pretraining run names one.
 DEFAULT_EXPERIMENT = "albert_dist"
 
