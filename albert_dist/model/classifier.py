@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from albert_dist.model.albert import AlbertModel
+from albert_dist.model.albert import AlbertModel, init_bert_weights
 from albert_dist.model.config import AlbertConfig
 
 #: transformers' AlbertConfig.classifier_dropout_prob default.
@@ -56,14 +56,7 @@ class AlbertForSequenceClassification(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        init_bert_weights(module, self.config.initializer_range)
 
     def load_encoder(self, state: dict[str, torch.Tensor]) -> None:
         """Copy the ``albert.*`` tensors of a pretraining state dict (`AlbertForPreTraining`'s names; the MLM and
