@@ -138,18 +138,20 @@ def finetune_config(args: argparse.Namespace, task: str, max_positions: int):
     from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB
 
     glue = GLUE_TASKS.get(task)
-    max_len = args.max_seq_length or (glue.max_seq_length if glue else 128)
+    max_len = args.max_seq_length if args.max_seq_length is not None else (glue.max_seq_length if glue else 128)
     if max_len > max_positions:
         if args.max_seq_length is not None:
             raise ValueError(f"--max-seq-length {max_len} exceeds the model's max_position_embeddings {max_positions}")
         max_len = max_positions
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
     return FinetuneConfig(
-        learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE, num_train_epochs=args.epochs or DEFAULT_EPOCHS,
-        per_device_train_batch_size=args.batch_size or DEFAULT_BATCH.get(task, DEFAULT_BATCH_OTHER),
-        max_seq_length=max_len,
-        warmup_ratio=DEFAULT_WARMUP_RATIO if args.warmup_ratio is None else args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        classifier_dropout_prob=CLASSIFIER_DROPOUT_PROB if args.classifier_dropout is None else args.classifier_dropout,
+        learning_rate=given(args.learning_rate, DEFAULT_LEARNING_RATE),
+        num_train_epochs=given(args.epochs, DEFAULT_EPOCHS),
+        per_device_train_batch_size=given(args.batch_size, DEFAULT_BATCH.get(task, DEFAULT_BATCH_OTHER)),
+        max_seq_length=max_len, warmup_ratio=given(args.warmup_ratio, DEFAULT_WARMUP_RATIO),
+        weight_decay=args.weight_decay, classifier_dropout_prob=given(args.classifier_dropout, CLASSIFIER_DROPOUT_PROB),
         bf16=args.bf16, deepspeed=args.deepspeed)
 
 
@@ -187,6 +189,18 @@ def format_table(entries: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def _tracked(call: Any) -> Optional[str]:
+    """Run an MLflow call; a failure (a server gone mid-job) is logged and returned, never raised: the scores
+    are in downstream.json whatever MLflow does, and the remaining fine-tunes still run."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any client or server error
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("MLflow logging failed, fine-tuning goes on without it: %s", message)
+        return message
+    return None
+
+
 def _is_main_process() -> bool:
     # under torchrun / the deepspeed launcher every rank runs this command; one writes the results
     return int(os.environ.get("RANK", "0")) == 0
@@ -210,7 +224,8 @@ def cli(argv: list[str]) -> int:
         return _bad(ValueError(f"--seeds has duplicates: {args.seeds}"))
     with tempfile.TemporaryDirectory(prefix="albert-finetune-src-") as cache:
         try:
-            source = resolve(args.model, args.step, args.tracking_uri, Path(args.output or cache))
+            # an MLflow run's checkpoint is downloaded into `cache`, read, and removed at the end
+            source = resolve(args.model, args.step, args.tracking_uri, Path(cache))
             check_vocabulary(source)
             tasks = load_tasks(args)
             configs = {t.name: finetune_config(args, t.name, source.config.max_position_embeddings) for t in tasks}
@@ -268,7 +283,7 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
         prepared.append((task, cfg, encode(source.tokenizer, train, cfg.max_seq_length),
                          encode(source.tokenizer, dev, cfg.max_seq_length)))
     total = sum(steps_per_run(len(tr), cfg, world) * len(args.seeds) for _, cfg, tr, _ in prepared)
-    entries, status = [], "FAILED"
+    entries, status, tracking_error = [], "FAILED", None
     try:
         with tqdm(total=total, unit="step", disable=not main, desc="finetune") as bar:
             for task, cfg, train, dev in prepared:
@@ -280,17 +295,18 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
                     scores = finetune_once(model, train, dev, source.tokenizer, task, cfg, seed,
                                            [step_bar_callback(bar)])
                     per_seed[seed] = scores
-                    if runs is not None:
+                    if runs is not None and tracking_error is None:
                         params = {"task": task.name, "seed": seed, "lr": cfg.learning_rate,
                                   "epochs": cfg.num_train_epochs, "batch": cfg.per_device_train_batch_size,
                                   "max_len": cfg.max_seq_length, "warmup_ratio": cfg.warmup_ratio,
                                   "checkpoint_step": step, "init": args.init, "model": source.description,
                                   "train_examples": len(train), "dev_examples": len(dev), "data": task.source}
-                        children[seed] = runs.log_child(f"{task.name}-step{step}-seed{seed}-{args.init}", params,
-                                                        scores)
+                        tracking_error = _tracked(lambda: children.__setitem__(seed, runs.log_child(
+                            f"{task.name}-step{step}-seed{seed}-{args.init}", params, scores)))
                 summary = summarize(per_seed, task.metrics)
-                if runs is not None:
-                    runs.log_summary(task.name, {m: s["median"] for m, s in summary.items()}, step or 0)
+                if runs is not None and tracking_error is None:
+                    tracking_error = _tracked(lambda: runs.log_summary(
+                        task.name, {m: s["median"] for m, s in summary.items()}, step or 0))
                 entry = {"task": task.name, "init": args.init, "model": source.description, "kind": source.kind,
                          "step": step, "data": task.source, "train_examples": len(train), "dev_examples": len(dev),
                          "primary_metric": task.metrics[0], "finetune": dataclasses.asdict(cfg),
@@ -298,15 +314,16 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
                          "summary": summary, "source": described,
                          "mlflow": None if runs is None else {"tracking_uri": runs.tracking_uri,
                                                               "run_id": runs.run_id,
-                                                              "children": {str(k): v for k, v in children.items()}},
+                                                              "children": {str(k): v for k, v in children.items()},
+                                                              "error": tracking_error},
                          "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
                 entries.append(entry)
                 if main:
                     write_results(out_dir / RESULTS_FILE, entry)
         status = "FINISHED"
     finally:
-        if runs is not None:
-            runs.close(status)
+        if runs is not None and tracking_error is None:
+            _tracked(lambda: runs.close(status))
     if main:
         print(format_table(entries))
         print(f"\nresults in {out_dir / RESULTS_FILE}" + (f"; MLflow run {runs.run_id} ({runs.tracking_uri})"

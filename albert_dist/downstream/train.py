@@ -12,6 +12,7 @@ import dataclasses
 import math
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -47,16 +48,19 @@ class FinetuneConfig:
     """A DeepSpeed JSON config for the Trainer (big tasks under the deepspeed launcher); None: plain PyTorch."""
 
     def __post_init__(self) -> None:
-        for name in ("learning_rate", "num_train_epochs"):
+        for name, flag in (("learning_rate", "--learning-rate"), ("num_train_epochs", "--epochs")):
             if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)!r}")
-        for name in ("per_device_train_batch_size", "max_seq_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)!r}")
+                raise ValueError(f"{flag} must be > 0, got {getattr(self, name)!r}")
+        if self.per_device_train_batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.per_device_train_batch_size!r}")
         if self.max_seq_length < 3:
-            raise ValueError(f"--max-seq-length must be >= 3 ([CLS] x [SEP]), got {self.max_seq_length}")
+            raise ValueError(f"--max-seq-length must be >= 3 ([CLS] x [SEP]), got {self.max_seq_length!r}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if not 0 <= self.classifier_dropout_prob < 1:
+            raise ValueError(f"--classifier-dropout must be in [0, 1), got {self.classifier_dropout_prob!r}")
+        if self.deepspeed is not None and not Path(self.deepspeed).is_file():
+            raise ValueError(f"--deepspeed {self.deepspeed}: no such file")
 
 
 class EncodedSplit(torch.utils.data.Dataset):

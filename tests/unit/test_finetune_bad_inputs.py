@@ -82,3 +82,12 @@ def test_no_such_step_model_or_length(world, capsys):
     assert "--max-seq-length 64 exceeds the model's max_position_embeddings 32" in _bad(
         capsys, str(run), *data, "--max-seq-length", "64")
     assert not (run / finetune.RESULTS_FILE).exists()
+
+
+def test_bad_hyper_parameters_name_their_flag(world, capsys):
+    root, run = world
+    data = [str(run), "--task", "sst2", "--data-dir", str(root / "sst2")]
+    assert "--learning-rate must be > 0, got -1.0" in _bad(capsys, *data, "--learning-rate", "-1")
+    assert "--epochs must be > 0, got 0.0" in _bad(capsys, *data, "--epochs", "0")
+    assert "--deepspeed nope.json: no such file" in _bad(capsys, *data, "--deepspeed", "nope.json")
+    assert "--seeds has duplicates" in _bad(capsys, *data, "--seeds", "1", "1")

@@ -133,3 +133,27 @@ def test_bad_task_inputs_name_the_field(tmp_path, case, match):
         else:
             (tmp_path / "ok/dev.tsv").unlink()
             load_glue("sst2", str(tmp_path / "ok"))
+
+
+def test_encoding_gives_pretrainings_sentencepiece_ids_and_segments():
+    """The run's tokenizer through transformers (what `finetune` feeds the model) == sentencepiece's ids, with
+    [CLS] a [SEP] b [SEP], token types 0 then 1, truncated longest-first."""
+    pytest.importorskip("transformers")
+    import sentencepiece as spm
+
+    from albert_dist.data.tokenizer import CLS_ID, SEP_ID
+    from albert_dist.downstream.source import sentencepiece_tokenizer
+    from albert_dist.downstream.tasks import Split
+    from albert_dist.downstream.train import encode
+    from helpers import REPO
+
+    path = REPO / "data" / "sample" / "spiece.model"
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    a, b = "The Ulster Unionists, in 1998 ... cafés!", "A second sentence."
+    encoded = encode(sentencepiece_tokenizer(path), Split([a, a], [b, b], [0, 1]), 512)
+    ids_a, ids_b = sp.encode(a), sp.encode(b)
+    assert encoded[0]["input_ids"] == [CLS_ID, *ids_a, SEP_ID, *ids_b, SEP_ID]
+    assert encoded[0]["token_type_ids"] == [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1)
+    assert encoded[1]["labels"] == 1
+    short = encode(sentencepiece_tokenizer(path), Split([a], [b], [0]), 10)[0]["input_ids"]
+    assert len(short) == 10 and short[0] == CLS_ID and short.count(SEP_ID) == 2
