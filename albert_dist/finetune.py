@@ -179,11 +179,11 @@ def write_results(path: Path, entry: dict[str, Any]) -> None:
 
 
 def format_table(entries: list[dict[str, Any]]) -> str:
-    """One row per task and metric: median and [min, max] over the seeds."""
-    rows = [("task", "metric", "median", "min-max", "seeds", "train", "dev")]
+    """One row per task and metric: median, min and max over the seeds."""
+    rows = [("task", "metric", "median", "min", "max", "seeds", "train", "dev")]
     for e in entries:
         for metric, s in e["summary"].items():
-            rows.append((e["task"], metric, f"{s['median']:.4f}", f"{s['min']:.4f}-{s['max']:.4f}",
+            rows.append((e["task"], metric, f"{s['median']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}",
                          str(len(e["seeds"])), str(e["train_examples"]), str(e["dev_examples"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

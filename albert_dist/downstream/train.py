@@ -123,7 +123,8 @@ def finetune_once(model: AlbertForSequenceClassification, train: EncodedSplit, d
             per_device_eval_batch_size=max(64, config.per_device_train_batch_size),
             warmup_steps=math.ceil(config.warmup_ratio * steps_per_run(len(train), config)),
             weight_decay=config.weight_decay, lr_scheduler_type="linear", bf16=config.bf16,
-            use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, deepspeed=config.deepspeed)
+            use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, deepspeed=config.deepspeed,
+            ddp_find_unused_parameters=False)  # every parameter takes part (no pretraining heads here)
         trainer = Trainer(model=model, args=args, train_dataset=train,
                           data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks or [])
         trainer.remove_callback(PrinterCallback)  # it prints the end-of-training dict; the table says it all

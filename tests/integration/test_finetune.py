@@ -11,6 +11,7 @@ here on a learnable synthetic language, GLUE-format files written here, a real l
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -156,3 +157,16 @@ def test_pretrained_encoder_beats_random_init_on_unseen_words(world, capsys):
     children = client.search_runs([floors.experiment_id],
                                   f"tags.mlflow.parentRunId = '{standalone[0].info.run_id}'")
     assert sorted(c.data.params["seed"] for c in children) == ["1", "2", "3"]
+
+
+def test_partial_sharing_run_fine_tunes(world, capsys):
+    """The sharing study fine-tunes every mode; transformers holds only `all`, so no hf/ is exported and the
+    fp32 final model is what `finetune` reads."""
+    run = make_run_dir(world["root"] / "run-ffn", world["root"] / "tok" / "spiece.model", 20, sharing="ffn")
+    assert not (run / "final_model" / "hf").exists()
+    assert finetune.cli([str(run), "--task", "sst2", "--data-dir", str(world["root"] / "glue" / "sst2"),
+                         "--seeds", "1", "--no-tracking", *FAST]) == 0
+    capsys.readouterr()
+    (entry,) = json.loads((run / "downstream.json").read_text())["results"]
+    assert entry["source"]["config"]["sharing"] == "ffn" and entry["step"] == STEPS_DONE
+    assert 0.0 <= entry["seeds"]["1"]["accuracy"] <= 1.0 and math.isfinite(entry["seeds"]["1"]["train_loss"])
