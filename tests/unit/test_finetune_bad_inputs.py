@@ -91,3 +91,15 @@ def test_bad_hyper_parameters_name_their_flag(world, capsys):
     assert "--epochs must be > 0, got 0.0" in _bad(capsys, *data, "--epochs", "0")
     assert "--deepspeed nope.json: no such file" in _bad(capsys, *data, "--deepspeed", "nope.json")
     assert "--seeds has duplicates" in _bad(capsys, *data, "--seeds", "1", "1")
+
+
+def test_hub_unreachable_asks_for_data_dir(world, capsys, monkeypatch):
+    """Without --data-dir GLUE comes from the hub; unreachable (simulated: no network is touched) is exit 2."""
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    line = _bad(capsys, str(world[1]), "--task", "rte")
+    assert "rte: could not load nyu-mll/glue from the hub" in line and "pass --data-dir" in line
