@@ -7,8 +7,8 @@ and pretraining run of a run directory, an MLflow run id, or a transformers ALBE
   run: the one its ``mlflow_run.json`` names, in the store recorded there;
 * an MLflow run id (``<id>`` or ``runs:/<id>``): its newest complete checkpoint artifact (``--step N``: that one)
   downloaded as ``--resume-from`` downloads it (`albert_dist.tracking.checkpoints.download_checkpoint`), the
-  config from the checkpoint's ``albert_dist.json``, the tokenizer from the run's config or its ``tokenizer/``
-  artifact;
+  config from the checkpoint's ``albert_dist.json``; without checkpoint artifacts, its ``model/fp32`` final model
+  (step: the run's max_steps param). The tokenizer from the run's config or its ``tokenizer/`` artifact;
 * a transformers ALBERT directory (``config.json``, any ALBERT head or none): the encoder weights through
   `albert_dist.model.hf.from_transformers`, the tokenizer the directory's own.
 
@@ -30,6 +30,8 @@ from albert_dist.model.config import AlbertConfig
 log = logging.getLogger(__name__)
 
 
+#: Where the end-of-training model lies in a run's artifacts (albert_dist.run_tracking.log_final_model).
+FINAL_MODEL_ARTIFACT = "model/fp32"
 #: Files of which a transformers directory needs one to hold a tokenizer (sentencepiece's, or a `tokenizers` JSON).
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json")
 
@@ -212,12 +214,21 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
     client = MlflowClient(uri)
     try:
         run = client.get_run(run_id)
-        at, tag_dir = download_checkpoint(client, run_id, str(cache_dir / "checkpoints"), step)
+        try:
+            at, tag_dir = download_checkpoint(client, run_id, str(cache_dir / "checkpoints"), step)
+            what = f"checkpoint step {at}"
+        except FileNotFoundError:
+            if step is not None:
+                raise
+            # no checkpoint artifact left (tracking.log_checkpoints off, or pruned): the final model, when logged
+            tag_dir = _download_final_model(client, run_id, cache_dir)
+            max_steps = run.data.params.get("max_steps")
+            at, what = (int(max_steps) if max_steps and max_steps.isdigit() else None), "final model"
     except (MlflowException, FileNotFoundError, RuntimeError) as exc:
         raise SourceError(f"MLflow run {run_id} ({uri}): {exc}") from exc
     found = locate(tag_dir)
     if found.model is None:
-        raise SourceError(f"MLflow run {run_id}: checkpoint step {at} carries no config")
+        raise SourceError(f"MLflow run {run_id}: the {what} carries no config")
     tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).is_file() else None
     if tokenizer_path is None:  # another machine's path: the run's logged copy (albert_dist.run_tracking)
         try:
@@ -227,11 +238,20 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
         except MlflowException as exc:
             log.warning("MLflow run %s: tokenizer artifact not readable: %s", run_id, exc)
     run_dir = Path(run.data.tags.get("run_dir", "")) if run.data.tags.get("run_dir") else None
-    return ModelSource("mlflow", f"runs:/{run_id} (checkpoint step {at})", found.model,
+    return ModelSource("mlflow", f"runs:/{run_id} ({what})", found.model,
                        _run_tokenizer(tokenizer_path, f"MLflow run {run_id}"), at,
                        lambda: load_state_dict(tag_dir),
                        run_dir=run_dir if run_dir is not None and run_dir.is_dir() else None,
                        parent_run_id=run_id, tracking_uri=uri)
+
+
+def _download_final_model(client: Any, run_id: str, cache_dir: Path) -> Path:
+    """The run's ``model/fp32`` artifact (`albert_dist.run_tracking.log_final_model`: model.safetensors +
+    model.yaml) downloaded into `cache_dir`; `FileNotFoundError` when the run has none."""
+    if not any(f.path == f"{FINAL_MODEL_ARTIFACT}/model.safetensors"
+               for f in client.list_artifacts(run_id, FINAL_MODEL_ARTIFACT)):
+        raise FileNotFoundError(f"no complete checkpoint under checkpoints/ and no {FINAL_MODEL_ARTIFACT}/ artifact")
+    return Path(client.download_artifacts(run_id, FINAL_MODEL_ARTIFACT, str(cache_dir)))
 
 
 def resolve(model: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:

@@ -3,8 +3,8 @@ here on a learnable synthetic language, GLUE-format files written here, a real l
 
 * a classification and a regression task, 2 seeds: downstream.json, the printed table, the child runs and
   the medians on the pretraining run (read back with `MlflowClient`), and `albert-dist compare` showing them;
-* the same weights reached as a run's checkpoint (--step), an MLflow run id and a transformers directory
-  score exactly as the run's final model;
+* the same weights reached as a run's checkpoint (--step), an MLflow run id (its checkpoint artifact, or its
+  final-model artifact) and a transformers directory score exactly as the run's final model;
 * pretraining pays: fine-tuned on a few labelled words, the pretrained encoder generalises to unseen words,
   random init (--init random, a standalone run) does not.
 """
@@ -125,15 +125,24 @@ def test_checkpoint_mlflow_run_and_transformers_dir_score_as_the_final_model(wor
     assert finetune.cli([world["parent"], "--tracking-uri", world["uri"], *common, "--no-tracking",
                          "--output", str(root / "byid")]) == 0
     assert finetune.cli([str(run / "final_model" / "hf"), *common, "--no-tracking", "--output", str(root / "hf")]) == 0
+    # a run with no checkpoint artifact, only its logged final model and tokenizer (as log_final_model leaves it)
+    client = world["client"]
+    final_only = client.create_run(world["experiment"]).info.run_id
+    client.log_artifacts(final_only, str(run / "final_model" / "fp32"), "model/fp32")
+    client.log_artifact(final_only, str(root / "tok" / "spiece.model"), "tokenizer")
+    client.log_param(final_only, "max_steps", STEPS_DONE)
+    assert finetune.cli([final_only, "--tracking-uri", world["uri"], *common, "--no-tracking",
+                         "--output", str(root / "final_only")]) == 0
     capsys.readouterr()
     scores = {name: next(iter(_results(root / name / "downstream.json").values())) for name in
-              ("final", "step", "byid", "hf")}
+              ("final", "step", "byid", "hf", "final_only")}
     reference = scores["final"]["seeds"]["3"]
     for name, entry in scores.items():
         got = entry["seeds"]["3"]
         assert got["accuracy"] == reference["accuracy"] and got["train_loss"] == pytest.approx(
             reference["train_loss"], rel=1e-5), name
-    assert scores["byid"]["step"] == STEPS_DONE and scores["hf"]["step"] is None
+    assert scores["byid"]["step"] == scores["final_only"]["step"] == STEPS_DONE and scores["hf"]["step"] is None
+    assert scores["final_only"]["model"] == f"runs:/{final_only} (final model)"
 
 
 def test_pretrained_encoder_beats_random_init_on_unseen_words(world, capsys):
