@@ -57,7 +57,7 @@ def search(refs: Sequence[str], experiment: Optional[str]) -> Any:
             raise ValueError(f"no experiment {experiment!r}")
         df = mlflow.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
         if _PARENT_TAG in df:  # child runs (one per `albert-dist finetune` seed) are summarised on their parent
-            df = df[df[_PARENT_TAG].isna()]
+            df = df[df[_PARENT_TAG].isna()].dropna(axis=1, how="all")  # and their metrics and params go too
         if df.empty:
             raise ValueError(f"experiment {experiment!r} has no runs")
         return df.reset_index(drop=True)

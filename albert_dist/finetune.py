@@ -256,7 +256,8 @@ def _open_tracking(args: argparse.Namespace, source: Any):
     if args.init == "random" or source.parent_run_id is None:
         standalone = f"{Path(str(source.run_dir or args.model)).name}-{args.init}"
     return DownstreamRuns(uri, source.parent_run_id, standalone, args.experiment,
-                          tags={"init": args.init, "model": source.description})
+                          tags={"init": args.init, "model": source.description},
+                          standalone_params={"init": args.init})
 
 
 def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, state: Any, out_dir: Path,

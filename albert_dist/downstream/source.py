@@ -145,8 +145,8 @@ def from_run_dir(run_dir: Path, step: Optional[int]) -> ModelSource:
     if found.model is None:
         raise SourceError(f"{run_dir}: no model config found beside {found.checkpoint}")
     state = read_state(run_dir)
-    return ModelSource("run", f"{run_dir} ({found.checkpoint.relative_to(run_dir) if found.checkpoint.is_relative_to(run_dir) else found.checkpoint})",
-                       found.model, _run_tokenizer(found.tokenizer, str(run_dir)), at,
+    where = found.checkpoint.relative_to(run_dir) if found.checkpoint.is_relative_to(run_dir) else found.checkpoint
+    return ModelSource("run", f"{run_dir} ({where})", found.model, _run_tokenizer(found.tokenizer, str(run_dir)), at,
                        lambda: load_state_dict(found.checkpoint), run_dir=run_dir,
                        parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"))
 

@@ -23,6 +23,8 @@ from albert_dist.tracking.secrets import redact
 
 log = logging.getLogger(__name__)
 
+#: MLflow's limit of params per log_batch call.
+MAX_PARAMS_PER_BATCH = 100
 #: Experiment of standalone runs when neither --experiment nor a pretraining run names one.
 DEFAULT_EXPERIMENT = "albert_dist"
 
@@ -42,13 +44,15 @@ class DownstreamRuns:
         standalone_name: when given, a new run of this name holds the scores (random init, no pretraining run).
         experiment: experiment of a standalone run (None: the pretraining run's, else `DEFAULT_EXPERIMENT`).
         tags: extra tags of a standalone run.
+        standalone_params: params of a standalone run, over the pretraining run's (which it copies: its config).
 
     Raises:
         mlflow.exceptions.MlflowException: the store refuses (unknown parent run, deleted experiment).
     """
 
     def __init__(self, tracking_uri: str, parent_run_id: Optional[str], standalone_name: Optional[str],
-                 experiment: Optional[str], tags: Optional[dict[str, str]] = None):
+                 experiment: Optional[str], tags: Optional[dict[str, str]] = None,
+                 standalone_params: Optional[dict[str, Any]] = None):
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -71,6 +75,16 @@ class DownstreamRuns:
             run_tags["pretraining_run_id"] = parent.info.run_id
         self.run_id = self.client.create_run(self.experiment_id, tags=run_tags).info.run_id
         self.standalone = True
+        # the pretraining run's params (its config): `compare` then shows only what differs, e.g. init
+        params = {**(parent.data.params if parent is not None else {}), **(standalone_params or {})}
+        self._log_params(self.run_id, params)
+
+    def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(redact(v)) if isinstance(v, str) else str(v)) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
 
     def _experiment(self, name: str) -> str:
         from albert_dist.tracking.tracker import artifact_location
@@ -85,13 +99,10 @@ class DownstreamRuns:
         returns its id."""
         run = self.client.create_run(self.experiment_id, tags={
             "mlflow.parentRunId": self.run_id, "mlflow.runName": name, "mlflow.source.name": "albert-dist finetune"})
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric
 
-        now = _now_ms()
-        self.client.log_batch(run.info.run_id,
-                              metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-                              params=[Param(k, str(redact(v)) if isinstance(v, str) else str(v))
-                                      for k, v in params.items()])
+        self.client.log_batch(run.info.run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()])
+        self._log_params(run.info.run_id, params)
         self.client.set_terminated(run.info.run_id, "FINISHED")
         return run.info.run_id
 

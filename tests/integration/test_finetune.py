@@ -112,8 +112,10 @@ def test_scores_a_run_on_classification_and_regression_into_mlflow(world, capsys
     assert "downstream/sst2/accuracy.final" in table and "downstream/stsb/pearson.best" in table
     assert compare.cli(["--experiment", "pretrain", "--tracking-uri", world["uri"], "--metrics", "loss",
                         "--output", str(world["root"] / "c.png")]) == 0
-    run_ids = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run_id"))
+    table = capsys.readouterr().out.splitlines()
+    run_ids = next(line for line in table if line.startswith("run_id"))
     assert run_ids.split()[1:] == [parent]  # the fine-tunes are children, not runs to compare
+    assert not any(line.startswith(("train_runtime_s", "seed")) for line in table)  # nor their metrics, params
 
 
 def test_checkpoint_mlflow_run_and_transformers_dir_score_as_the_final_model(world, capsys):
@@ -162,6 +164,7 @@ def test_pretrained_encoder_beats_random_init_on_unseen_words(world, capsys):
     floors = client.get_experiment_by_name("floors")
     standalone = client.search_runs([floors.experiment_id], "tags.mlflow.runName = 'run-random'")
     assert len(standalone) == 1 and standalone[0].data.tags["pretraining_run_id"] == world["parent"]
+    assert standalone[0].data.params == {**client.get_run(world["parent"]).data.params, "init": "random"}
     assert standalone[0].data.metrics["downstream/sst2/accuracy"] == pytest.approx(statistics.median(acc["random"]))
     children = client.search_runs([floors.experiment_id],
                                   f"tags.mlflow.parentRunId = '{standalone[0].info.run_id}'")
