@@ -164,18 +164,24 @@ def summarize(per_seed: dict[int, dict[str, float]], metrics: tuple[str, ...]) -
 
 def write_results(path: Path, entry: dict[str, Any]) -> None:
     """Add `entry` to ``downstream.json`` (``{"results": [...]}``), replacing an earlier entry of the same task,
-    init, model, step, hyper-parameters and subset sizes (a rerun of the same fine-tunes)."""
+    init, model, step, hyper-parameters and subset sizes (a rerun of the same fine-tunes); under an exclusive
+    lock on ``downstream.json.lock`` beside it, so concurrent commands scoring one run keep every entry."""
+    import fcntl
+
     key = ("task", "init", "model", "step", "finetune", "train_examples", "dev_examples")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    results = [r for r in data.get("results", []) if any(r.get(k) != entry.get(k) for k in key)]
-    results.append(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
-    os.replace(tmp, path)
+    # several `finetune` processes may score one run at once (a task or checkpoint each): one writer at a time
+    with open(path.with_suffix(".json.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        results = [r for r in data.get("results", []) if any(r.get(k) != entry.get(k) for k in key)]
+        results.append(entry)
+        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
+        os.replace(tmp, path)
 
 
 def format_table(entries: list[dict[str, Any]]) -> str:

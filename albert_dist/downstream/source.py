@@ -185,12 +185,15 @@ def from_transformers_dir(path: Path) -> ModelSource:
 
         # any ALBERT head loads: the pretraining heads a directory lacks (e.g. run_mlm's AlbertForMaskedLM has
         # no SOP head, nor a pooler) start fresh, as transformers' own AlbertForSequenceClassification does
-        verbosity = hf_logging.get_verbosity()
+        verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # "Loading weights" would sit above finetune's own bar
         try:
             hf = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa")
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bar:
+                hf_logging.enable_progress_bar()
         return from_transformers(hf).state_dict()
 
     return ModelSource("hf", str(path), config, tokenizer, None, load)

@@ -182,3 +182,25 @@ def test_partial_sharing_run_fine_tunes(world, capsys):
     (entry,) = json.loads((run / "downstream.json").read_text())["results"]
     assert entry["source"]["config"]["sharing"] == "ffn" and entry["step"] == STEPS_DONE
     assert 0.0 <= entry["seeds"]["1"]["accuracy"] <= 1.0 and math.isfinite(entry["seeds"]["1"]["train_loss"])
+
+
+def test_results_file_keeps_concurrent_writers_entries_and_replaces_reruns(tmp_path):
+    """downstream.json: entries of other tasks/steps kept, a rerun of the same fine-tunes replaced; processes
+    writing at once (a task each) lose nothing."""
+    import multiprocessing
+
+    from albert_dist.finetune import write_results
+
+    path = tmp_path / "downstream.json"
+    base = {"init": "pretrained", "model": "m", "step": 1, "finetune": {"lr": 1}, "train_examples": 8,
+            "dev_examples": 8}
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=write_results, args=(path, {**base, "task": f"t{i}", "v": i})) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    write_results(path, {**base, "task": "t0", "v": "again"})
+    results = json.loads(path.read_text())["results"]
+    assert sorted(r["task"] for r in results) == [f"t{i}" for i in range(6)]
+    assert next(r for r in results if r["task"] == "t0")["v"] == "again"

@@ -157,3 +157,4 @@ def test_encoding_gives_pretrainings_sentencepiece_ids_and_segments():
     assert encoded[1]["labels"] == 1
     short = encode(sentencepiece_tokenizer(path), Split([a], [b], [0]), 10)[0]["input_ids"]
     assert len(short) == 10 and short[0] == CLS_ID and short.count(SEP_ID) == 2
+
