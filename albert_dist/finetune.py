@@ -222,6 +222,11 @@ def cli(argv: list[str]) -> int:
     from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
     from albert_dist.downstream.tasks import TaskError
 
+    try:  # the hf extra: transformers (tokenizers, Trainer) and accelerate (which the Trainer needs)
+        import accelerate  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return _bad(ImportError(f"{exc.name or exc} is not installed: pip install 'albert_dist[hf]'"))
     for flag in ("max_train_samples", "max_eval_samples"):
         value = getattr(args, flag)
         if value is not None and value < 1:
