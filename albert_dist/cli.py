@@ -4,6 +4,7 @@
     albert-dist tokenizer  train --input <paths/globs> --vocab-size N --output DIR
     albert-dist data       prepare --input <paths/globs> --output DIR | plan --config R --ranks N --workers W
     albert-dist export     <checkpoint dir or run> --output DIR     (HF-format export)
+    albert-dist finetune   RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR   (downstream scores)
     albert-dist compare    <run ids or run dirs> | --experiment NAME
     albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
 
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("albert_dist.data.tokenizer", "train a sentencepiece tokenizer with ALBERT's special ids"),
     "data": ("albert_dist.data_cli", "data prepare: reshard corpora into parquet shards; data plan: a job's slot plan"),
     "export": ("albert_dist.export", "export a checkpoint to transformers' AlbertForPreTraining format"),
+    "finetune": ("albert_dist.finetune", "fine-tune and score a run, checkpoint or HF model on GLUE-style tasks (seeds, MLflow)"),
     "compare": ("albert_dist.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
     "tracking": ("albert_dist.tracking_sync", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
 }

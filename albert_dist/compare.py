@@ -33,6 +33,7 @@ _NOT_IN_LABELS = ("params.derived.", "params.run_dir", "params.checkpoint.dir", 
 
 
 UNIGRAM_ACCURACY = names.VAL + "unigram_mlm_accuracy"
+_PARENT_TAG = "tags.mlflow.parentRunId"
 
 
 def _fmt(value: Any) -> str:
@@ -42,7 +43,8 @@ def _fmt(value: Any) -> str:
 
 
 def search(refs: Sequence[str], experiment: Optional[str]) -> Any:
-    """`mlflow.search_runs` (pandas) for the given run ids, or every run of ``experiment`` (oldest first).
+    """`mlflow.search_runs` (pandas) for the given run ids, or every top-level run of ``experiment`` (oldest
+    first; child runs, e.g. `albert-dist finetune`'s per-seed fine-tunes, are left out).
 
     Raises:
         ValueError: no such experiment, no runs, or an id the store does not have.
@@ -54,6 +56,8 @@ def search(refs: Sequence[str], experiment: Optional[str]) -> Any:
         if exp is None:
             raise ValueError(f"no experiment {experiment!r}")
         df = mlflow.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+        if _PARENT_TAG in df:  # child runs (one per `albert-dist finetune` seed) are summarised on their parent
+            df = df[df[_PARENT_TAG].isna()].dropna(axis=1, how="all")  # and their metrics and params go too
         if df.empty:
             raise ValueError(f"experiment {experiment!r} has no runs")
         return df.reset_index(drop=True)

@@ -316,8 +316,14 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
     Raises:
         as `consolidate_fp32` and `load_consolidated`.
     """
-    state = consolidate_fp32(ckpt_dir, tag)
-    model = load_consolidated(model_config, state)
+    model = load_consolidated(model_config, consolidate_fp32(ckpt_dir, tag))
+    return write_final_model(model, out_dir, tokenizer_path)
+
+
+def write_final_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path: Optional[str]) -> dict[str, str]:
+    """Write a run's ``final_model/`` layout (`export_final_model`) from a model in memory: ``fp32/`` always,
+    ``hf/`` when transformers can represent it. Returns ``{"fp32": dir[, "hf": dir]}``."""
+    model_config = model.config
     written = {}
     fp32_dir = os.path.join(out_dir, "fp32")
     os.makedirs(fp32_dir, exist_ok=True)

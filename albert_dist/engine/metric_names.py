@@ -11,6 +11,8 @@ which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
     perf/   tokens_per_s, samples_per_s, positions_per_s, mfu
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
+    downstream/<task>/<metric>   median dev score over seeds at the scored checkpoint's step
+                                                            (`albert-dist finetune`, albert_dist.downstream)
 
 A new metric gets its name here (and, when "best" means something for it, an entry in `BEST`), so that
 `compare`, the docs and the tests read one definition.
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Optional
 
 TRAIN, VAL, PERF, MEM = "train/", "val/", "perf/", "mem/"
+DOWNSTREAM = "downstream/"
 
 #: Quantities the MetricAccumulator computes for training and validation alike.
 LOSS, MLM_LOSS, SOP_LOSS = "loss", "mlm_loss", "sop_loss"
@@ -77,6 +80,8 @@ def best_direction(name: str) -> Optional[str]:
     ``loss`` / ``accuracy`` / ``_per_s`` follow the rule of their kind."""
     if name in BEST:
         return BEST[name]
+    if name.startswith(DOWNSTREAM):  # every GLUE metric (accuracy, F1, Matthews, Pearson, Spearman) rises
+        return "max"
     last = name.rsplit("/", 1)[-1]
     if last.endswith("loss"):
         return "min"

@@ -39,6 +39,18 @@ def activation(name: str):
     raise ValueError(f"model.hidden_act: unknown activation {name!r}")
 
 
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """BERT/ALBERT initialisation of one module (``model.apply``): Linear and Embedding weights ~ normal(0, std),
+    biases 0, LayerNorm weight 1 and bias 0; other modules untouched."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
 class PreTrainingOutput(NamedTuple):
     """Losses, loss sums and accuracy counts of one forward pass.
 
@@ -307,15 +319,8 @@ class AlbertForPreTraining(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, AlbertMLMHead):
+        init_bert_weights(module, self.config.initializer_range)
+        if isinstance(module, AlbertMLMHead):
             nn.init.zeros_(module.bias)
 
     def _check_inputs(self, input_ids: torch.Tensor, **same_shape: torch.Tensor) -> None:

@@ -1,0 +1,1 @@
+"""Downstream evaluation: tasks, metrics, model sources, fine-tuning and its MLflow records (`albert-dist finetune`)."""

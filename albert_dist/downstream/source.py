@@ -1,0 +1,297 @@
+"""What `albert-dist finetune MODEL` fine-tunes: the encoder weights, model config, tokenizer, checkpoint step
+and pretraining run of a run directory, an MLflow run id, or a transformers ALBERT directory.
+
+* a run directory (its ``config.yaml``): ``final_model/fp32`` (the end-of-training model), else its newest
+  verified checkpoint; ``--step N``: the retained DeepSpeed checkpoint ``step_N``, consolidated
+  (`albert_dist.export.locate` / `load_state_dict`). Tokenizer: the run's ``data.tokenizer_path``. Pretraining
+  run: the one its ``mlflow_run.json`` names, in the store recorded there;
+* an MLflow run id (``<id>`` or ``runs:/<id>``): its newest complete checkpoint artifact (``--step N``: that one)
+  downloaded as ``--resume-from`` downloads it (`albert_dist.tracking.checkpoints.download_checkpoint`), the
+  config from the checkpoint's ``albert_dist.json``; without checkpoint artifacts, its ``model/fp32`` final model
+  (step: the run's max_steps param). The tokenizer from the run's config or its ``tokenizer/`` artifact;
+* a transformers ALBERT directory (``config.json``, any ALBERT head or none): the encoder weights through
+  `albert_dist.model.hf.from_transformers`, the tokenizer the directory's own.
+
+The weights are read only by `ModelSource.encoder_state` (``--init random`` never reads them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from albert_dist.model.config import AlbertConfig
+
+log = logging.getLogger(__name__)
+
+
+#: Where the end-of-training model lies in a run's artifacts (albert_dist.run_tracking.log_final_model).
+FINAL_MODEL_ARTIFACT = "model/fp32"
+#: Files of which a transformers directory needs one to hold a tokenizer (sentencepiece's, or a `tokenizers` JSON).
+TOKENIZER_FILES = ("spiece.model", "tokenizer.json")
+
+
+class SourceError(ValueError):
+    """A model that cannot be fine-tuned as given (no such run, step or tokenizer): the CLI's exit 2."""
+
+
+@dataclasses.dataclass
+class ModelSource:
+    """A resolved `albert-dist finetune` model argument."""
+
+    kind: str
+    """"run", "mlflow" or "hf"."""
+    description: str
+    """What was read (path or run id, checkpoint), for params and messages."""
+    config: AlbertConfig
+    """The encoder's config."""
+    tokenizer: Any
+    """A transformers tokenizer giving the ids the model was pretrained on."""
+    step: Optional[int]
+    """Optimizer step of the checkpoint (None: unknown, e.g. a transformers directory)."""
+    load_state: Callable[[], dict[str, torch.Tensor]]
+    """Reads the pretraining state dict (`AlbertForPreTraining` names, fp32, CPU)."""
+    run_dir: Optional[Path] = None
+    """The pretraining run directory, where downstream.json goes; None for other sources."""
+    parent_run_id: Optional[str] = None
+    """The pretraining run in MLflow (None: not tracked, or unknown)."""
+    tracking_uri: Optional[str] = None
+    """The store the pretraining run lives in (None: the default store)."""
+
+    def encoder_state(self) -> dict[str, torch.Tensor]:
+        """The pretraining state dict; `SourceError` when it does not load."""
+        try:
+            return self.load_state()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise SourceError(f"{self.description}: {exc}") from exc
+
+
+def sentencepiece_tokenizer(path: str | Path) -> Any:
+    """transformers' `AlbertTokenizer` over the sentencepiece model ``path`` with the settings the run's
+    export writes (`albert_dist.data.tokenizer.write_transformers_config`: the model's own normaliser only),
+    so its ids are sentencepiece's, i.e. those of pretraining.
+
+    Raises:
+        SourceError: the file is missing or lacks ALBERT's special ids.
+    """
+    from albert_dist.data.tokenizer import load_tokenizer, write_transformers_config
+
+    try:
+        load_tokenizer(str(path))  # checks ALBERT's special ids
+    except ValueError as exc:
+        raise SourceError(str(exc)) from exc
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "spiece.model").write_bytes(Path(path).read_bytes())
+        write_transformers_config(tmp)
+        return AutoTokenizer.from_pretrained(tmp)
+
+
+def _run_tokenizer(tokenizer_path: Optional[Path], where: str) -> Any:
+    if tokenizer_path is None:
+        raise SourceError(f"{where}: the run's config names no tokenizer (data.tokenizer_path)")
+    if not Path(tokenizer_path).is_file():
+        raise SourceError(f"{where}: the run's tokenizer {tokenizer_path} is not there any more")
+    return sentencepiece_tokenizer(tokenizer_path)
+
+
+def _latest_step(run_dir: Path, config: dict) -> Optional[int]:
+    """The step of the run's final model: its newest checkpoint (the one `export_final_model` consolidated),
+    else the config's max_steps (a final model exists only after max_steps were trained)."""
+    from albert_dist.engine.checkpoint.layout import step_of
+
+    ckpt_dir = Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
+    steps = [s for s in (step_of(p.name) for p in ckpt_dir.glob("step_*")) if s is not None] if ckpt_dir.is_dir() else []
+    if steps:
+        return max(steps)
+    max_steps = config.get("max_steps")
+    return int(max_steps) if isinstance(max_steps, int) else None
+
+
+def from_run_dir(run_dir: Path, step: Optional[int]) -> ModelSource:
+    """A run directory's final model (or checkpoint ``step_<step>``); see the module docstring.
+
+    Raises:
+        SourceError: no such checkpoint step (naming the retained ones), no final model nor checkpoint, no
+            tokenizer, a config that is not a model config.
+    """
+    from albert_dist.engine.checkpoint.layout import CheckpointError, step_of, tag_for
+    from albert_dist.export import _run_config, load_state_dict, locate
+    from albert_dist.tracking.tracker import read_state
+
+    config = _run_config(run_dir) or {}
+    ckpt_dir = Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
+    try:
+        if step is not None:
+            tag_dir = ckpt_dir / tag_for(step)
+            if not tag_dir.is_dir():
+                kept = sorted(s for s in (step_of(p.name) for p in ckpt_dir.glob("step_*")) if s is not None) \
+                    if ckpt_dir.is_dir() else []
+                raise SourceError(f"--step {step}: no checkpoint {tag_dir} (retained steps: {kept or 'none'})")
+            found, at = locate(tag_dir), step
+        elif (run_dir / "final_model" / "fp32").is_dir():
+            found, at = locate(run_dir / "final_model" / "fp32"), _latest_step(run_dir, config)
+        else:
+            found = locate(run_dir)
+            at = step_of(found.checkpoint.name)
+    except (FileNotFoundError, CheckpointError) as exc:
+        raise SourceError(str(exc)) from exc
+    if found.model is None:
+        raise SourceError(f"{run_dir}: no model config found beside {found.checkpoint}")
+    state = read_state(run_dir)
+    where = found.checkpoint.relative_to(run_dir) if found.checkpoint.is_relative_to(run_dir) else found.checkpoint
+    return ModelSource("run", f"{run_dir} ({where})", found.model, _run_tokenizer(found.tokenizer, str(run_dir)), at,
+                       lambda: load_state_dict(found.checkpoint), run_dir=run_dir,
+                       parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"))
+
+
+def from_transformers_dir(path: Path) -> ModelSource:
+    """A transformers ALBERT directory: its config and encoder weights, its own tokenizer.
+
+    Raises:
+        SourceError: not an ALBERT model, no tokenizer in the directory, or a model albert_dist cannot hold.
+    """
+    import transformers
+
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"{path}: not a transformers model directory ({exc})") from exc
+    if hf_config.model_type != "albert":
+        raise SourceError(f"{path}: model_type {hf_config.model_type!r}, not an ALBERT model")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        # transformers 5 builds an empty tokenizer (special tokens only) from a directory without one
+        raise SourceError(f"{path}: no tokenizer in the model directory (none of {', '.join(TOKENIZER_FILES)})")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise SourceError(f"{path}: no tokenizer in the model directory ({type(exc).__name__}: {exc})") from exc
+    from albert_dist.model.hf import HF_FIELDS
+
+    try:
+        config = AlbertConfig(**{name: getattr(hf_config, name) for name in HF_FIELDS}, sharing="all")
+    except ValueError as exc:
+        raise SourceError(f"{path}/config.json: {exc}") from exc
+
+    def load() -> dict[str, torch.Tensor]:
+        from albert_dist.model.hf import from_transformers
+        from transformers.utils import logging as hf_logging
+
+        # any ALBERT head loads: the pretraining heads a directory lacks (e.g. run_mlm's AlbertForMaskedLM has
+        # no SOP head, nor a pooler) start fresh, as transformers' own AlbertForSequenceClassification does
+        verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # "Loading weights" would sit above finetune's own bar
+        try:
+            hf = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa")
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            if bar:
+                hf_logging.enable_progress_bar()
+        return from_transformers(hf).state_dict()
+
+    return ModelSource("hf", str(path), config, tokenizer, None, load)
+
+
+def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:
+    """A checkpoint artifact of an MLflow run, downloaded into ``cache_dir/checkpoints``.
+
+    Raises:
+        SourceError: the run or its checkpoint cannot be fetched, or no tokenizer can be found.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from albert_dist.export import load_state_dict, locate
+    from albert_dist.tracking.checkpoints import download_checkpoint
+    from albert_dist.tracking.tracker import parse_run_ref, resolve_tracking_uri
+
+    run_id = parse_run_ref(ref)
+    uri = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+        try:
+            at, tag_dir = download_checkpoint(client, run_id, str(cache_dir / "checkpoints"), step)
+            what = f"checkpoint step {at}"
+        except FileNotFoundError:
+            if step is not None:
+                raise
+            # no checkpoint artifact left (tracking.log_checkpoints off, or pruned): the final model, when logged
+            tag_dir = _download_final_model(client, run_id, cache_dir)
+            max_steps = run.data.params.get("max_steps")
+            at, what = (int(max_steps) if max_steps and max_steps.isdigit() else None), "final model"
+    except (MlflowException, FileNotFoundError, RuntimeError) as exc:
+        raise SourceError(f"MLflow run {run_id} ({uri}): {exc}") from exc
+    found = locate(tag_dir)
+    if found.model is None:
+        raise SourceError(f"MLflow run {run_id}: the {what} carries no config")
+    tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).is_file() else None
+    if tokenizer_path is None:  # another machine's path: the run's logged copy (albert_dist.run_tracking)
+        try:
+            files = [f.path for f in client.list_artifacts(run_id, "tokenizer")]
+            if files:
+                tokenizer_path = Path(client.download_artifacts(run_id, files[0], str(cache_dir)))
+        except MlflowException as exc:
+            log.warning("MLflow run %s: tokenizer artifact not readable: %s", run_id, exc)
+    run_dir = Path(run.data.tags.get("run_dir", "")) if run.data.tags.get("run_dir") else None
+    return ModelSource("mlflow", f"runs:/{run_id} ({what})", found.model,
+                       _run_tokenizer(tokenizer_path, f"MLflow run {run_id}"), at,
+                       lambda: load_state_dict(tag_dir),
+                       run_dir=run_dir if run_dir is not None and run_dir.is_dir() else None,
+                       parent_run_id=run_id, tracking_uri=uri)
+
+
+def _download_final_model(client: Any, run_id: str, cache_dir: Path) -> Path:
+    """The run's ``model/fp32`` artifact (`albert_dist.run_tracking.log_final_model`: model.safetensors +
+    model.yaml) downloaded into `cache_dir`; `FileNotFoundError` when the run has none."""
+    if not any(f.path == f"{FINAL_MODEL_ARTIFACT}/model.safetensors"
+               for f in client.list_artifacts(run_id, FINAL_MODEL_ARTIFACT)):
+        raise FileNotFoundError(f"no complete checkpoint under checkpoints/ and no {FINAL_MODEL_ARTIFACT}/ artifact")
+    return Path(client.download_artifacts(run_id, FINAL_MODEL_ARTIFACT, str(cache_dir)))
+
+
+def resolve(model: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:
+    """`albert-dist finetune`'s MODEL: a run directory, a transformers directory or an MLflow run reference.
+
+    Raises:
+        SourceError: none of them, or the one it is cannot be read (see the ``from_*`` functions).
+    """
+    path = Path(model)
+    if path.is_dir():
+        if (path / "config.yaml").is_file():
+            return from_run_dir(path, step)
+        if (path / "config.json").is_file():
+            if step is not None:
+                raise SourceError(f"--step {step}: {path} is a transformers directory, which holds one model")
+            return from_transformers_dir(path)
+        raise SourceError(f"{path}: neither a run directory (config.yaml) nor a transformers model (config.json)")
+    from albert_dist.tracking.tracker import parse_run_ref
+
+    try:
+        parse_run_ref(model)
+    except ValueError:
+        raise SourceError(f"{model}: no such directory, and not an MLflow run id (32 hex digits or runs:/<id>)") from None
+    return from_mlflow_run(model, step, tracking_uri, cache_dir)
+
+
+def check_vocabulary(source: ModelSource) -> None:
+    """`SourceError` when the tokenizer's vocabulary is not the model's (ids past the embedding table, or a
+    tokenizer of another model)."""
+    size = len(source.tokenizer)
+    if size != source.config.vocab_size:
+        raise SourceError(f"{source.description}: the tokenizer has {size} pieces but the model's vocab_size is "
+                          f"{source.config.vocab_size}")
+
+
+def describe(source: ModelSource) -> dict[str, Any]:
+    """JSON-able summary of a source for downstream.json and MLflow params."""
+    return {"kind": source.kind, "model": source.description, "step": source.step,
+            "pretraining_run_id": source.parent_run_id,
+            "config": json.loads(json.dumps(dataclasses.asdict(source.config)))}

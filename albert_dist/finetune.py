@@ -1,0 +1,343 @@
+"""`albert-dist finetune`: fine-tune a pretrained model on GLUE-style tasks over several seeds and score it.
+
+    albert-dist finetune RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR [--step N] [--init random]
+                         [--seeds 1 2 3] [--max-train-samples N] [--learning-rate ...] [--output DIR]
+    albert-dist finetune MODEL --train-file train.csv --validation-file dev.csv --text-column text
+                         [--text-pair-column t2] --label-column label [--task-type auto|classification|regression]
+
+MODEL is a run directory (its final_model/, or with --step N its checkpoint step_N), an MLflow run id (its
+newest checkpoint artifact, or step N), or a transformers ALBERT directory; --init random fine-tunes the same
+config from fresh weights (the floor every table needs). GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte)
+are read from --data-dir (GLUE's TSV layout: the task's directory, or a directory holding one per task named
+<task>, glue-<task> or GLUE's own name, e.g. SST-2), else from the hub (nyu-mll/glue). Each (task, seed) is one
+fine-tune with transformers' Trainer; the table gives the median and min-max over the seeds of GLUE's metrics
+(scikit-learn / scipy). Results go to downstream.json in the run directory (or --output DIR), and to MLflow: a
+child run per fine-tune under the pretraining run, which gets downstream/<task>/<metric> (the median) at the
+checkpoint's step. See docs/finetune.md.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from albert_dist.exit_codes import EXIT_CONFIG_ERROR, error_line
+
+log = logging.getLogger(__name__)
+
+COMMAND = "albert-dist finetune"
+RESULTS_FILE = "downstream.json"
+#: Fine-tuning defaults per task (each a flag). Batch sizes and warmup as the ALBERT paper's GLUE recipe
+#: (Lan et al. 2020, Table 17 (appendix A.4): batch 16 for CoLA/STS-B, 32 for the others; warmup ~10 %); 3 epochs
+#: as BERT; the learning rate is one for small models (1e-4: the paper's 1e-5..5e-5 are for ALBERT-xxlarge and
+#: leave a 1-4M-parameter encoder barely moved in 3 epochs); max length 64 for the single-sentence tasks (SST-2
+#: and CoLA sentences are shorter), 128 for pairs.
+DEFAULT_LEARNING_RATE = 1e-4
+DEFAULT_EPOCHS = 3.0
+DEFAULT_WARMUP_RATIO = 0.1
+DEFAULT_BATCH = {"cola": 16, "stsb": 16}
+DEFAULT_BATCH_OTHER = 32
+#: GLUE's own directory names (download_glue_data.py), tried in --data-dir after <task> and glue-<task>.
+GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
+                  "qnli": "QNLI", "rte": "RTE"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    doc = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog=COMMAND, description=doc[0], epilog="\n\n".join(doc[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="run directory, MLflow run id (or runs:/<id>), or transformers "
+                                                  "ALBERT directory")
+    p.add_argument("--step", type=int, default=None, help="a run's checkpoint step_N instead of its final model")
+    p.add_argument("--init", choices=("pretrained", "random"), default="pretrained",
+                   help="random: the same config and tokenizer, fresh weights (default: pretrained)")
+    g = p.add_argument_group("tasks")
+    g.add_argument("--task", nargs="+", default=None, metavar="TASK", help="GLUE tasks: cola sst2 mrpc qqp stsb "
+                                                                           "mnli qnli rte")
+    g.add_argument("--data-dir", default=None, help="GLUE's TSV layout (default: the hub, nyu-mll/glue)")
+    g.add_argument("--train-file", default=None, help="a task from files instead: .csv, .tsv, .jsonl or .parquet")
+    g.add_argument("--validation-file", default=None)
+    g.add_argument("--text-column", default="sentence")
+    g.add_argument("--text-pair-column", default=None)
+    g.add_argument("--label-column", default="label")
+    g.add_argument("--task-type", choices=("auto", "classification", "regression"), default="auto",
+                   help="auto: regression when the labels are non-integer numbers")
+    g.add_argument("--task-name", default=None, help="name of a file task (default: the train file's stem)")
+    h = p.add_argument_group("fine-tuning (defaults per task)")
+    h.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="one fine-tune per seed (default 1 2 3)")
+    h.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help=f"peak AdamW learning rate (default {DEFAULT_LEARNING_RATE:g})")
+    h.add_argument("--epochs", type=float, default=None, help=f"(default {DEFAULT_EPOCHS:g})")
+    h.add_argument("--batch-size", type=int, default=None,
+                   help=f"per device (default {DEFAULT_BATCH_OTHER}; cola, stsb 16)")
+    h.add_argument("--max-seq-length", type=int, default=None, help="(default 64 for sst2/cola, else 128)")
+    h.add_argument("--warmup-ratio", type=float, default=None, help=f"(default {DEFAULT_WARMUP_RATIO:g})")
+    h.add_argument("--weight-decay", type=float, default=0.01)
+    h.add_argument("--classifier-dropout", type=float, default=None, help="(default 0.1, transformers')")
+    h.add_argument("--max-train-samples", type=int, default=None, help="a seeded subset of the train split")
+    h.add_argument("--max-eval-samples", type=int, default=None, help="a seeded subset of the dev split")
+    h.add_argument("--subset-seed", type=int, default=0, help="seed of those subsets (default 0: every model and "
+                                                              "fine-tune seed sees the same examples)")
+    h.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
+    h.add_argument("--deepspeed", default=None, help="DeepSpeed JSON for the Trainer (under the deepspeed launcher)")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", default=None, help=f"directory for {RESULTS_FILE} (default: the run directory)")
+    o.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    o.add_argument("--tracking-uri", default=None,
+                   help="default: the run's own store (mlflow_run.json), $MLFLOW_TRACKING_URI, <checkout>/mlruns.db")
+    o.add_argument("--experiment", default=None,
+                   help="experiment of a standalone run (random init, no pretraining run); default: the "
+                        "pretraining run's, else albert_dist")
+    return p
+
+
+def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
+    """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
+    asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
+    if data_dir is None:
+        return None
+    root = Path(data_dir)
+    if (root / "train.tsv").is_file() and not several:
+        return str(root)
+    for name in (task, f"glue-{task}", GLUE_DIR_NAMES.get(task, task)):
+        if (root / name / "train.tsv").is_file():
+            return str(root / name)
+    return str(root)  # load_glue names the missing file
+
+
+def load_tasks(args: argparse.Namespace) -> list:
+    """The tasks asked for, read and checked; `TaskError` for bad input."""
+    from albert_dist.downstream.tasks import TaskError, glue_task, load_files, load_glue
+
+    if bool(args.task) == bool(args.train_file):
+        raise TaskError("give --task NAME [NAME ...] or --train-file/--validation-file (one of them)")
+    if args.train_file:
+        if not args.validation_file:
+            raise TaskError("--train-file needs --validation-file")
+        return [load_files(args.train_file, args.validation_file, args.text_column, args.text_pair_column,
+                           args.label_column, args.task_type, args.task_name)]
+    for task in args.task:
+        glue_task(task)  # every name checked before any file is read
+    return [load_glue(t, _glue_dir(t, args.data_dir, len(args.task) > 1)) for t in args.task]
+
+
+def finetune_config(args: argparse.Namespace, task: str, max_positions: int):
+    """The task's `FinetuneConfig` from flags and per-task defaults; `ValueError` naming a bad flag."""
+    from albert_dist.downstream.tasks import GLUE_TASKS
+    from albert_dist.downstream.train import FinetuneConfig
+    from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB
+
+    glue = GLUE_TASKS.get(task)
+    max_len = args.max_seq_length if args.max_seq_length is not None else (glue.max_seq_length if glue else 128)
+    if max_len > max_positions:
+        if args.max_seq_length is not None:
+            raise ValueError(f"--max-seq-length {max_len} exceeds the model's max_position_embeddings {max_positions}")
+        max_len = max_positions
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return FinetuneConfig(
+        learning_rate=given(args.learning_rate, DEFAULT_LEARNING_RATE),
+        num_train_epochs=given(args.epochs, DEFAULT_EPOCHS),
+        per_device_train_batch_size=given(args.batch_size, DEFAULT_BATCH.get(task, DEFAULT_BATCH_OTHER)),
+        max_seq_length=max_len, warmup_ratio=given(args.warmup_ratio, DEFAULT_WARMUP_RATIO),
+        weight_decay=args.weight_decay, classifier_dropout_prob=given(args.classifier_dropout, CLASSIFIER_DROPOUT_PROB),
+        bf16=args.bf16, deepspeed=args.deepspeed)
+
+
+def summarize(per_seed: dict[int, dict[str, float]], metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Median, min and max over seeds of each metric (the anchors' report: MosaicBERT, Cramming)."""
+    return {m: {"median": statistics.median(s[m] for s in per_seed.values()),
+                "min": min(s[m] for s in per_seed.values()), "max": max(s[m] for s in per_seed.values())}
+            for m in metrics}
+
+
+def write_results(path: Path, entry: dict[str, Any]) -> None:
+    """Add `entry` to ``downstream.json`` (``{"results": [...]}``), replacing an earlier entry of the same task,
+    init, model, step, hyper-parameters and subset sizes (a rerun of the same fine-tunes); under an exclusive
+    lock on ``downstream.json.lock`` beside it, so concurrent commands scoring one run keep every entry."""
+    import fcntl
+
+    key = ("task", "init", "model", "step", "finetune", "train_examples", "dev_examples")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # several `finetune` processes may score one run at once (a task or checkpoint each): one writer at a time
+    with open(path.with_suffix(".json.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        results = [r for r in data.get("results", []) if any(r.get(k) != entry.get(k) for k in key)]
+        results.append(entry)
+        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+def format_table(entries: list[dict[str, Any]]) -> str:
+    """One row per task and metric: median, min and max over the seeds."""
+    rows = [("task", "metric", "median", "min", "max", "seeds", "train", "dev")]
+    for e in entries:
+        for metric, s in e["summary"].items():
+            rows.append((e["task"], metric, f"{s['median']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}",
+                         str(len(e["seeds"])), str(e["train_examples"]), str(e["dev_examples"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _tracked(call: Any) -> Optional[str]:
+    """Run an MLflow call; a failure (a server gone mid-job) is logged and returned, never raised: the scores
+    are in downstream.json whatever MLflow does, and the remaining fine-tunes still run."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any client or server error
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("MLflow logging failed, fine-tuning goes on without it: %s", message)
+        return message
+    return None
+
+
+def _is_main_process() -> bool:
+    # under torchrun / the deepspeed launcher every rank runs this command; one writes the results
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def cli(argv: list[str]) -> int:
+    """Entry point; returns 0, or 2 (one line on stderr) for bad input found before any training."""
+    try:
+        args = _parser().parse_args(list(argv))
+    except SystemExit as exc:  # --help or an argparse error; the dispatcher owns the exit code
+        return int(exc.code or 0)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
+    from albert_dist.downstream.tasks import TaskError
+
+    try:  # the hf extra: transformers (tokenizers, Trainer) and accelerate (which the Trainer needs)
+        import accelerate  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return _bad(ImportError(f"{exc.name or exc} is not installed: pip install 'albert_dist[hf]'"))
+    for flag in ("max_train_samples", "max_eval_samples"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return _bad(ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}"))
+    if len(set(args.seeds)) != len(args.seeds):
+        return _bad(ValueError(f"--seeds has duplicates: {args.seeds}"))
+    with tempfile.TemporaryDirectory(prefix="albert-finetune-src-") as cache:
+        try:
+            # an MLflow run's checkpoint is downloaded into `cache`, read, and removed at the end
+            source = resolve(args.model, args.step, args.tracking_uri, Path(cache))
+            check_vocabulary(source)
+            tasks = load_tasks(args)
+            configs = {t.name: finetune_config(args, t.name, source.config.max_position_embeddings) for t in tasks}
+            out_dir = Path(args.output) if args.output else source.run_dir
+            if out_dir is None:
+                raise ValueError(f"{args.model} is not a run directory: pass --output DIR for {RESULTS_FILE}")
+            state = source.encoder_state() if args.init == "pretrained" else None
+            if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
+                from albert_dist.downstream.train import build_model
+
+                build_model(source.config, tasks[0].num_labels, state, 0, 0.0)
+        except (SourceError, TaskError, ValueError, OSError) as exc:
+            return _bad(exc)
+        return _run(args, source, tasks, configs, state, out_dir, describe(source))
+
+
+def _bad(exc: BaseException) -> int:
+    print(error_line(COMMAND, exc), file=sys.stderr)
+    return EXIT_CONFIG_ERROR
+
+
+def _open_tracking(args: argparse.Namespace, source: Any):
+    from albert_dist.downstream.tracking import DownstreamRuns
+    from albert_dist.tracking.tracker import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri or source.tracking_uri)
+    standalone = None
+    if args.init == "random" or source.parent_run_id is None:
+        standalone = f"{Path(str(source.run_dir or args.model)).name}-{args.init}"
+    return DownstreamRuns(uri, source.parent_run_id, standalone, args.experiment,
+                          tags={"init": args.init, "model": source.description},
+                          standalone_params={"init": args.init})
+
+
+def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, state: Any, out_dir: Path,
+         described: dict) -> int:
+    from tqdm.auto import tqdm
+
+    from albert_dist.downstream.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
+
+    main = _is_main_process()
+    runs = None
+    if main and not args.no_tracking:
+        try:
+            runs = _open_tracking(args, source)
+        except Exception as exc:  # noqa: BLE001 - a store that refuses is reported before any training
+            return _bad(RuntimeError(f"MLflow ({args.tracking_uri or source.tracking_uri or 'default store'}): "
+                                     f"{type(exc).__name__}: {exc}"))
+    step = source.step if args.init == "pretrained" else 0
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    prepared = []
+    for task in tasks:
+        cfg = configs[task.name]
+        train = task.train.subset(args.max_train_samples, args.subset_seed)
+        dev = task.dev.subset(args.max_eval_samples, args.subset_seed)
+        prepared.append((task, cfg, encode(source.tokenizer, train, cfg.max_seq_length),
+                         encode(source.tokenizer, dev, cfg.max_seq_length)))
+    total = sum(steps_per_run(len(tr), cfg, world) * len(args.seeds) for _, cfg, tr, _ in prepared)
+    entries, status, tracking_error = [], "FAILED", None
+    try:
+        with tqdm(total=total, unit="step", disable=not main, desc="finetune") as bar:
+            for task, cfg, train, dev in prepared:
+                per_seed: dict[int, dict[str, float]] = {}
+                children: dict[int, str] = {}
+                for seed in args.seeds:
+                    bar.set_description(f"{task.name} seed {seed}")
+                    model = build_model(source.config, task.num_labels, state, seed, cfg.classifier_dropout_prob)
+                    scores = finetune_once(model, train, dev, source.tokenizer, task, cfg, seed,
+                                           [step_bar_callback(bar)])
+                    per_seed[seed] = scores
+                    if runs is not None and tracking_error is None:
+                        params = {"task": task.name, "seed": seed, "lr": cfg.learning_rate,
+                                  "epochs": cfg.num_train_epochs, "batch": cfg.per_device_train_batch_size,
+                                  "max_len": cfg.max_seq_length, "warmup_ratio": cfg.warmup_ratio,
+                                  "checkpoint_step": step, "init": args.init, "model": source.description,
+                                  "train_examples": len(train), "dev_examples": len(dev), "data": task.source}
+                        tracking_error = _tracked(lambda: children.__setitem__(seed, runs.log_child(
+                            f"{task.name}-step{step}-seed{seed}-{args.init}", params, scores)))
+                summary = summarize(per_seed, task.metrics)
+                if runs is not None and tracking_error is None:
+                    tracking_error = _tracked(lambda: runs.log_summary(
+                        task.name, {m: s["median"] for m, s in summary.items()}, step or 0))
+                entry = {"task": task.name, "init": args.init, "model": source.description, "kind": source.kind,
+                         "step": step, "data": task.source, "train_examples": len(train), "dev_examples": len(dev),
+                         "primary_metric": task.metrics[0], "finetune": dataclasses.asdict(cfg),
+                         "subset_seed": args.subset_seed, "seeds": {str(k): v for k, v in per_seed.items()},
+                         "summary": summary, "source": described,
+                         "mlflow": None if runs is None else {"tracking_uri": runs.tracking_uri,
+                                                              "run_id": runs.run_id,
+                                                              "children": {str(k): v for k, v in children.items()},
+                                                              "error": tracking_error},
+                         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                entries.append(entry)
+                if main:
+                    write_results(out_dir / RESULTS_FILE, entry)
+        status = "FINISHED"
+    finally:
+        if runs is not None and tracking_error is None:
+            _tracked(lambda: runs.close(status))
+    if main:
+        print(format_table(entries))
+        print(f"\nresults in {out_dir / RESULTS_FILE}" + (f"; MLflow run {runs.run_id} ({runs.tracking_uri})"
+                                                          if runs is not None else ""))
+    return 0

@@ -1,0 +1,105 @@
+"""`albert-dist finetune` refuses bad input with exit 2 and one line naming it, before any training (nothing
+is written). In process: every case stops before the Trainer is built."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from albert_dist import finetune
+from fixtures.finetune_run import make_run_dir, make_tokenizer, write_glue_tsv, write_sst2
+
+pytest.importorskip("transformers")
+SAMPLE_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "sample" / "spiece.model"  # 8000 pieces
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune_bad")
+    run = make_run_dir(root / "run", make_tokenizer(root / "tok"))
+    write_sst2(root / "sst2", 8, 8)
+    return root, run
+
+
+def _bad(capsys, *argv) -> str:
+    code = finetune.cli([*argv, "--no-tracking"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("albert-dist finetune: "), err
+    return err[0]
+
+
+def test_unknown_task(world, capsys):
+    root, run = world
+    assert "unknown task 'sst3'" in _bad(capsys, str(run), "--task", "sst3", "--data-dir", str(root / "sst2"))
+
+
+def test_missing_column_and_differing_label_sets(world, capsys):
+    root, run = world
+    write_glue_tsv(root / "f/train.tsv", ["text", "y"], [["a0 a1", "x"], ["b0 b1", "y"]])
+    write_glue_tsv(root / "f/dev.tsv", ["text", "y"], [["a0 a1", "x"], ["b0", "z"]])
+    files = ["--train-file", str(root / "f/train.tsv"), "--validation-file", str(root / "f/dev.tsv")]
+    assert "no column 'sentence' (--text-column)" in _bad(capsys, str(run), *files, "--label-column", "y")
+    line = _bad(capsys, str(run), *files, "--text-column", "text", "--label-column", "y")
+    assert "label sets differ" in line and "'z'" in line
+
+
+def test_model_without_tokenizer(world, capsys):
+    root, run = world
+    hf = root / "hf-no-tokenizer"
+    hf.mkdir(exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(run / "final_model/hf" / name, hf / name)
+    line = _bad(capsys, str(hf), "--task", "sst2", "--data-dir", str(root / "sst2"), "--output", str(root / "o"))
+    assert "no tokenizer" in line
+    no_tok = root / "run-no-tokenizer"
+    shutil.copytree(run, no_tok, dirs_exist_ok=True)
+    config = yaml.safe_load((no_tok / "config.yaml").read_text())
+    config["data"] = {}
+    (no_tok / "config.yaml").write_text(yaml.safe_dump(config))
+    assert "names no tokenizer (data.tokenizer_path)" in _bad(capsys, str(no_tok), "--task", "sst2", "--data-dir",
+                                                              str(root / "sst2"))
+
+
+def test_vocabulary_differs_from_tokenizer(world, capsys):
+    root, run = world
+    other = root / "run-other-tokenizer"
+    shutil.copytree(run, other, dirs_exist_ok=True)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["data"]["tokenizer_path"] = str(SAMPLE_TOKENIZER)
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    line = _bad(capsys, str(other), "--task", "sst2", "--data-dir", str(root / "sst2"))
+    assert "the tokenizer has 8000 pieces but the model's vocab_size is 45" in line
+
+
+def test_no_such_step_model_or_length(world, capsys):
+    root, run = world
+    data = ["--task", "sst2", "--data-dir", str(root / "sst2")]
+    assert "--step 99: no checkpoint" in _bad(capsys, str(run), "--step", "99", *data)
+    assert "not an MLflow run id" in _bad(capsys, str(root / "nowhere"), *data)
+    assert "--max-seq-length 64 exceeds the model's max_position_embeddings 32" in _bad(
+        capsys, str(run), *data, "--max-seq-length", "64")
+    assert not (run / finetune.RESULTS_FILE).exists()
+
+
+def test_bad_hyper_parameters_name_their_flag(world, capsys):
+    root, run = world
+    data = [str(run), "--task", "sst2", "--data-dir", str(root / "sst2")]
+    assert "--learning-rate must be > 0, got -1.0" in _bad(capsys, *data, "--learning-rate", "-1")
+    assert "--epochs must be > 0, got 0.0" in _bad(capsys, *data, "--epochs", "0")
+    assert "--deepspeed nope.json: no such file" in _bad(capsys, *data, "--deepspeed", "nope.json")
+    assert "--seeds has duplicates" in _bad(capsys, *data, "--seeds", "1", "1")
+
+
+def test_hub_unreachable_asks_for_data_dir(world, capsys, monkeypatch):
+    """Without --data-dir GLUE comes from the hub; unreachable (simulated: no network is touched) is exit 2."""
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    line = _bad(capsys, str(world[1]), "--task", "rte")
+    assert "rte: could not load nyu-mll/glue from the hub" in line and "pass --data-dir" in line
