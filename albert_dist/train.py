@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 from albert_dist.config import TrainConfig, load_config
 from albert_dist.data.files import check_text_field
+from albert_dist.data import store
 from albert_dist.data.paths import discover_files
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
@@ -222,7 +223,7 @@ def check_inputs(cfg: TrainConfig) -> None:
                 where = f"data.{split}[{i}]"
                 files = discover_files(src, where)
                 check_text_field(src, where, files)
-                if all(os.path.getsize(f) == 0 for f in files):
+                if all(store.file_size(f) == 0 for f in files):
                     raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "

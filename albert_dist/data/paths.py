@@ -39,6 +39,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from albert_dist.data import store
 from albert_dist.data.config import SourceConfig
 
 logger = logging.getLogger(__name__)
@@ -63,14 +64,20 @@ PIECES_PER_SLOT = 4
 def resolve_path(path: str) -> Path:
     """Absolute path of ``path``: as given if absolute or existing relative to the cwd, else relative to the repo root.
 
-    Globs are resolved the same way (on the part before the first wildcard).
+    Globs are resolved the same way (on the part before the first wildcard). For a path that may be an object
+    store URL use `resolve_location`.
     """
-    p = Path(path).expanduser()
+    p = Path(store.local_path(path)).expanduser()
     if p.is_absolute():
         return p
     if globlib.glob(str(p)) or p.exists():
         return p.resolve()
     return _REPO_ROOT / p
+
+
+def resolve_location(path: str) -> str:
+    """An fsspec URL (``s3://...``, `albert_dist.data.store.is_url`) as given, else `resolve_path` as a string."""
+    return path if store.is_url(path) else str(resolve_path(path))
 
 
 def _corpus_file(path: str) -> bool:
@@ -89,6 +96,19 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
     """
     files: list[str] = []
     for raw in source.paths:
+        if store.is_url(raw):
+            try:
+                what, found = store.expand(raw)
+            except store.StoreError as err:
+                raise ValueError(f"{where}.paths: {err}") from None
+            if what == "missing":
+                raise ValueError(f"{where}.paths: {raw!r} does not exist")
+            found = found if what == "file" else [m for m in found if _corpus_file(m)]
+            if not found:
+                raise ValueError(f"{where}.paths: {'glob' if what == 'glob' else 'prefix'} {raw!r} "
+                                 f"{'matches' if what == 'glob' else 'holds'} no object")
+            files.extend(found)
+            continue
         p = resolve_path(raw)
         if any(ch in raw for ch in "*?["):
             matches = sorted(m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m) and _corpus_file(m))
@@ -105,7 +125,7 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
         else:
             raise ValueError(f"{where}.paths: {raw!r} (resolved to {str(p)!r}) does not exist")
     files = sorted(set(files))
-    unreadable = [f for f in files if not os.access(f, os.R_OK)]
+    unreadable = [f for f in files if not store.is_url(f) and not os.access(f, os.R_OK)]
     if unreadable:
         raise ValueError(f"{where}.paths: {len(unreadable)} file(s) not readable (permission denied), e.g. "
                          f"{unreadable[0]}")
@@ -155,10 +175,18 @@ PARQUET_METADATA_CACHE_FILES = 4096
 
 
 @functools.lru_cache(maxsize=PARQUET_METADATA_CACHE_FILES)
-def _parquet_metadata(path: str, size: int, mtime_ns: int):
+def _parquet_metadata(path: str, size: int, version: str):
     import pyarrow.parquet as pq
 
+    if store.is_url(path):
+        return store.parquet_metadata(path, size)
     return pq.read_metadata(path)
+
+
+def parquet_metadata(path: str):
+    """The footer of a local or remote parquet file, parsed once per process and file version (`parquet_file`)."""
+    st = store.stat(path)
+    return _parquet_metadata(path, st["size"], st["version"])
 
 
 def parquet_file(path: str):
@@ -172,12 +200,25 @@ def parquet_file(path: str):
     """
     import pyarrow.parquet as pq
 
-    st = os.stat(path)
-    return pq.ParquetFile(path, metadata=_parquet_metadata(path, st.st_size, st.st_mtime_ns))
+    meta = parquet_metadata(path)
+    if store.is_url(path):  # footer only: the row groups' bytes are fetched by `parquet_row_group`
+        return pq.ParquetFile(store.RangedFile(path), metadata=meta)
+    return pq.ParquetFile(path, metadata=meta)
+
+
+def parquet_row_group(path: str, row_group: int, columns: list[str]):
+    """A ``pyarrow.parquet.ParquetFile`` to read ``columns`` of ``row_group`` from: the local file, or for a URL
+    only those column chunks' byte ranges (`albert_dist.data.store.parquet_row_group_file`)."""
+    import pyarrow.parquet as pq
+
+    if not store.is_url(path):
+        return parquet_file(path)
+    meta = parquet_metadata(path)
+    return pq.ParquetFile(store.parquet_row_group_file(path, meta, row_group, columns), metadata=meta)
 
 
 def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
-    meta = parquet_file(path).metadata
+    meta = parquet_metadata(path)
     leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == text_field), None)
     pieces = []
     for rg in range(meta.num_row_groups):
@@ -208,7 +249,7 @@ def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots:
         formats = [file_format(path, source.format) for path in files]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-    sizes = [os.path.getsize(path) for path in files]
+    sizes = [store.file_size(path) for path in files]
     whole_files = source.txt_documents == "file"
     splittable = sum(size for (kind, comp), size in zip(formats, sizes)
                      if not comp and (kind == "jsonl" or (kind == "txt" and not whole_files)))

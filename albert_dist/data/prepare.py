@@ -269,8 +269,9 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
     0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
     and check_text_field do."""
+    from albert_dist.data import store
     from albert_dist.data.files import check_text_field
-    from albert_dist.data.paths import discover_files, file_format
+    from albert_dist.data.paths import discover_files, file_format, parquet_metadata
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
@@ -281,20 +282,21 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
         check_text_field(source, where, files)
         for path in files:
             kind, compression = file_format(path, source.format)
-            st = os.stat(path)
-            inputs.append({"path": path, "bytes": st.st_size, "kind": kind, "compression": compression,
-                           "mtime_ns": st.st_mtime_ns, "source": i})
+            st = store.stat(path)  # an object's version is its ETag/generation, a file's its mtime
+            size = st["size"]
+            inputs.append({"path": path, "bytes": size, "kind": kind, "compression": compression,
+                           "mtime_ns": int(st["version"]) if st["version"].isdigit() else st["version"],
+                           "source": i})
             common = dict(path=path, kind=kind, compression=compression, text_field=source.text_field,
                           txt_documents=source.txt_documents)
-            if st.st_size == 0:  # counted like the training loader does: a 0-byte shard is often a failed download
+            if size == 0:  # counted like the training loader does: a 0-byte shard is often a failed download
                 skipped.append({"reason": "empty_file", "where": path})  # warned with the other skips
                 continue
             if kind == "parquet":
                 import pyarrow as pa
-                import pyarrow.parquet as pq
 
                 try:
-                    meta = pq.read_metadata(path)
+                    meta = parquet_metadata(path)
                 except (OSError, pa.ArrowException) as err:  # a footer that does not parse: the file is skipped
                     reason = f"{type(err).__name__}: {err}".strip()
                     skipped.append({"reason": "damaged", "where": path, "detail": f"parquet footer: {reason}"})
@@ -308,15 +310,15 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
                     run_bytes += nbytes
                     if run_bytes >= SCAN_PIECE_BYTES or g == len(group_bytes) - 1:
                         # progress is in on-disk bytes: the run's share of the file
-                        share = st.st_size * run_bytes // max(1, sum(group_bytes))
-                        tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, row_groups=run,
+                        share = size * run_bytes // max(1, sum(group_bytes))
+                        tasks.append(ScanTask(len(tasks), start=0, end=size, row_groups=run,
                                               disk_bytes=int(share), **common))
                         run, run_bytes = [], 0
             elif compression or (kind == "txt" and source.txt_documents == "file"):
-                tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, disk_bytes=st.st_size, **common))
+                tasks.append(ScanTask(len(tasks), start=0, end=size, disk_bytes=size, **common))
             else:
-                for start in range(0, st.st_size, SCAN_PIECE_BYTES):
-                    end = min(st.st_size, start + SCAN_PIECE_BYTES)
+                for start in range(0, size, SCAN_PIECE_BYTES):
+                    end = min(size, start + SCAN_PIECE_BYTES)
                     tasks.append(ScanTask(len(tasks), start=start, end=end, disk_bytes=end - start, **common))
     return tasks, inputs, skipped
 
@@ -632,12 +634,54 @@ def estimate_tokens(shard_dir: Path, tokenizer_path: Optional[str], text_bytes: 
 
 
 def load_manifest(output: str | Path) -> Optional[dict]:
-    """The manifest of a prepare output directory, or None when there is none (or it does not parse)."""
-    path = Path(output) / MANIFEST_NAME
+    """The manifest of a prepare output directory or object-store prefix, or None when there is none (or it does
+    not parse). Raises `albert_dist.data.store.StoreError` for a denied prefix or missing credentials."""
+    from albert_dist.data import store
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = store.read_text(store.join(str(output), MANIFEST_NAME))
+        return None if text is None else json.loads(text)
+    except (OSError, ValueError) as err:
+        if isinstance(err, store.StoreError):
+            raise
         return None
+
+
+def _remote_work_root(output: str) -> Path:
+    """Local work directory of a prepare whose ``--output`` is a URL: the same for every run on that URL (so a
+    rerun resumes), under ``$ALBERT_DIST_PREPARE_TMP`` or the system temporary directory."""
+    import tempfile
+
+    root = Path(os.environ.get("ALBERT_DIST_PREPARE_TMP") or tempfile.gettempdir())
+    return root / f"albert-dist-prepare-{hashlib.sha256(output.encode()).hexdigest()[:16]}"
+
+
+def publish(shards_dir: Path, output: str, manifest: dict, previous: Optional[dict]) -> None:
+    """Upload a finished local output (shards + manifest.json) to the object-store prefix ``output``.
+
+    Order is what makes it safe for readers (`albert_dist.data.plan` and the loader read the manifest and the
+    shards it names): a previous manifest (``--overwrite``) is deleted first, so no reader pairs it with new
+    shards; each shard is one PUT (a multipart upload for a large one), which an object store makes visible only
+    once complete, so no reader sees a half-written shard; the manifest is uploaded last, under a temporary key
+    and then moved into place, so a manifest never names a shard that is not there. Shards of the previous
+    output that the new one does not name are deleted at the end. Raises `albert_dist.data.store.StoreError`.
+    """
+    from albert_dist.data import store
+
+    fs, root = store.filesystem(output)
+    root = root.rstrip("/")
+    url = output.rstrip("/")
+    if previous is not None:
+        store.call(url, "delete the previous manifest", fs.rm_file, f"{root}/{MANIFEST_NAME}")
+    names = [e["path"] for e in manifest["files"]]
+    for name in names:
+        store.call(url, f"upload {name}", fs.put_file, str(shards_dir / name), f"{root}/{name}")
+    tmp = f"{root}{TMP_SUFFIX}/{MANIFEST_NAME}"
+    store.call(url, "upload the manifest", fs.put_file, str(shards_dir / MANIFEST_NAME), tmp)
+    store.call(url, "move the manifest into place", fs.mv, tmp, f"{root}/{MANIFEST_NAME}")
+    stale = [e["path"] for e in (previous or {}).get("files", []) if e.get("path") not in names]
+    for name in stale:
+        store.call(url, f"delete the previous {name}", fs.rm_file, f"{root}/{name}")
 
 
 class AlreadyComplete(Exception):
@@ -652,20 +696,32 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
         ValueError: bad inputs (missing paths, unknown format, text field), an output directory that is not a
             prepare output, or one of another command without ``overwrite``; no usable document at all.
     """
+    from albert_dist.data import store
+
     t0 = time.time()
-    out = Path(opts.output).expanduser().resolve()
+    remote = store.is_url(opts.output)
+    url = opts.output.rstrip("/")
+    # an object-store output is built in a local work directory and uploaded when complete (`publish`)
+    out = _remote_work_root(url) / "output" if remote else Path(opts.output).expanduser().resolve()
     tasks, inputs, plan_skips = plan_scan(opts.sources)
     fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
-    existing = load_manifest(out) if out.exists() else None
+    if remote:
+        what, found = store.expand(url)
+        out_exists, out_empty = what != "missing", not found
+    else:
+        out_exists = out.exists()
+        out_empty = out_exists and out.is_dir() and not any(out.iterdir())
+    shown = url if remote else out
+    existing = load_manifest(url if remote else out) if out_exists else None
     if existing is not None and existing.get("fingerprint") == fingerprint and not opts.overwrite:
-        raise AlreadyComplete(f"{out} is already complete ({existing.get('documents')} documents in "
+        raise AlreadyComplete(f"{shown} is already complete ({existing.get('documents')} documents in "
                               f"{existing.get('num_shards')} shards, same inputs and options); nothing to do")
-    if out.exists():
-        if existing is None and (not out.is_dir() or any(out.iterdir())):
-            raise ValueError(f"--output {out} exists and is not an albert-dist data prepare output (no "
+    if out_exists:
+        if existing is None and not out_empty:
+            raise ValueError(f"--output {shown} exists and is not an albert-dist data prepare output (no "
                              f"{MANIFEST_NAME}); choose another directory, it is never deleted")
         if existing is not None and not opts.overwrite:
-            raise ValueError(f"--output {out} holds a prepare output of other inputs or options (its command: "
+            raise ValueError(f"--output {shown} holds a prepare output of other inputs or options (its command: "
                              f"{existing.get('command')!r}); pass --overwrite to replace it, or choose another "
                              "directory")
     work = out.parent / (out.name + TMP_SUFFIX)
@@ -693,6 +749,10 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     for e in manifest["files"]:
         (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
     (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if remote:
+        publish(shards_dir, url, manifest, existing)
+        shutil.rmtree(work.parent)
+        return manifest
     if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
         shutil.rmtree(out)
     os.replace(shards_dir, out)
