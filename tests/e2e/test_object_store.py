@@ -195,3 +195,61 @@ def test_a_missing_bucket_object_or_credentials_is_one_line_naming_the_url(case,
     assert code == 2 and len(err.splitlines()) == 1 and url in err, err
     assert {"bucket": "bucket 'no-such-bucket' does not exist", "object": "does not exist",
             "credentials": "no credentials"}[case] in err
+
+
+def _same_batches(a: list[dict], b: list[dict]) -> None:
+    import torch
+
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_resume_from_the_bucket(workers, local_corpus, s3_server):
+    """The training loader over s3:// gives the local files' batches, and a resume from its state continues
+    them exactly (2 loader workers: forked processes reading the bucket), as the local resume tests check."""
+    from albert_dist.data.config import DataConfig
+    from albert_dist.data.loader import build_train_loader
+
+    s3_server.bucket("raw")
+    s3_server.upload(local_corpus["txt"], "s3://raw/txt")
+    s3_server.upload(local_corpus["parquet"], "s3://raw/parquet")
+
+    def cfg(root: str) -> DataConfig:
+        return DataConfig(train=[SourceConfig(paths=[f"{root}txt"]), SourceConfig(paths=[f"{root}parquet"])],
+                          validation=[], tokenizer_path=str(SAMPLE / "spiece.model"), max_seq_length=64,
+                          num_workers=workers, shard_piece_bytes=PIECE, shuffle_documents=4)
+
+    local_root = str(local_corpus["txt"].parent) + "/"
+    reference = [b for _, b in zip(range(8), build_train_loader(cfg(local_root), 4, rank=1, world_size=2))]
+    first = build_train_loader(cfg("s3://raw/"), 4, rank=1, world_size=2)
+    it = iter(first)
+    _same_batches([next(it) for _ in range(3)], reference[:3])
+    resumed = build_train_loader(cfg("s3://raw/"), 4, rank=1, world_size=2)
+    resumed.load_state_dict(first.state_dict())
+    _same_batches([b for _, b in zip(range(5), resumed)], reference[3:])
+
+
+def test_tokenizer_train_and_data_plan_take_urls(local_corpus, s3_server, tmp_path, capsys):
+    """`tokenizer train --input s3://...` trains the same vocabulary as on the local files; `data plan` on a
+    recipe whose source is a URL prints the same plan as on the local folder."""
+    from albert_dist.data import tokenizer as tok
+    from albert_dist.data_cli import plan_cli
+
+    s3_server.bucket("raw")
+    s3_server.upload(local_corpus["jsonl.zst"], "s3://raw/j")
+    vocabs = []
+    for i, src in enumerate([str(local_corpus["jsonl.zst"] / "*.jsonl.zst"), "s3://raw/j/*.jsonl.zst"]):
+        assert tok.cli(["train", "--input", src, "--vocab-size", "150", "--output", str(tmp_path / f"t{i}")]) == 0
+        vocabs.append((tmp_path / f"t{i}" / "spiece.vocab").read_text())
+    assert vocabs[0] == vocabs[1]
+    recipe = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
+    plans = []
+    for src in [str(local_corpus["jsonl.zst"]), "s3://raw/j"]:
+        capsys.readouterr()
+        assert plan_cli(["--config", recipe, "--ranks", "2", "--json", f"data.train=[{src}]"]) == 0
+        plan = json.loads(capsys.readouterr().out)["sources"][0]
+        plans.append({k: v for k, v in plan.items() if k not in ("where", "paths", "plan_s", "manifest")})
+    assert plans[0] == plans[1] and plans[0]["pieces"] == 2
