@@ -42,9 +42,9 @@ READ_ATTEMPTS = 5
 BACKOFF_S = 0.25
 #: a compressed object (one piece, read start to end) is fetched in blocks of this size
 SEQUENTIAL_BLOCK_BYTES = 8 << 20
-#: bytes fetched from the end of a parquet object to find its footer (most footers of `data prepare` shards
-#: are ~100 KB; a larger one costs one more request)
-FOOTER_SAMPLE_BYTES = 256 << 10
+#: bytes fetched from the end of a parquet object to find its footer (pyarrow's own first read; a larger footer,
+#: e.g. the ~120 KB of a `data prepare` shard of 128 row groups, costs one more request for the rest)
+FOOTER_SAMPLE_BYTES = 64 << 10
 
 #: process-wide counts (bytes_requested, requests, retries, bytes_used); a forked worker starts from the parent's
 COUNTERS: Counter = Counter()
