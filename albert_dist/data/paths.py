@@ -52,6 +52,11 @@ KIND_SUFFIXES = (("txt", (".txt",)), ("jsonl", (".jsonl", ".json")), ("parquet",
 #: file names a directory or glob source never reads: the manifest `albert-dist data prepare` writes beside its
 #: shards (a .json file that is no corpus)
 NOT_CORPUS_FILES = ("manifest.json",)
+#: Conventional side files beside a corpus's shards, skipped (with one counted line per source) when found through
+#: a directory or glob, as Spark and HF datasets skip them: Spark/Hadoop's ``_SUCCESS``, ``_committed_*``,
+#: ``_started_*`` markers and ``.crc`` checksums, an HF dataset snapshot's README/LICENSE, and dotfiles.
+SIDE_FILE_PREFIXES = ("_SUCCESS", "_committed_", "_started_", "README", "LICENSE", "LICENCE", ".")
+SIDE_FILE_SUFFIXES = (".crc",)
 #: Smallest automatic piece of an uncompressed file. Reading a piece reads past its end to finish the record
 #: that straddles the cut and skips the start of the one straddling its beginning, so pieces well above a
 #: typical document (a few KB) keep that overhead to a few percent.
@@ -82,14 +87,30 @@ def resolve_location(path: str) -> str:
 
 def _corpus_file(path: str) -> bool:
     name = os.path.basename(path)
-    return not name.startswith(".") and name not in NOT_CORPUS_FILES
+    return name not in NOT_CORPUS_FILES and not is_side_file(name)
+
+
+def is_side_file(name: str) -> bool:
+    """True for a conventional side file (`SIDE_FILE_PREFIXES`, `SIDE_FILE_SUFFIXES`; README matched in any case)."""
+    upper = name.upper()
+    return (name.startswith(SIDE_FILE_PREFIXES) or upper.startswith(("README", "LICENSE", "LICENCE"))
+            or name.lower().endswith(SIDE_FILE_SUFFIXES))
+
+
+def _note_side_files(where: str, found: list[str]) -> None:
+    side = [f for f in found if is_side_file(os.path.basename(f))]
+    if side:
+        names = sorted({os.path.basename(f) for f in side})
+        logger.info("%s: ignored %d side file(s) (Spark/Hadoop markers, checksums, README/LICENSE, dotfiles): %s%s",
+                    where, len(side), ", ".join(names[:5]), ", ..." if len(names) > 5 else "")
 
 
 def discover_files(source: SourceConfig, where: str) -> list[str]:
     """Sorted, de-duplicated files of a local source.
 
-    Directories are walked recursively; hidden files and ``manifest.json`` (`NOT_CORPUS_FILES`) found through a
-    directory or glob are left out (a file named explicitly is always read).
+    Directories are walked recursively; ``manifest.json`` (`NOT_CORPUS_FILES`) and conventional side files
+    (`is_side_file`: ``_SUCCESS``, ``.crc``, README/LICENSE, dotfiles...) found through a directory or glob are left
+    out, the side files with one counted log line (a file named explicitly is always read).
 
     Raises ValueError naming ``where`` (e.g. ``data.train[0]``) when a path does not exist, a glob matches
     nothing, or a file is not readable, so a typo fails at start instead of silently training on less data.
@@ -103,7 +124,9 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
                 raise ValueError(f"{where}.paths: {err}") from None
             if what == "missing":
                 raise ValueError(f"{where}.paths: {raw!r} does not exist")
-            found = found if what == "file" else [m for m in found if _corpus_file(m)]
+            if what != "file":
+                _note_side_files(where, found)
+                found = [m for m in found if _corpus_file(m)]
             if not found:
                 raise ValueError(f"{where}.paths: {'glob' if what == 'glob' else 'prefix'} {raw!r} "
                                  f"{'matches' if what == 'glob' else 'holds'} no object")
@@ -111,12 +134,16 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
             continue
         p = resolve_path(raw)
         if any(ch in raw for ch in "*?["):
-            matches = sorted(m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m) and _corpus_file(m))
+            hits = [m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m)]
+            _note_side_files(where, hits)
+            matches = sorted(m for m in hits if _corpus_file(m))
             if not matches:
                 raise ValueError(f"{where}.paths: glob {raw!r} (resolved to {str(p)!r}) matches no file")
             files.extend(matches)
         elif p.is_dir():
-            matches = sorted(str(m) for m in p.rglob("*") if m.is_file() and _corpus_file(str(m)))
+            hits = [str(m) for m in p.rglob("*") if m.is_file()]
+            _note_side_files(where, hits)
+            matches = sorted(m for m in hits if _corpus_file(m))
             if not matches:
                 raise ValueError(f"{where}.paths: directory {raw!r} (resolved to {str(p)!r}) holds no file")
             files.extend(matches)
