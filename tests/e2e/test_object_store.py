@@ -116,7 +116,7 @@ def test_prepare_s3_to_s3_then_plan_and_read_back(local_corpus, s3_server, tmp_p
     assert prep.load_manifest("s3://prepared/train") == json.loads(json.dumps(got))
     keys = sorted(o["Key"] for o in s3_server.client().list_objects_v2(Bucket="prepared")["Contents"])
     assert keys == sorted(["train/manifest.json"] + [f"train/{e['path']}" for e in got["files"]])
-    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())  # local work removed
+    assert [p.suffix for p in (tmp_path / "work").iterdir()] == [".lock"]  # local work removed, the lock kept
     # a rerun is a no-op
     with pytest.raises(prep.AlreadyComplete):
         prep.prepare(opts("s3://raw/pile/*.jsonl.zst", "s3://prepared/train"), "s3")
