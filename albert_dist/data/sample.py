@@ -150,12 +150,14 @@ class ByteBudgetSample:
             try:
                 for rec in records:
                     if rec["skip"] == "damaged":  # the reader's marker: the rest of this piece cannot be read
+                        # only this window is lost (one parquet row group, or the rest of a compressed stream,
+                        # which is its file's only window): its unused quota passes to the next windows, as
+                        # prepare and training skip just the damaged row group
                         self.skipped["damaged"] += 1
-                        logger.warning("%s: stopped reading %s after %d bytes of its sample: %s", self.where,
-                                       p.path, got, rec.get("detail") or "damaged")
-                        left -= got
-                        self.taken[p.path] += got
-                        return
+                        where = f"row group {piece['row_group']} of " if piece["row_group"] >= 0 else ""
+                        logger.warning("%s: skipped the rest of %s%s after %d bytes of its window: %s", self.where,
+                                       where, p.path, got, rec.get("detail") or "damaged")
+                        break
                     if rec["skip"]:
                         self.skipped[rec["skip"]] += 1
                         continue
