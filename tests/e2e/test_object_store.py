@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -193,8 +194,15 @@ def test_a_missing_bucket_object_or_credentials_is_one_line_naming_the_url(case,
     code = prepare_cli(["--input", url, "--output", str(tmp_path / "out"), "--tokenizer", "none"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and url in err, err
-    assert {"bucket": "bucket 'no-such-bucket' does not exist", "object": "does not exist",
-            "credentials": "no credentials"}[case] in err
+    expected = {"bucket": "bucket 'no-such-bucket' does not exist", "object": "does not exist",
+                "credentials": "no credentials"}[case]
+    assert expected in err
+    # the preflight of `albert-dist train` (before any process group): the same refusal, naming the key
+    from albert_dist import train
+    from albert_dist.config import load_config
+
+    with pytest.raises(ValueError, match=r"data\.train\[0\]\.paths: .*" + re.escape(expected)):
+        train.check_inputs(load_config(None, [f"data.train=[{url}]", "data.validation=[]"]))
 
 
 def _same_batches(a: list[dict], b: list[dict]) -> None:
