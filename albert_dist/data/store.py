@@ -68,11 +68,29 @@ def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
+def _options(protocol: str) -> dict[str, Any]:
+    """Storage options we set: for S3, no retries inside botocore (``total_max_attempts=1``; a user's fsspec
+    configuration of ``config_kwargs.retries`` still wins), and none inside s3fs (`filesystem`), so `call` is the
+    one retry layer: it retries from the same offset and warns with the attempt count, where theirs retry
+    silently. Everything else (credentials, endpoint, timeouts, ``anon``) is left to fsspec's configuration and the
+    library's own chain."""
+    if protocol not in ("s3", "s3a"):
+        return {}
+    import fsspec.config
+
+    config_kwargs = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {})
+    config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    return {"config_kwargs": config_kwargs}
+
+
 def filesystem(url: str):
     """(fsspec filesystem, path inside it) of ``url``; instances are cached by fsspec (per process)."""
     from fsspec.core import url_to_fs
 
-    return url_to_fs(url)
+    fs, path = url_to_fs(url, **_options(url.split("://", 1)[0].lower()))
+    if hasattr(fs, "retries") and type(fs).__module__.startswith("s3fs"):
+        fs.retries = 1  # s3fs's own retry loop (a class attribute, 5): one attempt, `call` retries
+    return fs, path
 
 
 def _count(**kw: int) -> None:
@@ -87,7 +105,7 @@ def _describe(url: str, err: BaseException) -> str:
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return (f"{url}: no credentials found for the object store ({text}); set AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY (or a profile, an instance role), or FSSPEC_S3_ANON=true for a public bucket")
-    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
+    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
         return f"{url}: access denied ({name})"
     if isinstance(err, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
         return f"{url}: does not exist ({'no such bucket' if 'NoSuchBucket' in text else 'no such object'})"
@@ -97,13 +115,16 @@ def _describe(url: str, err: BaseException) -> str:
 def _fatal(err: BaseException) -> bool:
     """Errors retrying cannot fix (the others: 5xx, 429 throttling, dropped connections, timeouts)."""
     name = type(err).__name__
-    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError,
+                        AttributeError, NotImplementedError)):  # the last three: a bug, not the store
         return True
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ParamValidationError"):
         return True
+    # s3fs turns most S3 error codes into FileNotFoundError/PermissionError; these are the ones it may not (error
+    # codes only: a number would match byte counts in a message)
     text = str(err)
     return any(code in text for code in ("AccessDenied", "NoSuchBucket", "NoSuchKey", "InvalidAccessKeyId",
-                                         "SignatureDoesNotMatch", "403 Forbidden", "404"))
+                                         "SignatureDoesNotMatch", "InvalidBucketName"))
 
 
 def call(url: str, what: str, fn, *args, **kwargs):
