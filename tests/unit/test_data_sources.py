@@ -319,3 +319,24 @@ def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path
     (tmp_path / "notes.docx").write_text("x")
     with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx"):
         list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20))
+
+
+def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_file(tmp_path):
+    """The issue's case: a random-bytes .jsonl beside one good file on 2 ranks (no workers): one rank's slot
+    would hold only the random file's records. `albert-dist train`'s preflight refuses it naming the file; one
+    rank (its one slot reads the good file too) passes."""
+    import numpy as np
+
+    from albert_dist import train
+    from albert_dist.config import load_config
+
+    good = tmp_path / "a-good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(100)))  # 1 piece
+    bad = tmp_path / "b-random.jsonl"  # 3 pieces of 64 KiB: largest first, round robin -> slot 0 holds 2 of them
+    bad.write_bytes(np.random.default_rng(0).integers(0, 256, 3 * 65536, dtype=np.uint8).tobytes())
+    cfg = load_config(None, [f"data.train=[{tmp_path}]", "data.validation=[]", "data.num_workers=0",
+                             "data.shard_piece_bytes=1048576"])
+    train.check_inputs(cfg, world_size=1)
+    with pytest.raises(ValueError, match=r"data\.train\[0\]: slot 0 of 2 .* only unusable records from "
+                                         + re.escape(str(bad))):
+        train.check_inputs(cfg, world_size=2)
