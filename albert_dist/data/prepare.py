@@ -40,6 +40,11 @@ when complete. A rerun with the same inputs and options resumes there (finished 
 kept); a rerun on a complete output says so and exits 0; ``--overwrite`` replaces a previous prepare output
 (only one: a directory without our manifest is never deleted). Deterministic: the same inputs and options give
 byte-identical shards whatever ``--workers`` is (tested), so the manifest's checksums can be trusted.
+One prepare per output at a time (`OutputLock`: a second is refused naming the holder).
+
+Object stores: ``--input`` and ``--output`` may be fsspec URLs (``s3://``, ``gs://``; `albert_dist.data.store`).
+A URL output is built in a local work directory (`_remote_work_root`) and uploaded when complete (`publish`: the
+shards, then the manifest last), so a reader of the bucket never sees a manifest naming a missing shard.
 """
 from __future__ import annotations
 
@@ -810,7 +815,7 @@ def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool,
 
     disk_bytes = sum(t.disk_bytes for t in tasks)
     logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
-                mib(disk_bytes), len(tasks), opts.workers, out)
+                mib(disk_bytes), len(tasks), opts.workers, f"{url} (built in {out})" if remote else out)
     with _Workers(opts.workers, opts.progress) as pool:
         manifest = _scan_dedup_write(opts, command, t0, work, tasks, inputs, plan_skips, fingerprint, pool)
     for e in manifest["files"]:
