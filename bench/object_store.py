@@ -4,7 +4,7 @@
     python bench/object_store.py --mb 160        # a larger corpus
 
 One run, one corpus: a .jsonl.zst corpus (bench/data_scale.py's generator: real WikiText paragraphs) is
-uploaded to a real S3 HTTP server on localhost (moto's ``ThreadedMotoServer``, as the tests start it), then
+uploaded to a real S3 HTTP server on localhost (moto's, in its own process: tests/fixtures/s3_server.py), then
 ``albert-dist data prepare`` reads it from ``s3://raw/`` and writes ``s3://prepared/`` (sized for 64 x 8 = 512
 slots), and the same prepare runs locally. For 64 and 512 slots, every slot's share of the prepared pieces
 (the loader's own plan: ``plan_source`` + ``slot_shares``) is read once from the bucket and once from local
@@ -82,7 +82,7 @@ def run(repeats: int = 1, mb: int = 40) -> dict:
     from albert_dist.data.config import SourceConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
-    server = S3Server()
+    server = S3Server(process=True)  # its own process: the reader does not share our interpreter lock with it
     os.environ.update(server.env())
     os.environ["ALBERT_DIST_PREPARE_TMP"] = str(work / "prepare-tmp")
     try:
