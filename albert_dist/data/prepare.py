@@ -670,8 +670,9 @@ def publish(shards_dir: Path, output: str, manifest: dict, previous: Optional[di
     Order is what makes it safe for readers (`albert_dist.data.plan` and the loader read the manifest and the
     shards it names): a previous manifest (``--overwrite``) is deleted first, so no reader pairs it with new
     shards; each shard is one PUT (a multipart upload for a large one), which an object store makes visible only
-    once complete, so no reader sees a half-written shard; the manifest is uploaded last, under a temporary key
-    and then moved into place, so a manifest never names a shard that is not there. Shards of the previous
+    once complete, so no reader sees a half-written shard; the manifest is uploaded last, one PUT as well (no
+    temporary key and move: an object store has no rename, a move is a copy, and a PUT is already all or
+    nothing), so a manifest never names a shard that is not there. Shards of the previous
     output that the new one does not name are deleted at the end. Raises `albert_dist.data.store.StoreError`.
     """
     from albert_dist.data import store
@@ -684,9 +685,7 @@ def publish(shards_dir: Path, output: str, manifest: dict, previous: Optional[di
     names = [e["path"] for e in manifest["files"]]
     for name in names:
         store.call(url, f"upload {name}", fs.put_file, str(shards_dir / name), f"{root}/{name}")
-    tmp = f"{root}{TMP_SUFFIX}/{MANIFEST_NAME}"
-    store.call(url, "upload the manifest", fs.put_file, str(shards_dir / MANIFEST_NAME), tmp)
-    store.call(url, "move the manifest into place", fs.mv, tmp, f"{root}/{MANIFEST_NAME}")
+    store.call(url, "upload the manifest", fs.put_file, str(shards_dir / MANIFEST_NAME), f"{root}/{MANIFEST_NAME}")
     stale = [e["path"] for e in (previous or {}).get("files", []) if e.get("path") not in names]
     for name in stale:
         store.call(url, f"delete the previous {name}", fs.rm_file, f"{root}/{name}")

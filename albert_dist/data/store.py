@@ -18,9 +18,10 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   credentials is not retried and raises `StoreError` naming the URL.
 
 Credentials come from the filesystem's own chain (s3fs/botocore: the AWS_* environment, ~/.aws files, instance
-roles; gcsfs: google-auth); they are never logged. An unsigned (anonymous) request is made only when asked
-for, with fsspec's standard configuration (``FSSPEC_S3_ANON=true`` or ``{"s3": {"anon": true}}`` in
-~/.config/fsspec/conf.json): without credentials a request fails with `StoreError`, it never falls back.
+roles; gcsfs: google-auth's chain alone, `_options`); they are never logged. An unsigned (anonymous) request is
+made only when asked for, with fsspec's standard configuration (``FSSPEC_S3_ANON=true``, ``FSSPEC_GCS_TOKEN=anon``,
+or the same in ~/.config/fsspec/conf.json): without credentials a request fails with `StoreError`, it never
+falls back.
 """
 from __future__ import annotations
 
@@ -74,10 +75,15 @@ def _options(protocol: str) -> dict[str, Any]:
     one retry layer: it retries from the same offset and warns with the attempt count, where theirs retry
     silently. Everything else (credentials, endpoint, timeouts, ``anon``) is left to fsspec's configuration and the
     library's own chain."""
-    if protocol not in ("s3", "s3a"):
-        return {}
     import fsspec.config
 
+    if protocol in ("gs", "gcs"):
+        # gcsfs tries google-auth's chain and then falls back to anonymous requests without a word: ask for the
+        # chain alone, so missing credentials are an error; anonymous only when configured (FSSPEC_GCS_TOKEN=anon)
+        configured = any("token" in fsspec.config.conf.get(p, {}) for p in ("gs", "gcs"))
+        return {} if configured else {"token": "google_default"}
+    if protocol not in ("s3", "s3a"):
+        return {}
     config_kwargs = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {})
     config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
     return {"config_kwargs": config_kwargs}
@@ -87,7 +93,13 @@ def filesystem(url: str):
     """(fsspec filesystem, path inside it) of ``url``; instances are cached by fsspec (per process)."""
     from fsspec.core import url_to_fs
 
-    fs, path = url_to_fs(url, **_options(url.split("://", 1)[0].lower()))
+    try:
+        fs, path = url_to_fs(url, **_options(url.split("://", 1)[0].lower()))
+    except ImportError as err:
+        raise StoreError(f"{url}: the filesystem for this protocol is not installed ({err}); for gs:// install "
+                         "albert_dist[gcs]") from None
+    except Exception as err:  # noqa: BLE001 - credentials are resolved when the filesystem is made (gcsfs)
+        raise StoreError(_describe(url, err)) from None
     if hasattr(fs, "retries") and type(fs).__module__.startswith("s3fs"):
         fs.retries = 1  # s3fs's own retry loop (a class attribute, 5): one attempt, `call` retries
     return fs, path
@@ -105,6 +117,10 @@ def _describe(url: str, err: BaseException) -> str:
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         return (f"{url}: no credentials found for the object store ({text}); set AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY (or a profile, an instance role), or FSSPEC_S3_ANON=true for a public bucket")
+    if name in ("DefaultCredentialsError", "RefreshError"):
+        return (f"{url}: no credentials found for the object store ({text[:200]}); set "
+                "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login, a service account), "
+                "or FSSPEC_GCS_TOKEN=anon for a public bucket")
     if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
         return f"{url}: access denied ({name})"
     if isinstance(err, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
@@ -118,7 +134,8 @@ def _fatal(err: BaseException) -> bool:
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError,
                         AttributeError, NotImplementedError)):  # the last three: a bug, not the store
         return True
-    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ParamValidationError"):
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ParamValidationError",
+                "DefaultCredentialsError", "RefreshError"):
         return True
     # s3fs turns most S3 error codes into FileNotFoundError/PermissionError; these are the ones it may not (error
     # codes only: a number would match byte counts in a message)
