@@ -41,7 +41,10 @@ _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 READ_ATTEMPTS = 5
 #: first backoff between attempts; doubled each time (0.25, 0.5, 1, 2 s: ~4 s before giving up)
 BACKOFF_S = 0.25
-#: a compressed object (one piece, read start to end) is fetched in blocks of this size
+#: a compressed object (one piece, read start to end) is fetched in blocks growing from the first to the largest
+#: size (doubling): a probe of its first records (the text-field check, planning) costs one small request, a
+#: full read few requests
+FIRST_SEQUENTIAL_BLOCK_BYTES = 256 << 10
 SEQUENTIAL_BLOCK_BYTES = 8 << 20
 #: bytes fetched from the end of a parquet object to find its footer (pyarrow's own first read; a larger footer,
 #: e.g. the ~120 KB of a `data prepare` shard of 128 row groups, costs one more request for the rest)
@@ -283,6 +286,7 @@ class RangedFile(io.RawIOBase):
             if not (self._block_at <= self._pos and self._pos + n <= self._block_at + len(self._block)):
                 self._block_at = self._pos
                 self._block = self.fetch(self._pos, self._pos + max(n, self._block_bytes))
+                self._block_bytes = min(SEQUENTIAL_BLOCK_BYTES, 2 * self._block_bytes)
             data = self._block[self._pos - self._block_at:self._pos - self._block_at + n]
         elif data is None:
             data = self.fetch(self._pos, self._pos + n)
@@ -300,12 +304,13 @@ class RangedFile(io.RawIOBase):
 
 def open_input(path: str, offset: int = 0, sequential: bool = False):
     """A binary file positioned at ``offset``: a local file (unbuffered) or a `RangedFile` (``sequential``: read
-    ahead in `SEQUENTIAL_BLOCK_BYTES` blocks, for a compressed object read start to end)."""
+    ahead in blocks from `FIRST_SEQUENTIAL_BLOCK_BYTES` doubling to `SEQUENTIAL_BLOCK_BYTES`, for a compressed
+    object read start to end)."""
     if not is_url(path):
         f = open(local_path(path), "rb", buffering=0)
         f.seek(offset)
         return f
-    return RangedFile(path, offset, SEQUENTIAL_BLOCK_BYTES if sequential else 0)
+    return RangedFile(path, offset, FIRST_SEQUENTIAL_BLOCK_BYTES if sequential else 0)
 
 
 def parquet_metadata(url: str, size: int):
