@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
-from albert_dist.data.paths import resolve_path
+from albert_dist.data.paths import resolve_location, resolve_path
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
@@ -134,6 +134,10 @@ def _apply_layer(merged, layer: dict, source: str):
     `model=NAME` is short for `model.preset=NAME`. Warmup given in one form (`warmup_steps` or
     `warmup_ratio`) replaces the other form of earlier layers; both in one layer is an error (OptimConfig).
     """
+    try:
+        layer = _source_shorthand(layer)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     if _INDEXED in layer:
         return _set_indexed(merged, *layer[_INDEXED], source)
     model = layer.get("model")
@@ -152,6 +156,38 @@ def _apply_layer(merged, layer: dict, source: str):
         other = {"warmup_ratio": None} if "warmup_steps" in optimizer else {"warmup_steps": 0}
         merged = _merge(merged, {"optimizer": other}, source)
     return _merge(merged, layer, source)
+
+
+_SOURCE_LISTS = ("train", "validation")
+#: a list entry that is no section: OmegaConf's own words list its internal container types
+_NOT_A_SECTION = "expected a mapping of fields (a data source may also be a path or URL string), got {} {!r}"
+_SOURCE_ITEM_RE = re.compile(r"^data\.(train|validation)\[\d+\]$")
+
+
+def _source_shorthand(layer: dict) -> dict:
+    """`layer` with each data source given as a plain path or URL string (`data.train=[s3://b/prepared]`,
+    `data.train[0]=data/x.txt`, `train: [a.txt, b.jsonl]` in a recipe) written as ``{paths: [that string]}``."""
+    if _INDEXED in layer:
+        key, value = layer[_INDEXED]
+        if _SOURCE_ITEM_RE.match(key) and not isinstance(value, dict):
+            if not isinstance(value, str):
+                raise ValueError(f"{key}: {_NOT_A_SECTION.format(type(value).__name__, value)}")
+            return {_INDEXED: (key, {"paths": [value]})}
+        return layer
+    data = layer.get("data")
+    if not isinstance(data, dict) or not any(k in data for k in _SOURCE_LISTS):
+        return layer
+    data = dict(data)
+    for key in _SOURCE_LISTS:
+        value = data.get(key)
+        if isinstance(value, str):  # data.train=s3://bucket/x: one source
+            value = [value]
+        elif key in data and not isinstance(value, list):
+            raise ValueError(f"data.{key}: expected a list of sources (mappings or path/URL strings), got "
+                             f"{type(value).__name__} {value!r}")
+        if isinstance(value, list):
+            data[key] = [{"paths": [item]} if isinstance(item, str) else item for item in value]
+    return {**layer, "data": data}
 
 
 #: Key of an override layer that sets a list item by index (`load_config`), never a config field.
@@ -205,6 +241,8 @@ def _in_list(merged, layer: dict, path: str = "") -> str | None:
             if not is_dataclass(entry_type):
                 continue
             for i, entry in enumerate(value):
+                if not isinstance(entry, dict):  # OmegaConf's own words here list its internal container types
+                    return f"{sub}[{i}]: {_NOT_A_SECTION.format(type(entry).__name__, entry)}"
                 try:
                     OmegaConf.merge(OmegaConf.structured(entry_type), entry)
                 except OmegaConfBaseException as err:
@@ -216,6 +254,8 @@ def _describe(err: OmegaConfBaseException) -> str:
     """OmegaConf's error as `dotted.key: what is wrong`, without its class names and object dumps."""
     key = getattr(err, "full_key", None) or "?"
     msg = str(getattr(err, "msg", None) or err).split("\n")[0]
+    if "is not a ListConfig" in msg:  # OmegaConf's node class names, not the user's words
+        return f"{key}: expected a list, got {getattr(err, 'value', None)!r}"
     if isinstance(err, ConfigKeyError):
         hint = msg.split("Did you mean", 1)
         return f"{key}: unknown key" + (f" (did you mean{hint[1]}" + ")" if len(hint) == 2 else "")
@@ -289,7 +329,7 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     def inputs(paths: list[str]) -> list[str]:
-        return [str(resolve_path(p)) for p in paths]
+        return [resolve_location(p) for p in paths]
 
     def source(src):
         if src.format == "hub":

@@ -141,7 +141,8 @@ def prepare_cli(argv: list[str]) -> int:
     except (ValueError, OSError) as err:
         print(error_line("albert-dist data prepare: error", err), file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    print(summary(manifest, str(Path(args.output).expanduser().resolve())))
+    shown = args.output if "://" in args.output else str(Path(args.output).expanduser().resolve())
+    print(summary(manifest, shown))
     return EXIT_OK
 
 

@@ -30,7 +30,9 @@ from typing import Optional, Sequence
 
 from albert_dist.config import TrainConfig, load_config
 from albert_dist.data.files import check_text_field
+from albert_dist.data import store
 from albert_dist.data.paths import discover_files
+from albert_dist.data.stream import check_slots_readable, plan_source
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import checkpoint as ckpt
 from albert_dist.engine import memory
@@ -88,7 +90,7 @@ def cli(argv: Sequence[str]) -> int:
         error: Optional[Exception] = None
         try:
             cfg = load_config(args.config, overrides)
-            check_inputs(cfg)
+            check_inputs(cfg, env.world_size if env.rank == 0 else 0)
             if args.resume_from is not None:
                 check_resume_from(args.resume_from, cfg)
             trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
@@ -202,7 +204,7 @@ def check_resume_from(ref: str, cfg: TrainConfig) -> None:
         raise ValueError("--resume-from needs tracking.enabled=true")
 
 
-def check_inputs(cfg: TrainConfig) -> None:
+def check_inputs(cfg: TrainConfig, world_size: int = 0) -> None:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
     Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
@@ -210,7 +212,9 @@ def check_inputs(cfg: TrainConfig) -> None:
     `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`).
+    The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`). With ``world_size``
+    (rank 0 passes it; 0 skips this), every training slot's share is probed for one usable record
+    (`albert_dist.data.stream.check_slots_readable`).
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
@@ -222,8 +226,12 @@ def check_inputs(cfg: TrainConfig) -> None:
                 where = f"data.{split}[{i}]"
                 files = discover_files(src, where)
                 check_text_field(src, where, files)
-                if all(os.path.getsize(f) == 0 for f in files):
+                if all(store.file_size(f) == 0 for f in files):
                     raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
+                if split == "train" and world_size:
+                    slots = world_size * max(1, cfg.data.num_workers)
+                    pieces = plan_source(src, where, cfg.data.shard_piece_bytes, slots, require_pieces=False)
+                    check_slots_readable(src, where, pieces, slots, cfg.data.max_document_bytes)
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")

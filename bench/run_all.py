@@ -66,6 +66,9 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     # 200 scored blocks (~80 s); at 60 steps both sit near the unigram floor: it checks the harness end to end
     "convergence": {"steps": 60, "report_steps": [30, 60], "curve_every": 30, "score_blocks": 200,
                     "recipes": ["matched"]},
+    # a 40 MB .jsonl.zst corpus on a moto S3 server vs local disk, prepared s3 -> s3, read at 64 and 512 slots
+    # (~1-2 min on 2 loaded cores)
+    "object_store": {"repeats": 1, "mb": 40},
 }
 DEFAULT_ARGS: dict[str, Any] = {"repeats": 3}
 #: Seconds a benchmark may run before it is killed (its entry then says "timed out").

@@ -26,8 +26,9 @@ import re
 import zlib
 from typing import Any, Callable, Iterator, Optional
 
+from albert_dist.data import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import discover_files, file_format, parquet_file
+from albert_dist.data.paths import discover_files, file_format, parquet_file, parquet_row_group
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,9 @@ def _reason(err: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------------- streams
 class _PlainStream:
     def __init__(self, path: str, offset: int) -> None:
-        # unbuffered: split_records sizes its reads to the piece, a buffer would read past them
-        self._f = open(path, "rb", buffering=0)
-        self._f.seek(offset)
+        # unbuffered: split_records sizes its reads to the piece, a buffer would read past them (for a URL each
+        # read is one ranged GET of exactly that many bytes: albert_dist.data.store.RangedFile)
+        self._f = store.open_input(path, offset)
 
     def read(self, n: int) -> bytes:
         try:
@@ -112,7 +113,7 @@ class _GzipStream(_DecodedStream):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self._raw = open(path, "rb")
+        self._raw = store.open_input(path, 0, sequential=True)
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
 
     def _fill(self, n: int) -> None:
@@ -138,7 +139,7 @@ class _ZstdStream(_DecodedStream):
 
         super().__init__()
         self._zstd = zstandard
-        self._raw = open(path, "rb")
+        self._raw = store.open_input(path, 0, sequential=True)
         self._dctx = zstandard.ZstdDecompressor()
         self._dobj = self._dctx.decompressobj()
         self._in_frame = False
@@ -285,7 +286,10 @@ def _json_record(raw: Optional[bytes], nbytes: int, text_field: str) -> dict[str
 
 
 def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
-    size = os.path.getsize(piece["path"]) if os.path.exists(piece["path"]) else -1
+    try:
+        size = store.file_size(piece["path"])
+    except (OSError, ValueError):
+        size = -1
     at = f" near byte {err.compressed_offset} of {size}" if err.compressed_offset >= 0 else ""
     what = "parquet data" if piece["kind"] == "parquet" else (f"{piece['compression']} stream"
                                                               if piece["compression"] else "file")
@@ -316,6 +320,8 @@ def record_location(piece_kind: str, compression: str, path: str, pos: int, row_
         return f"{path}, row group {row_group} row {pos}"
     if compression:
         return f"{path}, byte {pos} of the decompressed stream"
+    if store.is_url(path):  # counting lines would download the object up to here
+        return f"{path}, byte {pos}"
     lines, left = 0, pos
     with open(path, "rb") as fh:
         while left > 0 and (block := fh.read(min(_BLOCK_BYTES, left))):
@@ -379,7 +385,8 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
 
     row = 0
     try:
-        pf = parquet_file(piece["path"])  # the footer parsed once per process, not once per row group
+        # the footer parsed once per process, not once per row group; from a URL only this group's text chunk
+        pf = parquet_row_group(piece["path"], piece["row_group"], [text_field])
         batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[piece["row_group"]],
                                   columns=[text_field], use_threads=False)
         for batch in batches:
@@ -431,13 +438,13 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     for path, (kind, compression) in zip(files, formats):
-        if kind not in ("jsonl", "parquet") or os.path.getsize(path) == 0:
+        if kind not in ("jsonl", "parquet") or store.file_size(path) == 0:
             continue
         if kind == "parquet":
-            import pyarrow.parquet as pq
-
             try:
-                keys = list(pq.ParquetFile(path).schema_arrow.names)
+                keys = list(parquet_file(path).schema_arrow.names)
+            except store.StoreError:  # a missing/denied object is the user's to fix, not a damaged file
+                raise
             except Exception as err:  # noqa: BLE001 - a damaged footer: plan_pieces skips the file, so do we
                 logger.warning("%s: %s is not a readable parquet file (%s); checking the next one", where, path,
                                _reason(err))

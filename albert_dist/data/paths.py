@@ -39,6 +39,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from albert_dist.data import store
 from albert_dist.data.config import SourceConfig
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ KIND_SUFFIXES = (("txt", (".txt",)), ("jsonl", (".jsonl", ".json")), ("parquet",
 #: file names a directory or glob source never reads: the manifest `albert-dist data prepare` writes beside its
 #: shards (a .json file that is no corpus)
 NOT_CORPUS_FILES = ("manifest.json",)
+#: Conventional side files beside a corpus's shards, skipped (with one counted line per source) when found through
+#: a directory or glob, as Spark and HF datasets skip them: Spark/Hadoop's ``_SUCCESS``, ``_committed_*``,
+#: ``_started_*`` markers and ``.crc`` checksums, an HF dataset snapshot's README/LICENSE, and dotfiles.
+SIDE_FILE_PREFIXES = ("_SUCCESS", "_committed_", "_started_", "README", "LICENSE", "LICENCE", ".")
+SIDE_FILE_SUFFIXES = (".crc",)
 #: Smallest automatic piece of an uncompressed file. Reading a piece reads past its end to finish the record
 #: that straddles the cut and skips the start of the one straddling its beginning, so pieces well above a
 #: typical document (a few KB) keep that overhead to a few percent.
@@ -63,9 +69,10 @@ PIECES_PER_SLOT = 4
 def resolve_path(path: str) -> Path:
     """Absolute path of ``path``: as given if absolute or existing relative to the cwd, else relative to the repo root.
 
-    Globs are resolved the same way (on the part before the first wildcard).
+    Globs are resolved the same way (on the part before the first wildcard). For a path that may be an object
+    store URL use `resolve_location`.
     """
-    p = Path(path).expanduser()
+    p = Path(store.local_path(path)).expanduser()
     if p.is_absolute():
         return p
     if globlib.glob(str(p)) or p.exists():
@@ -73,30 +80,70 @@ def resolve_path(path: str) -> Path:
     return _REPO_ROOT / p
 
 
+def resolve_location(path: str) -> str:
+    """An fsspec URL (``s3://...``, `albert_dist.data.store.is_url`) as given, else `resolve_path` as a string."""
+    return path if store.is_url(path) else str(resolve_path(path))
+
+
 def _corpus_file(path: str) -> bool:
     name = os.path.basename(path)
-    return not name.startswith(".") and name not in NOT_CORPUS_FILES
+    return name not in NOT_CORPUS_FILES and not is_side_file(name)
+
+
+def is_side_file(name: str) -> bool:
+    """True for a conventional side file (`SIDE_FILE_PREFIXES`, `SIDE_FILE_SUFFIXES`; README matched in any case)."""
+    upper = name.upper()
+    return (name.startswith(SIDE_FILE_PREFIXES) or upper.startswith(("README", "LICENSE", "LICENCE"))
+            or name.lower().endswith(SIDE_FILE_SUFFIXES))
+
+
+def _note_side_files(where: str, found: list[str]) -> None:
+    side = [f for f in found if is_side_file(os.path.basename(f))]
+    if side:
+        names = sorted({os.path.basename(f) for f in side})
+        logger.info("%s: ignored %d side file(s) (Spark/Hadoop markers, checksums, README/LICENSE, dotfiles): %s%s",
+                    where, len(side), ", ".join(names[:5]), ", ..." if len(names) > 5 else "")
 
 
 def discover_files(source: SourceConfig, where: str) -> list[str]:
     """Sorted, de-duplicated files of a local source.
 
-    Directories are walked recursively; hidden files and ``manifest.json`` (`NOT_CORPUS_FILES`) found through a
-    directory or glob are left out (a file named explicitly is always read).
+    Directories are walked recursively; ``manifest.json`` (`NOT_CORPUS_FILES`) and conventional side files
+    (`is_side_file`: ``_SUCCESS``, ``.crc``, README/LICENSE, dotfiles...) found through a directory or glob are left
+    out, the side files with one counted log line (a file named explicitly is always read).
 
     Raises ValueError naming ``where`` (e.g. ``data.train[0]``) when a path does not exist, a glob matches
     nothing, or a file is not readable, so a typo fails at start instead of silently training on less data.
     """
     files: list[str] = []
     for raw in source.paths:
+        if store.is_url(raw):
+            try:
+                what, found = store.expand(raw)
+            except store.StoreError as err:
+                raise ValueError(f"{where}.paths: {err}") from None
+            if what == "missing":
+                raise ValueError(f"{where}.paths: {raw!r} does not exist")
+            if what != "file":
+                _note_side_files(where, found)
+                found = [m for m in found if _corpus_file(m)]
+            if not found:
+                raise ValueError(f"{where}.paths: {'glob' if what == 'glob' else 'prefix'} {raw!r} "
+                                 f"{'matches' if what == 'glob' else 'holds'} no object")
+            files.extend(found)
+            continue
         p = resolve_path(raw)
         if any(ch in raw for ch in "*?["):
-            matches = sorted(m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m) and _corpus_file(m))
+            hits = [m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m)]
+            _note_side_files(where, hits)
+            matches = sorted(m for m in hits if _corpus_file(m))
             if not matches:
                 raise ValueError(f"{where}.paths: glob {raw!r} (resolved to {str(p)!r}) matches no file")
             files.extend(matches)
         elif p.is_dir():
-            matches = sorted(str(m) for m in p.rglob("*") if m.is_file() and _corpus_file(str(m)))
+            hits = [str(m) for m in p.rglob("*") if m.is_file()]
+            _note_side_files(where, hits)
+            matches = sorted(m for m in hits if _corpus_file(m))
             if not matches:
                 raise ValueError(f"{where}.paths: directory {raw!r} (resolved to {str(p)!r}) holds no file")
             files.extend(matches)
@@ -105,7 +152,7 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
         else:
             raise ValueError(f"{where}.paths: {raw!r} (resolved to {str(p)!r}) does not exist")
     files = sorted(set(files))
-    unreadable = [f for f in files if not os.access(f, os.R_OK)]
+    unreadable = [f for f in files if not store.is_url(f) and not os.access(f, os.R_OK)]
     if unreadable:
         raise ValueError(f"{where}.paths: {len(unreadable)} file(s) not readable (permission denied), e.g. "
                          f"{unreadable[0]}")
@@ -155,10 +202,18 @@ PARQUET_METADATA_CACHE_FILES = 4096
 
 
 @functools.lru_cache(maxsize=PARQUET_METADATA_CACHE_FILES)
-def _parquet_metadata(path: str, size: int, mtime_ns: int):
+def _parquet_metadata(path: str, size: int, version: str):
     import pyarrow.parquet as pq
 
+    if store.is_url(path):
+        return store.parquet_metadata(path, size)
     return pq.read_metadata(path)
+
+
+def parquet_metadata(path: str):
+    """The footer of a local or remote parquet file, parsed once per process and file version (`parquet_file`)."""
+    st = store.stat(path)
+    return _parquet_metadata(path, st["size"], st["version"])
 
 
 def parquet_file(path: str):
@@ -172,12 +227,25 @@ def parquet_file(path: str):
     """
     import pyarrow.parquet as pq
 
-    st = os.stat(path)
-    return pq.ParquetFile(path, metadata=_parquet_metadata(path, st.st_size, st.st_mtime_ns))
+    meta = parquet_metadata(path)
+    if store.is_url(path):  # footer only: the row groups' bytes are fetched by `parquet_row_group`
+        return pq.ParquetFile(store.RangedFile(path), metadata=meta)
+    return pq.ParquetFile(path, metadata=meta)
+
+
+def parquet_row_group(path: str, row_group: int, columns: list[str]):
+    """A ``pyarrow.parquet.ParquetFile`` to read ``columns`` of ``row_group`` from: the local file, or for a URL
+    only those column chunks' byte ranges (`albert_dist.data.store.parquet_row_group_file`)."""
+    import pyarrow.parquet as pq
+
+    if not store.is_url(path):
+        return parquet_file(path)
+    meta = parquet_metadata(path)
+    return pq.ParquetFile(store.parquet_row_group_file(path, meta, row_group, columns), metadata=meta)
 
 
 def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
-    meta = parquet_file(path).metadata
+    meta = parquet_metadata(path)
     leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == text_field), None)
     pieces = []
     for rg in range(meta.num_row_groups):
@@ -208,7 +276,7 @@ def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots:
         formats = [file_format(path, source.format) for path in files]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-    sizes = [os.path.getsize(path) for path in files]
+    sizes = [store.file_size(path) for path in files]
     whole_files = source.txt_documents == "file"
     splittable = sum(size for (kind, comp), size in zip(formats, sizes)
                      if not comp and (kind == "jsonl" or (kind == "txt" and not whole_files)))

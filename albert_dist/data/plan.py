@@ -39,6 +39,7 @@ import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.files import check_text_field
+from albert_dist.data import store
 from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
                                     readers_per_piece)
 
@@ -197,20 +198,21 @@ def _apply_manifest(plan: SourcePlan, pieces: list[dict]) -> None:
     paths = sorted({p["path"] for p in pieces})
     if not paths:
         return
-    folder = os.path.commonpath([os.path.dirname(p) for p in paths])
-    path = Path(folder) / MANIFEST_NAME
-    if not path.is_file():
-        plan.manifest = f"no {MANIFEST_NAME} in {folder}"
-        return
+    folder = store.common_folder(paths)
+    path = store.join(folder, MANIFEST_NAME)
     try:
-        manifest = json.loads(path.read_text())
+        text = store.read_text(path)
+        if text is None:
+            plan.manifest = f"no {MANIFEST_NAME} in {folder}"
+            return
+        manifest = json.loads(text)
         if not isinstance(manifest, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as err:
         plan.manifest = f"{path} unreadable ({err})"
         return
     entries = _manifest_files(manifest)
-    ours = {os.path.relpath(p, folder) for p in paths}
+    ours = {p[len(folder):].lstrip("/") if store.is_url(folder) else os.path.relpath(p, folder) for p in paths}
     tokens_total = next((manifest[k] for k in ("tokens", "tokens_estimate") if isinstance(manifest.get(k), int)), None)
     if entries is not None and set(entries) == ours or entries is None and manifest.get("files") == len(paths):
         plan.documents = manifest.get("documents") if isinstance(manifest.get("documents"), int) else None

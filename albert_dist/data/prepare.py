@@ -40,6 +40,11 @@ when complete. A rerun with the same inputs and options resumes there (finished 
 kept); a rerun on a complete output says so and exits 0; ``--overwrite`` replaces a previous prepare output
 (only one: a directory without our manifest is never deleted). Deterministic: the same inputs and options give
 byte-identical shards whatever ``--workers`` is (tested), so the manifest's checksums can be trusted.
+One prepare per output at a time (`OutputLock`: a second is refused naming the holder).
+
+Object stores: ``--input`` and ``--output`` may be fsspec URLs (``s3://``, ``gs://``; `albert_dist.data.store`).
+A URL output is built in a local work directory (`_remote_work_root`) and uploaded when complete (`publish`: the
+shards, then the manifest last), so a reader of the bucket never sees a manifest naming a missing shard.
 """
 from __future__ import annotations
 
@@ -69,6 +74,9 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TMP_SUFFIX = ".prepare-tmp"
+#: the lock beside a local output, ``.<name>.prepare-lock`` (`OutputLock`): kept after the run (deleting it while
+#: a holder runs would let a second prepare lock a new file); a dotfile, so a glob or directory source skips it
+LOCK_SUFFIX = ".prepare-lock"
 #: Uncompressed txt/jsonl inputs are scanned in byte ranges of this size (parallelism inside big files).
 SCAN_PIECE_BYTES = 256 << 20
 #: Spool and shard writers buffer this much text before writing (scan) or at most a row group (write).
@@ -269,8 +277,9 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
     0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
     and check_text_field do."""
+    from albert_dist.data import store
     from albert_dist.data.files import check_text_field
-    from albert_dist.data.paths import discover_files, file_format
+    from albert_dist.data.paths import discover_files, file_format, parquet_metadata
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
@@ -281,20 +290,21 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
         check_text_field(source, where, files)
         for path in files:
             kind, compression = file_format(path, source.format)
-            st = os.stat(path)
-            inputs.append({"path": path, "bytes": st.st_size, "kind": kind, "compression": compression,
-                           "mtime_ns": st.st_mtime_ns, "source": i})
+            st = store.stat(path)  # an object's version is its ETag/generation, a file's its mtime
+            size = st["size"]
+            inputs.append({"path": path, "bytes": size, "kind": kind, "compression": compression,
+                           "mtime_ns": int(st["version"]) if st["version"].isdigit() else st["version"],
+                           "source": i})
             common = dict(path=path, kind=kind, compression=compression, text_field=source.text_field,
                           txt_documents=source.txt_documents)
-            if st.st_size == 0:  # counted like the training loader does: a 0-byte shard is often a failed download
+            if size == 0:  # counted like the training loader does: a 0-byte shard is often a failed download
                 skipped.append({"reason": "empty_file", "where": path})  # warned with the other skips
                 continue
             if kind == "parquet":
                 import pyarrow as pa
-                import pyarrow.parquet as pq
 
                 try:
-                    meta = pq.read_metadata(path)
+                    meta = parquet_metadata(path)
                 except (OSError, pa.ArrowException) as err:  # a footer that does not parse: the file is skipped
                     reason = f"{type(err).__name__}: {err}".strip()
                     skipped.append({"reason": "damaged", "where": path, "detail": f"parquet footer: {reason}"})
@@ -308,15 +318,15 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
                     run_bytes += nbytes
                     if run_bytes >= SCAN_PIECE_BYTES or g == len(group_bytes) - 1:
                         # progress is in on-disk bytes: the run's share of the file
-                        share = st.st_size * run_bytes // max(1, sum(group_bytes))
-                        tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, row_groups=run,
+                        share = size * run_bytes // max(1, sum(group_bytes))
+                        tasks.append(ScanTask(len(tasks), start=0, end=size, row_groups=run,
                                               disk_bytes=int(share), **common))
                         run, run_bytes = [], 0
             elif compression or (kind == "txt" and source.txt_documents == "file"):
-                tasks.append(ScanTask(len(tasks), start=0, end=st.st_size, disk_bytes=st.st_size, **common))
+                tasks.append(ScanTask(len(tasks), start=0, end=size, disk_bytes=size, **common))
             else:
-                for start in range(0, st.st_size, SCAN_PIECE_BYTES):
-                    end = min(st.st_size, start + SCAN_PIECE_BYTES)
+                for start in range(0, size, SCAN_PIECE_BYTES):
+                    end = min(size, start + SCAN_PIECE_BYTES)
                     tasks.append(ScanTask(len(tasks), start=start, end=end, disk_bytes=end - start, **common))
     return tasks, inputs, skipped
 
@@ -632,12 +642,104 @@ def estimate_tokens(shard_dir: Path, tokenizer_path: Optional[str], text_bytes: 
 
 
 def load_manifest(output: str | Path) -> Optional[dict]:
-    """The manifest of a prepare output directory, or None when there is none (or it does not parse)."""
-    path = Path(output) / MANIFEST_NAME
+    """The manifest of a prepare output directory or object-store prefix, or None when there is none (or it does
+    not parse). Raises `albert_dist.data.store.StoreError` for a denied prefix or missing credentials."""
+    from albert_dist.data import store
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = store.read_text(store.join(str(output), MANIFEST_NAME))
+        return None if text is None else json.loads(text)
+    except (OSError, ValueError) as err:
+        if isinstance(err, store.StoreError):
+            raise
         return None
+
+
+def _remote_work_root(output: str) -> Path:
+    """Local work directory of a prepare whose ``--output`` is a URL: the same for every run on that URL (so a
+    rerun resumes), under ``$ALBERT_DIST_PREPARE_TMP`` or the system temporary directory."""
+    import tempfile
+
+    root = Path(os.environ.get("ALBERT_DIST_PREPARE_TMP") or tempfile.gettempdir())
+    return root / f"albert-dist-prepare-{hashlib.sha256(output.encode()).hexdigest()[:16]}"
+
+
+def publish(shards_dir: Path, output: str, manifest: dict, previous: Optional[dict]) -> None:
+    """Upload a finished local output (shards + manifest.json) to the object-store prefix ``output``.
+
+    Order is what makes it safe for readers (`albert_dist.data.plan` and the loader read the manifest and the
+    shards it names): a previous manifest (``--overwrite``) is deleted first, so no reader pairs it with new
+    shards; each shard is one PUT (a multipart upload for a large one), which an object store makes visible only
+    once complete, so no reader sees a half-written shard; the manifest is uploaded last, one PUT as well (no
+    temporary key and move: an object store has no rename, a move is a copy, and a PUT is already all or
+    nothing), so a manifest never names a shard that is not there. Shards of the previous
+    output that the new one does not name are deleted at the end. Raises `albert_dist.data.store.StoreError`.
+    """
+    from albert_dist.data import store
+
+    fs, root = store.filesystem(output)
+    root = root.rstrip("/")
+    url = output.rstrip("/")
+    if previous is not None:
+        store.call(url, "delete the previous manifest", fs.rm_file, f"{root}/{MANIFEST_NAME}")
+    names = [e["path"] for e in manifest["files"]]
+    for name in names:
+        store.call(url, f"upload {name}", fs.put_file, str(shards_dir / name), f"{root}/{name}")
+    store.call(url, "upload the manifest", fs.put_file, str(shards_dir / MANIFEST_NAME), f"{root}/{MANIFEST_NAME}")
+    stale = [e["path"] for e in (previous or {}).get("files", []) if e.get("path") not in names]
+    for name in stale:
+        store.call(url, f"delete the previous {name}", fs.rm_file, f"{root}/{name}")
+
+
+class OutputBusy(ValueError):
+    """Another `albert-dist data prepare` is writing the same output (exit 2; the message names the holder)."""
+
+
+class OutputLock:
+    """One prepare per output: an exclusive ``fcntl.flock`` on ``path`` (beside the output's work directory), held
+    until `release` or the process's end (the kernel drops it however the process ends, so a killed prepare never
+    leaves it stuck). The holder writes its pid, host and start time into the file for the refusal message.
+
+    Why: two prepares on one output each took the other's live work directory for an interrupted run, and one
+    could finish with a manifest whose sha256 did not match a shard the other had rewritten (issue 26). An
+    object-store output is built in a local work directory per URL (`_remote_work_root`), so this refuses a second
+    prepare of one URL on the same node; two nodes preparing one URL are not detected (object stores have no
+    lock), and the last upload wins whole: each one's manifest still matches the shards it names.
+    """
+
+    def __init__(self, path: Path, output: str) -> None:
+        self.path, self.output = path, output
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "OutputLock":
+        """Take the lock without waiting. Raises `OutputBusy` naming the holder, OSError if the file cannot be made."""
+        import fcntl
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            try:
+                who = json.loads(self.path.read_text() or "{}")
+            except (OSError, ValueError):
+                who = {}
+            holder = (f"pid {who['pid']} on host {who.get('host', '?')} since {who.get('started', '?')}"
+                      if who.get("pid") else "a process that has not written its pid yet")
+            raise OutputBusy(f"--output {self.output} is being written by another albert-dist data prepare: "
+                             f"{holder} (lock {self.path}); wait for it to end, or choose another output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class AlreadyComplete(Exception):
@@ -649,23 +751,48 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
 
     Raises:
         AlreadyComplete: ``opts.output`` holds a complete output of the same inputs and options.
+        OutputBusy: another prepare is writing ``opts.output`` (`OutputLock`).
         ValueError: bad inputs (missing paths, unknown format, text field), an output directory that is not a
             prepare output, or one of another command without ``overwrite``; no usable document at all.
     """
+    from albert_dist.data import store
+
     t0 = time.time()
-    out = Path(opts.output).expanduser().resolve()
+    remote = store.is_url(opts.output)
+    url = opts.output.rstrip("/")
+    # an object-store output is built in a local work directory and uploaded when complete (`publish`)
+    out = _remote_work_root(url) / "output" if remote else Path(opts.output).expanduser().resolve()
+    lock_path = (out.parent.parent / (out.parent.name + ".lock")) if remote else out.parent / f".{out.name}{LOCK_SUFFIX}"
+    lock = OutputLock(lock_path, url if remote else str(out)).acquire()
+    try:
+        return _prepare_locked(opts, command, t0, remote, url, out)
+    finally:
+        lock.release()
+
+
+def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool, url: str, out: Path) -> dict:
+    """`prepare` with the output's lock held."""
+    from albert_dist.data import store
+
     tasks, inputs, plan_skips = plan_scan(opts.sources)
     fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
-    existing = load_manifest(out) if out.exists() else None
+    if remote:
+        what, found = store.expand(url)
+        out_exists, out_empty = what != "missing", not found
+    else:
+        out_exists = out.exists()
+        out_empty = out_exists and out.is_dir() and not any(out.iterdir())
+    shown = url if remote else out
+    existing = load_manifest(url if remote else out) if out_exists else None
     if existing is not None and existing.get("fingerprint") == fingerprint and not opts.overwrite:
-        raise AlreadyComplete(f"{out} is already complete ({existing.get('documents')} documents in "
+        raise AlreadyComplete(f"{shown} is already complete ({existing.get('documents')} documents in "
                               f"{existing.get('num_shards')} shards, same inputs and options); nothing to do")
-    if out.exists():
-        if existing is None and (not out.is_dir() or any(out.iterdir())):
-            raise ValueError(f"--output {out} exists and is not an albert-dist data prepare output (no "
+    if out_exists:
+        if existing is None and not out_empty:
+            raise ValueError(f"--output {shown} exists and is not an albert-dist data prepare output (no "
                              f"{MANIFEST_NAME}); choose another directory, it is never deleted")
         if existing is not None and not opts.overwrite:
-            raise ValueError(f"--output {out} holds a prepare output of other inputs or options (its command: "
+            raise ValueError(f"--output {shown} holds a prepare output of other inputs or options (its command: "
                              f"{existing.get('command')!r}); pass --overwrite to replace it, or choose another "
                              "directory")
     work = out.parent / (out.name + TMP_SUFFIX)
@@ -687,12 +814,16 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
 
     disk_bytes = sum(t.disk_bytes for t in tasks)
     logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
-                mib(disk_bytes), len(tasks), opts.workers, out)
+                mib(disk_bytes), len(tasks), opts.workers, f"{url} (built in {out})" if remote else out)
     with _Workers(opts.workers, opts.progress) as pool:
         manifest = _scan_dedup_write(opts, command, t0, work, tasks, inputs, plan_skips, fingerprint, pool)
     for e in manifest["files"]:
         (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
     (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if remote:
+        publish(shards_dir, url, manifest, existing)
+        shutil.rmtree(work.parent)
+        return manifest
     if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
         shutil.rmtree(out)
     os.replace(shards_dir, out)

@@ -37,6 +37,7 @@ from typing import Iterator
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field, read_piece
+from albert_dist.data import store
 from albert_dist.data.paths import discover_files, file_format, parquet_file
 from albert_dist.data.sizes import mib
 
@@ -99,7 +100,7 @@ class ByteBudgetSample:
             for path in files:
                 kind, compression = file_format(path, source.format)
                 self.plan.append(FilePlan(path, kind, compression, source.text_field, source.txt_documents,
-                                          os.path.getsize(path), 0.0))
+                                          store.file_size(path), 0.0))
         ratios = _compression_ratios([p for p in self.plan if p.compression])
         for p in self.plan:
             try:
@@ -149,12 +150,14 @@ class ByteBudgetSample:
             try:
                 for rec in records:
                     if rec["skip"] == "damaged":  # the reader's marker: the rest of this piece cannot be read
+                        # only this window is lost (one parquet row group, or the rest of a compressed stream,
+                        # which is its file's only window): its unused quota passes to the next windows, as
+                        # prepare and training skip just the damaged row group
                         self.skipped["damaged"] += 1
-                        logger.warning("%s: stopped reading %s after %d bytes of its sample: %s", self.where,
-                                       p.path, got, rec.get("detail") or "damaged")
-                        left -= got
-                        self.taken[p.path] += got
-                        return
+                        where = f"row group {piece['row_group']} of " if piece["row_group"] >= 0 else ""
+                        logger.warning("%s: skipped the rest of %s%s after %d bytes of its window: %s", self.where,
+                                       where, p.path, got, rec.get("detail") or "damaged")
+                        break
                     if rec["skip"]:
                         self.skipped[rec["skip"]] += 1
                         continue
@@ -213,7 +216,7 @@ def _compression_ratios(plans: list[FilePlan]) -> dict[str, float]:
         step = max(1, len(files) // RATIO_PROBE_FILES)
         raw = out = 0
         for p in files[::step][:RATIO_PROBE_FILES]:
-            with open(p.path, "rb") as f:
+            with store.open_input(p.path) as f:
                 data = f.read(RATIO_PROBE_BYTES)
             try:
                 if compression == ".gz":

@@ -290,3 +290,54 @@ def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
                     location = record_location(piece["kind"], piece["compression"], piece["path"], rec["pos"],
                                                piece["row_group"])
                     logger.warning("%s[%d]: skipped the rest of %s: %s", where, i, location, rec["detail"])
+
+
+#: `check_slots_readable`: bytes of records a slot's probe reads before it takes the slot for readable (a slot
+#: whose first MiB is all skips is still probably data with long bad stretches, not garbage: it is let through)
+PROBE_BYTES_PER_SLOT = 1 << 20
+#: jobs with more slots than this are not probed (one small read per slot; at 1,024 x 8 slots the reads would
+#: delay the start more than a rare bad slot costs)
+PROBE_MAX_SLOTS = 1024
+
+
+def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], slots: int,
+                         max_document_bytes: int) -> None:
+    """Refuse a job in which some slot's share holds only unusable records (a random-bytes ``.jsonl`` whose
+    byte ranges fill one slot beside one good file: that slot would fail its first epoch at the first step, and
+    every resume again), before any process group.
+
+    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record, at most
+    `PROBE_BYTES_PER_SLOT` of records; a healthy slot costs one small read. Skipped when ``slots`` exceeds
+    `PROBE_MAX_SLOTS`. Raises ValueError naming ``where``, the slot and its files, with the skip counts.
+    """
+    from albert_dist.data.paths import slot_shares
+
+    if slots > PROBE_MAX_SLOTS or not pieces:
+        return
+    for slot in range(slots):
+        skipped: Counter = Counter()
+        files: list[str] = []
+        seen, usable = 0, False
+        for i, k, j in slot_shares(len(pieces), slots, slot):
+            piece = pieces[i]
+            files += [piece["path"]] if piece["path"] not in files else []
+            records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j))
+            try:
+                for rec in records:
+                    if not rec["skip"]:
+                        usable = True
+                        break
+                    skipped[rec["skip"]] += 1
+                    seen += rec["nbytes"]
+                    if seen >= PROBE_BYTES_PER_SLOT:
+                        usable = True  # undecided: let it through (the stream counts and logs its skips)
+                        break
+            finally:
+                records.close()
+            if usable:
+                break
+        if not usable:
+            raise ValueError(
+                f"{where}: slot {slot} of {slots} (ranks x loader workers) would read only unusable records "
+                f"from {', '.join(files[:3])}{', ...' if len(files) > 3 else ''} (skipped {dict(skipped)}); "
+                "remove or fix the file, or run albert-dist data prepare, which drops unusable records")

@@ -14,7 +14,11 @@ Two rules, applied together:
   not the secret, and is left alone, as are ``PWD``/``OLDPWD`` (the working directory: "pwd" is the shell
   command, not a password).
 
-User info in URIs (``https://user:pw@host``) is removed as well.
+User info in URIs (``https://user:pw@host``) is removed as well, and so are object-store credentials that can
+turn up in text without a variable naming them: AWS access key ids (``AKIA``/``ASIA`` + 16 characters, the
+format AWS documents) and the signature/credential/token parameters of presigned S3 and GCS URLs
+(``X-Amz-Signature=``, ``X-Goog-Credential=``...). The object-store variables the word rules miss are named in
+`KNOWN_SECRET_NAMES` (``AWS_ACCESS_KEY_ID``: its last word is "id").
 """
 from __future__ import annotations
 
@@ -32,7 +36,12 @@ SECRET_WORDS = frozenset({"password", "passwd", "secret", "apikey", "credential"
 #: Words that make a name secret when they end it (``hf_token``, ``api_key``), not in ``pad_token_id``.
 SECRET_LAST_WORDS = frozenset({"token", "key", "auth", "cookie"})
 #: Credentials whose names the word rules above do not catch.
-KNOWN_SECRET_NAMES = frozenset({"MLFLOW_TRACKING_USERNAME", "DATABRICKS_USERNAME"})
+KNOWN_SECRET_NAMES = frozenset({"MLFLOW_TRACKING_USERNAME", "DATABRICKS_USERNAME", "AWS_ACCESS_KEY_ID",
+                                "GS_ACCESS_KEY_ID", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY"})
+#: Credentials recognised by their form in any text: AWS access key ids (long-term AKIA, temporary ASIA) and the
+#: signing parameters of presigned S3 (SigV4) and GCS (V4) URLs.
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
+_SIGNED_PARAM = re.compile(r"((?:X-Amz|X-Goog)-(?:Signature|Credential|Security-Token)=)[^&\s'\"]+", re.IGNORECASE)
 #: First words of tokenizer special-token names (``pad_token``, ``cls_token``...), never secrets.
 SPECIAL_TOKEN_WORDS = frozenset({"pad", "cls", "sep", "mask", "unk", "bos", "eos"})
 #: Environment values shorter than this are not scrubbed from text: a short value ("1", "true", "prod")
@@ -86,6 +95,7 @@ def scrub_text(text: str, values: Optional[list[str]] = None) -> str:
     for value in values:
         if value in text:
             text = text.replace(value, MASK)
+    text = _SIGNED_PARAM.sub(lambda m: m.group(1) + MASK, _AWS_KEY_ID.sub(MASK, text))
     return re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+", lambda m: strip_uri_userinfo(m.group(0)), text)
 
 

@@ -262,3 +262,36 @@ def test_override_sets_a_list_item_by_index_and_names_a_bad_index():
         load_config(QUICKSTART, ["data.train[3].paths=[x]"])
     with pytest.raises(ValueError, match=r"data.train\[0\].nope"):
         load_config(QUICKSTART, ["data.train[0].nope=1"])
+
+
+def test_a_source_may_be_a_plain_path_or_url_string():
+    """`data.train=[path]` (the override a user types first) and `data.train=[s3://...]` are sources; a local
+    path is resolved as the mapping form's is, a URL is kept as given."""
+    from albert_dist.config import load_config
+    from albert_dist.data.config import SourceConfig
+    from albert_dist.data.paths import resolve_path
+
+    cfg = load_config(None, ["data.train=[data/sample/wikitext-2-train-00.txt, s3://bucket/prepared/train]",
+                             "data.validation=gs://bucket/valid/*.jsonl.zst"])
+    assert cfg.data.train == [SourceConfig(paths=[str(resolve_path("data/sample/wikitext-2-train-00.txt"))]),
+                              SourceConfig(paths=["s3://bucket/prepared/train"])]
+    assert cfg.data.validation == [SourceConfig(paths=["gs://bucket/valid/*.jsonl.zst"])]
+    assert load_config(None, ["data.train[0]=s3://b/x"]).data.train == [SourceConfig(paths=["s3://b/x"])]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.train=[5]", "data.train[0]: expected a mapping of fields (a data source may also be a path or URL "
+                       "string), got int 5"),
+    ("data.train=[[a]]", "data.train[0]: expected a mapping of fields"),
+    ("data.train[0]=5", "data.train[0]: expected a mapping of fields"),
+    ("data.train=5", "data.train: expected a list of sources (mappings or path/URL strings), got int 5"),
+    ("data.train={a: 1}", "data.train: expected a list of sources"),
+    ("data.train=[{paths: 3}]", "data.train[0].paths: expected a list, got 3"),
+])
+def test_a_malformed_source_is_named_in_our_words(override, message):
+    from albert_dist.config import load_config
+
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+    assert "Invalid input" not in str(err.value) and "Config" not in str(err.value).replace("SourceConfig", "")

@@ -326,3 +326,26 @@ def test_a_zero_byte_input_is_a_counted_skip(tmp_path, caplog):
     assert manifest["skip_examples"] == [{"reason": "empty_file", "where": str(empty)}]
     assert [r.getMessage() for r in caplog.records if str(empty) in r.getMessage()] == [
         f"skipped a record (empty_file) at {empty}"]  # once
+
+
+def test_a_second_prepare_on_one_output_is_refused_naming_the_holder(tmp_path, capsys):
+    """While one prepare holds an output (its lock taken, as a live run holds it), another is exit 2 naming the
+    holder's pid, and the output and its work directory are untouched; once released, the prepare runs and its
+    manifest's sha256 match the shards on disk."""
+    import hashlib
+
+    src = _write(tmp_path / "in", DOCS, "jsonl", "")
+    out = tmp_path / "out"
+    holder = prep.OutputLock(tmp_path / f".out{prep.LOCK_SUFFIX}", str(out)).acquire()
+    try:
+        code = prepare_cli(["--input", str(src), "--output", str(out), "--tokenizer", "none", "--text-field",
+                            "content"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"pid {os.getpid()} on host" in err and str(out) in err, err
+        assert not out.exists() and not (tmp_path / f"out{prep.TMP_SUFFIX}").exists()
+    finally:
+        holder.release()
+    manifest = prep.prepare(_opts([src], out, tokenizer_path=None), "t")
+    for entry in manifest["files"]:
+        assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
+    assert _read_output(out) == EXPECTED

@@ -107,7 +107,7 @@ def test_damaged_compressed_file_is_a_logged_skip(tmp_path, caplog):
     assert [t for t in texts if t.startswith("good")] == good
     assert 0 < sum(t.startswith("bad") for t in texts) < 30000 and "lost document" not in texts
     assert sample.skipped["damaged"] == 2
-    assert any("bad.jsonl.gz" in r.getMessage() and "stopped reading" in r.getMessage() for r in caplog.records)
+    assert any("bad.jsonl.gz" in r.getMessage() and "skipped the rest of" in r.getMessage() for r in caplog.records)
     assert any("footer.parquet" in r.getMessage() and "not a readable parquet" in r.getMessage()
                for r in caplog.records)
 
@@ -118,3 +118,25 @@ def test_bad_budget_and_hub_source_are_clear_errors(tmp_path):
         ByteBudgetSample([SourceConfig(paths=[str(tmp_path / "a.txt")])], "tokenizer.input", 0)
     with pytest.raises(ValueError, match=r"tokenizer.input\[0\]: hub sources"):
         ByteBudgetSample([SourceConfig(paths=["org/ds"], format="hub")], "tokenizer.input", 10)
+
+
+def test_a_corrupt_parquet_row_group_loses_only_that_row_group(tmp_path, caplog):
+    """One damaged row group of four: the sample holds the other three groups' documents (exactly those: a
+    budget larger than the file takes all that is readable), as prepare and training skip just that group."""
+    import logging
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [f"document {i} " + "word " * (i % 7) for i in range(400)]
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=100, compression="none")
+    col = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    start = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    data = bytearray(path.read_bytes())
+    data[start:start + 24] = b"\xff" * 24  # the page header of row group 1 no longer parses
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        got = list(ByteBudgetSample([SourceConfig(paths=[str(path)])], "--input", 1 << 20))
+    assert got == [d.strip() for d in docs[:100] + docs[200:]]
+    assert any("row group 1 of" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)

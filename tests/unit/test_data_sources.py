@@ -294,3 +294,49 @@ def test_a_range_inside_a_long_record_reads_about_itself(separator):
 
     assert list(split_records(read, separator, start, end, max_bytes=1 << 30)) == []
     assert read_bytes <= (end - start) + (64 << 10), read_bytes  # the range and a read's overshoot, not 7 MiB
+
+
+def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path, caplog):
+    """A Spark export / HF snapshot: parquet shards with _SUCCESS, _committed_*, .crc, README.md, LICENSE and a
+    dotfile beside them read as the shards alone (an unknown suffix is still refused: it is not a side file)."""
+    import logging
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_dist.data.config import SourceConfig
+    from albert_dist.data.stream import iter_texts
+
+    docs = [f"document number {i}" for i in range(30)]
+    pq.write_table(pa.table({"text": docs[:15]}), tmp_path / "part-00000.parquet")
+    pq.write_table(pa.table({"text": docs[15:]}), tmp_path / "part-00001.parquet")
+    for name in ("_SUCCESS", "_committed_123", ".part-00000.parquet.crc", "README.md", "LICENSE", ".gitattributes"):
+        (tmp_path / name).write_text("not a corpus\n")
+    with caplog.at_level(logging.INFO, logger="albert_dist.data.paths"):
+        assert list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20)) == docs
+    lines = [r.getMessage() for r in caplog.records if "side file" in r.getMessage()]
+    assert len(lines) == 1 and "ignored 6 side file(s)" in lines[0] and "README.md" in lines[0]
+    (tmp_path / "notes.docx").write_text("x")
+    with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx"):
+        list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20))
+
+
+def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_file(tmp_path):
+    """The issue's case: a random-bytes .jsonl beside one good file on 2 ranks (no workers): one rank's slot
+    would hold only the random file's records. `albert-dist train`'s preflight refuses it naming the file; one
+    rank (its one slot reads the good file too) passes."""
+    import numpy as np
+
+    from albert_dist import train
+    from albert_dist.config import load_config
+
+    good = tmp_path / "a-good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(100)))  # 1 piece
+    bad = tmp_path / "b-random.jsonl"  # 3 pieces of 64 KiB: largest first, round robin -> slot 0 holds 2 of them
+    bad.write_bytes(np.random.default_rng(0).integers(0, 256, 3 * 65536, dtype=np.uint8).tobytes())
+    cfg = load_config(None, [f"data.train=[{tmp_path}]", "data.validation=[]", "data.num_workers=0",
+                             "data.shard_piece_bytes=1048576"])
+    train.check_inputs(cfg, world_size=1)
+    with pytest.raises(ValueError, match=r"data\.train\[0\]: slot 0 of 2 .* only unusable records from "
+                                         + re.escape(str(bad))):
+        train.check_inputs(cfg, world_size=2)

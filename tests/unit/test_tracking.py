@@ -511,3 +511,27 @@ def test_checkpoint_retention_draws_no_download_bars_into_the_log(tmp_path, monk
     kept = [a.path for a in MlflowClient(uri).list_artifacts(tracker.run_id, "checkpoints")]
     assert kept == ["checkpoints/step_2", "checkpoints/step_3"]
     assert "Downloading artifacts" not in capfd.readouterr().err
+
+
+def test_object_store_credentials_are_masked(monkeypatch):
+    """AWS/GCS credentials: by variable (AWS_ACCESS_KEY_ID, whose last word is "id", included), by form (an
+    access key id in any text; the signing parameters of presigned S3 and GCS URLs). Examples are AWS's and
+    Google's documented sample values."""
+    key_id, secret = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEXAMPLETOKEN")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GS_SECRET_ACCESS_KEY",
+                 "GS_ACCESS_KEY_ID"):
+        assert is_secret_name(name), name
+    assert not is_secret_name("AWS_ENDPOINT_URL") and not is_secret_name("AWS_DEFAULT_REGION")
+    text = (f"id=testing-key-id secret={secret} token=FwoGZXIvYXdzEXAMPLETOKEN other={key_id} "
+            f"https://b.s3.amazonaws.com/k?X-Amz-Credential={key_id}%2F20261202%2Fus-east-1&X-Amz-Signature=abc123 "
+            "https://storage.googleapis.com/b/o?X-Goog-Signature=deadbeef&X-Goog-Date=20261202 "
+            "endpoint http://127.0.0.1:9000")
+    out = scrub_text(text)
+    for leaked in ("testing-key-id", secret, "FwoGZXIvYXdzEXAMPLETOKEN", key_id, "abc123", "deadbeef"):
+        assert leaked not in out, leaked
+    assert "X-Goog-Date=20261202" in out and "endpoint http://127.0.0.1:9000" in out
+    assert redact({"env": {"AWS_ACCESS_KEY_ID": "x"}})["env"]["AWS_ACCESS_KEY_ID"] == MASK

@@ -1,0 +1,382 @@
+"""Object-store access for corpus files: fsspec URLs (``s3://``, ``gs://``, any fsspec protocol) beside local paths.
+
+Every data command takes a URL wherever it takes a local path (sources, ``tokenizer train --input``, ``data
+prepare --input/--output``, ``data plan``); the rest of the data library calls this module for what differs:
+
+* discovery (`expand`): a glob, a prefix ("directory") or one object, each object's size and version (ETag /
+  generation) taken from the listing and kept per process (`stat`), so planning 10,000 objects costs a few LIST
+  calls and no HEAD per object;
+* ranged reads (`RangedFile`): a byte range is fetched with one ranged GET per ``read`` (the readers size their
+  reads to their pieces: `albert_dist.data.files.split_records`), a compressed object is streamed in
+  `SEQUENTIAL_BLOCK_BYTES` blocks, and a parquet row group is read from its column chunk's byte range alone,
+  the footer parsed once per process (`parquet_metadata`). Nothing downloads a whole object a slot does not own;
+* counting (`COUNTERS`): ``bytes_requested`` (bytes the server sent), ``requests``, ``retries``; the readers add
+  ``bytes_used`` (bytes of the pieces they own); bench/object_store.py prints the ratio;
+* faults: a read that fails with a transient error (5xx/429 surfacing as OSError, a dropped connection, a
+  timeout) is retried `READ_ATTEMPTS` times with exponential backoff (a warning names the URL and the attempt)
+  from the same offset, so the stream continues where it was; a missing object, a denied one or missing
+  credentials is not retried and raises `StoreError` naming the URL.
+
+Credentials come from the filesystem's own chain (s3fs/botocore: the AWS_* environment, ~/.aws files, instance
+roles; gcsfs: google-auth's chain alone, `_options`); they are never logged. An unsigned (anonymous) request is
+made only when asked for, with fsspec's standard configuration (``FSSPEC_S3_ANON=true``, ``FSSPEC_GCS_TOKEN=anon``,
+or the same in ~/.config/fsspec/conf.json): without credentials a request fails with `StoreError`, it never
+falls back.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+#: attempts of one ranged read before the error is raised (the first try included)
+READ_ATTEMPTS = 5
+#: first backoff between attempts; doubled each time (0.25, 0.5, 1, 2 s: ~4 s before giving up)
+BACKOFF_S = 0.25
+#: a compressed object (one piece, read start to end) is fetched in blocks growing from the first to the largest
+#: size (doubling): a probe of its first records (the text-field check, planning) costs one small request, a
+#: full read few requests
+FIRST_SEQUENTIAL_BLOCK_BYTES = 256 << 10
+SEQUENTIAL_BLOCK_BYTES = 8 << 20
+#: bytes fetched from the end of a parquet object to find its footer (pyarrow's own first read; a larger footer,
+#: e.g. the ~120 KB of a `data prepare` shard of 128 row groups, costs one more request for the rest)
+FOOTER_SAMPLE_BYTES = 64 << 10
+
+#: process-wide counts (bytes_requested, requests, retries, bytes_used); a forked worker starts from the parent's
+COUNTERS: Counter = Counter()
+_LOCK = threading.Lock()
+#: url -> {"size": int, "version": str}, filled by listings (`expand`) and `stat`
+_STAT: dict[str, dict[str, Any]] = {}
+
+
+class StoreError(ValueError):
+    """A URL that cannot be read for a reason retrying does not fix: missing bucket/object, access denied,
+    missing credentials. A ValueError, so the commands report it as bad input (exit 2) naming the URL."""
+
+
+def is_url(path: str) -> bool:
+    """True for an fsspec URL with a protocol other than ``file://`` (``s3://b/k``, ``gs://b/k``, ``memory://x``)."""
+    return bool(_URL_RE.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """``file:///x`` -> ``/x``; anything else unchanged."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _options(protocol: str) -> dict[str, Any]:
+    """Storage options we set: for S3, no retries inside botocore (``total_max_attempts=1``; a user's fsspec
+    configuration of ``config_kwargs.retries`` still wins), and none inside s3fs (`filesystem`), so `call` is the
+    one retry layer: it retries from the same offset and warns with the attempt count, where theirs retry
+    silently. Everything else (credentials, endpoint, timeouts, ``anon``) is left to fsspec's configuration and the
+    library's own chain."""
+    import fsspec.config
+
+    if protocol in ("gs", "gcs"):
+        # gcsfs tries google-auth's chain and then falls back to anonymous requests without a word: ask for the
+        # chain alone, so missing credentials are an error; anonymous only when configured (FSSPEC_GCS_TOKEN=anon)
+        configured = any("token" in fsspec.config.conf.get(p, {}) for p in ("gs", "gcs"))
+        return {} if configured else {"token": "google_default"}
+    if protocol not in ("s3", "s3a"):
+        return {}
+    config_kwargs = dict(fsspec.config.conf.get(protocol, {}).get("config_kwargs") or {})
+    config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    return {"config_kwargs": config_kwargs}
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path inside it) of ``url``; instances are cached by fsspec (per process)."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(url, **_options(url.split("://", 1)[0].lower()))
+    except ImportError as err:
+        raise StoreError(f"{url}: the filesystem for this protocol is not installed ({err}); for gs:// install "
+                         "albert_dist[gcs]") from None
+    except Exception as err:  # noqa: BLE001 - credentials are resolved when the filesystem is made (gcsfs)
+        raise StoreError(_describe(url, err)) from None
+    if hasattr(fs, "retries") and type(fs).__module__.startswith("s3fs"):
+        fs.retries = 1  # s3fs's own retry loop (a class attribute, 5): one attempt, `call` retries
+    return fs, path
+
+
+def _count(**kw: int) -> None:
+    with _LOCK:
+        COUNTERS.update(kw)
+
+
+def _describe(url: str, err: BaseException) -> str:
+    """One line for a non-transient error, without the library's object dumps."""
+    name = type(err).__name__
+    text = " ".join(str(err).split())
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+        return (f"{url}: no credentials found for the object store ({text}); set AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY (or a profile, an instance role), or FSSPEC_S3_ANON=true for a public bucket")
+    if name in ("DefaultCredentialsError", "RefreshError"):
+        return (f"{url}: no credentials found for the object store ({text[:200]}); set "
+                "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login, a service account), "
+                "or FSSPEC_GCS_TOKEN=anon for a public bucket")
+    if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return f"{url}: access denied ({name})"
+    if isinstance(err, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
+        return f"{url}: does not exist ({'no such bucket' if 'NoSuchBucket' in text else 'no such object'})"
+    return f"{url}: {name}: {text}"
+
+
+def _fatal(err: BaseException) -> bool:
+    """Errors retrying cannot fix (the others: 5xx, 429 throttling, dropped connections, timeouts)."""
+    name = type(err).__name__
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, TypeError,
+                        AttributeError, NotImplementedError)):  # the last three: a bug, not the store
+        return True
+    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ParamValidationError",
+                "DefaultCredentialsError", "RefreshError"):
+        return True
+    # s3fs turns most S3 error codes into FileNotFoundError/PermissionError; these are the ones it may not (error
+    # codes only: a number would match byte counts in a message)
+    text = str(err)
+    return any(code in text for code in ("AccessDenied", "NoSuchBucket", "NoSuchKey", "InvalidAccessKeyId",
+                                         "SignatureDoesNotMatch", "InvalidBucketName"))
+
+
+def call(url: str, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` retried on transient errors (`READ_ATTEMPTS`, backoff from `BACKOFF_S`); raises
+    `StoreError` for a fatal error or when the attempts run out. ``what`` names the operation in warnings."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - sorted into fatal / transient below
+            if _fatal(err):
+                raise StoreError(_describe(url, err)) from None
+            if attempt == READ_ATTEMPTS:
+                raise StoreError(f"{url}: {what} failed {attempt} times, giving up: {_describe(url, err)}") from None
+            delay = BACKOFF_S * 2 ** (attempt - 1)
+            _count(retries=1)
+            logger.warning("%s: %s failed (attempt %d of %d: %s: %s); retrying in %.2f s", url, what, attempt,
+                           READ_ATTEMPTS, type(err).__name__, " ".join(str(err).split())[:200], delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _remember(fs, info: dict) -> str:
+    url = fs.unstrip_protocol(info["name"])
+    version = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("LastModified") or ""
+    _STAT[url] = {"size": int(info.get("size") or 0), "version": str(version)}
+    return url
+
+
+def stat(path: str) -> dict[str, Any]:
+    """``{"size": bytes, "version": str}`` of a local file (version = mtime_ns) or an object (its ETag or
+    generation, from the listing when `expand` found it). Raises `StoreError` / OSError for a missing one."""
+    if not is_url(path):
+        st = os.stat(local_path(path))
+        return {"size": st.st_size, "version": str(st.st_mtime_ns)}
+    if path not in _STAT:
+        fs, inner = filesystem(path)
+        _remember(fs, call(path, "stat", fs.info, inner))
+    return _STAT[path]
+
+
+def file_size(path: str) -> int:
+    """Bytes of a local file or an object (`stat`)."""
+    return stat(path)["size"]
+
+
+def expand(raw: str) -> tuple[str, list[str]]:
+    """What a source path names: ``("glob" | "dir" | "file" | "missing", sorted URLs of its objects)``.
+
+    A prefix is a "directory" (every object under it, recursively). Raises `StoreError` naming the URL for a
+    missing bucket, denied access or missing credentials (a missing object is "missing", the caller words it).
+    """
+    fs, inner = filesystem(raw)
+    if any(ch in inner for ch in "*?["):
+        found = call(raw, "list", fs.glob, inner, detail=True)
+        if not found and "/" in inner.strip("/"):  # a glob in a missing bucket matches nothing: say which
+            _check_root(fs, raw, inner)
+        return "glob", sorted(_remember(fs, info) for info in found.values() if info.get("type") != "directory")
+    try:
+        info = call(raw, "stat", fs.info, inner)
+    except StoreError as err:
+        if "does not exist (no such object)" in str(err):
+            _check_root(fs, raw, inner)
+            return "missing", []
+        raise
+    if info.get("type") == "directory":
+        found = call(raw, "list", fs.find, inner, detail=True)
+        return "dir", sorted(_remember(fs, i) for i in found.values() if i.get("type") != "directory")
+    return "file", [_remember(fs, info)]
+
+
+def _check_root(fs, raw: str, inner: str) -> None:
+    """Raise `StoreError` when the bucket (first path component) of ``raw`` does not exist or is denied."""
+    bucket = inner.strip("/").split("/", 1)[0]
+    try:
+        fs.ls(bucket, detail=False)
+    except Exception as err:  # noqa: BLE001 - sorted by `_describe`
+        if isinstance(err, FileNotFoundError):
+            raise StoreError(f"{raw}: bucket {bucket!r} does not exist") from None
+        if _fatal(err):
+            raise StoreError(_describe(raw, err)) from None
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over an object: each ``read(n)`` is one ranged GET of ``n`` bytes (or, with
+    ``block_bytes``, served from a read-ahead block of that size), retried from the same offset (`call`).
+
+    ``parts``: byte ranges already fetched, ``{(start, end): bytes}`` (a parquet footer and column chunks),
+    served without a request. Counts ``bytes_requested`` and ``requests`` in `COUNTERS`.
+    """
+
+    def __init__(self, url: str, offset: int = 0, block_bytes: int = 0,
+                 parts: Optional[dict[tuple[int, int], bytes]] = None) -> None:
+        super().__init__()
+        self.url = url
+        self.size = file_size(url)
+        self._fs, self._inner = filesystem(url)
+        self._pos = offset
+        self._block_bytes = block_bytes
+        self._block_at, self._block = 0, b""
+        self._parts = dict(parts or {})
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def fetch(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object: one ranged GET, retried; counted."""
+        end = min(end, self.size)
+        if end <= start:
+            return b""
+        data = call(self.url, f"read of bytes {start}-{end}", self._fs.cat_file, self._inner, start=start, end=end)
+        _count(bytes_requested=len(data), requests=1)
+        return data
+
+    def _from_parts(self, start: int, n: int) -> Optional[bytes]:
+        for (a, b), data in self._parts.items():
+            if a <= start and start + n <= b:
+                return data[start - a:start - a + n]
+        return None
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.size - self._pos
+        n = min(n, max(0, self.size - self._pos))
+        if n == 0:
+            return b""
+        data = self._from_parts(self._pos, n)
+        if data is None and self._block_bytes:
+            if not (self._block_at <= self._pos and self._pos + n <= self._block_at + len(self._block)):
+                self._block_at = self._pos
+                self._block = self.fetch(self._pos, self._pos + max(n, self._block_bytes))
+                self._block_bytes = min(SEQUENTIAL_BLOCK_BYTES, 2 * self._block_bytes)
+            data = self._block[self._pos - self._block_at:self._pos - self._block_at + n]
+        elif data is None:
+            data = self.fetch(self._pos, self._pos + n)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
+def open_input(path: str, offset: int = 0, sequential: bool = False):
+    """A binary file positioned at ``offset``: a local file (unbuffered) or a `RangedFile` (``sequential``: read
+    ahead in blocks from `FIRST_SEQUENTIAL_BLOCK_BYTES` doubling to `SEQUENTIAL_BLOCK_BYTES`, for a compressed
+    object read start to end)."""
+    if not is_url(path):
+        f = open(local_path(path), "rb", buffering=0)
+        f.seek(offset)
+        return f
+    return RangedFile(path, offset, FIRST_SEQUENTIAL_BLOCK_BYTES if sequential else 0)
+
+
+def parquet_metadata(url: str, size: int):
+    """pyarrow FileMetaData of a parquet object from its footer alone (one ranged GET of the last
+    `FOOTER_SAMPLE_BYTES`, a second one when the footer is larger). Raises what pyarrow raises for a damaged
+    footer, `StoreError` for an unreadable object."""
+    import pyarrow.parquet as pq
+
+    f = RangedFile(url)
+    tail_at = max(0, size - FOOTER_SAMPLE_BYTES)
+    tail = f.fetch(tail_at, size)
+    if len(tail) >= 8 and tail[-4:] == b"PAR1":
+        footer = int.from_bytes(tail[-8:-4], "little") + 8
+        if footer > len(tail) and footer <= size:
+            tail_at = size - footer
+            tail = f.fetch(tail_at, size - len(tail)) + tail
+    f._parts[(tail_at, size)] = tail
+    return pq.read_metadata(f)
+
+
+def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str]) -> RangedFile:
+    """A `RangedFile` over a parquet object holding the byte ranges of ``columns``' chunks in ``row_group``,
+    each fetched with one ranged GET (what `fsspec.parquet.open_parquet_file` does, without re-reading the
+    footer per row group: the metadata comes from the per-process cache). Open it with
+    ``pq.ParquetFile(f, metadata=metadata)``; any other byte pyarrow asks for is fetched (and counted) on demand."""
+    f = RangedFile(url)
+    group = metadata.row_group(row_group)
+    for j in range(group.num_columns):
+        col = group.column(j)
+        if columns and col.path_in_schema not in columns and col.path_in_schema.split(".")[0] not in columns:
+            continue
+        offsets = [col.data_page_offset, col.dictionary_page_offset if col.has_dictionary_page else None]
+        start = min(o for o in offsets if o is not None)
+        end = start + col.total_compressed_size
+        f._parts[(start, end)] = f.fetch(start, end)
+    return f
+
+
+def join(folder: str, name: str) -> str:
+    """``folder/name`` for a local path or a URL (no os.path normalisation, which would fold ``s3://``)."""
+    return folder.rstrip("/") + "/" + name if is_url(folder) else os.path.join(folder, name)
+
+
+def common_folder(paths: list[str]) -> str:
+    """The deepest folder holding every one of ``paths`` (local paths or URLs of one protocol)."""
+    if not is_url(paths[0]):
+        return os.path.commonpath([os.path.dirname(p) for p in paths])
+    proto = paths[0].split("://", 1)[0]
+    return proto + "://" + os.path.commonpath([os.path.dirname(p.split("://", 1)[1]) for p in paths])
+
+
+def read_text(path: str) -> Optional[str]:
+    """The text of a local file or an object, or None when it does not exist. Raises `StoreError` (denied,
+    no credentials) and OSError as the filesystem does."""
+    if not is_url(path):
+        try:
+            with open(local_path(path), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+    fs, inner = filesystem(path)
+    try:
+        data = call(path, "read", fs.cat_file, inner)
+    except StoreError as err:
+        if "does not exist" in str(err):
+            return None
+        raise
+    _count(bytes_requested=len(data), requests=1)
+    return data.decode("utf-8")

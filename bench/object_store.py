@@ -1,0 +1,150 @@
+"""A corpus in S3 against the same corpus on local disk (issue 26): bytes requested / bytes used, and throughput.
+
+    python bench/object_store.py                 # 40 MB of .jsonl.zst text (the suite's size; ~1-2 min on 2 cores)
+    python bench/object_store.py --mb 160        # a larger corpus
+
+One run, one corpus: a .jsonl.zst corpus (bench/data_scale.py's generator: real WikiText paragraphs) is
+uploaded to a real S3 HTTP server on localhost (moto's, in its own process: tests/fixtures/s3_server.py), then
+``albert-dist data prepare`` reads it from ``s3://raw/`` and writes ``s3://prepared/`` (sized for 64 x 8 = 512
+slots), and the same prepare runs locally. For 64 and 512 slots, every slot's share of the prepared pieces
+(the loader's own plan: ``plan_source`` + ``slot_shares``) is read once from the bucket and once from local
+disk, in this process, one slot after the other:
+
+* ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.store's
+  counters) over the bytes of the pieces they own (the row groups' text column chunks, what the plan says a
+  slot reads). Footers are parsed by planning, once per rank (shown apart: ``footer_bytes_per_rank``; each rank
+  of a job plans the whole source once and its loader workers inherit the parsed footers);
+* ``s3_over_local_throughput``: documents per second over the bucket / over local disk, both from a cold start
+  of the read (each repeat plans afresh; the page cache holds the local files, so the ratio is the cost of HTTP
+  requests on a local server, not of a network);
+* ``prepare``: the s3 -> s3 and local -> local prepare wall seconds and their ratio, and whether the shards are
+  byte-identical (sha256 in both manifests).
+
+Localhost has no network latency: on a real bucket the per-request latency (10-50 ms to S3) adds to each of a
+slot's ``requests``; the counts are printed so that cost can be estimated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(BENCH_DIR.parent / "tests"))  # the S3 server the tests start (tests/fixtures/s3_server.py)
+
+SLOT_COUNTS = (64, 512)
+TARGET_RANKS, TARGET_WORKERS = 64, 8
+
+
+def _read_slots(source, slots: int) -> dict:
+    """Every slot's share read once; bytes used (the pieces' nbytes), documents, seconds, requests."""
+    from albert_dist.data import store
+    from albert_dist.data.files import read_piece
+    from albert_dist.data.paths import slot_shares
+    from albert_dist.data.stream import plan_source
+
+    t_plan = time.perf_counter()
+    before = dict(store.COUNTERS)
+    pieces = plan_source(source, "bench", 4 << 20, slots)
+    footer = store.COUNTERS["bytes_requested"] - before.get("bytes_requested", 0)
+    plan_s = time.perf_counter() - t_plan
+    start = dict(store.COUNTERS)
+    used = docs = 0
+    t0 = time.perf_counter()
+    for slot in range(slots):
+        for i, k, j in slot_shares(len(pieces), slots, slot):
+            used += pieces[i]["nbytes"]
+            docs += sum(1 for r in read_piece(pieces[i], "text", "blank_line", 4 << 20, (k, j)) if not r["skip"])
+    seconds = time.perf_counter() - t0
+    return {"pieces": len(pieces), "bytes_used": used, "documents": docs, "read_s": round(seconds, 3),
+            "plan_s": round(plan_s, 3), "footer_bytes_per_rank": footer,
+            "bytes_requested": store.COUNTERS["bytes_requested"] - start.get("bytes_requested", 0),
+            "requests": store.COUNTERS["requests"] - start.get("requests", 0)}
+
+
+def _reset_caches() -> None:
+    from fixtures.s3_server import _clear_fsspec
+
+    _clear_fsspec()
+
+
+def run(repeats: int = 1, mb: int = 40) -> dict:
+    """The figures of the module docstring; ``repeats`` reads of each slot count (ratios per repeat)."""
+    import data_scale
+    from fixtures.s3_server import S3Server
+
+    from albert_dist.data import prepare as prep
+    from albert_dist.data.config import SourceConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
+    server = S3Server(process=True)  # its own process: the reader does not share our interpreter lock with it
+    os.environ.update(server.env())
+    os.environ["ALBERT_DIST_PREPARE_TMP"] = str(work / "prepare-tmp")
+    try:
+        raw = work / "raw"
+        data_scale.make_corpus(raw, mb << 20, files=8, kind="jsonl", compression=".zst")
+        server.bucket("raw")
+        server.bucket("prepared")
+        server.upload(raw, "s3://raw/corpus")
+        _reset_caches()
+
+        def opts(src: str, out: str) -> prep.PrepareOptions:
+            return prep.PrepareOptions(sources=[SourceConfig(paths=[src])], output=out, tokenizer_path=None,
+                                       target_ranks=TARGET_RANKS, target_loader_workers=TARGET_WORKERS,
+                                       progress=False)
+
+        t0 = time.perf_counter()
+        local_manifest = prep.prepare(opts(str(raw), str(work / "prepared")), "bench local")
+        local_prepare_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        s3_manifest = prep.prepare(opts("s3://raw/corpus", "s3://prepared/corpus"), "bench s3")
+        s3_prepare_s = time.perf_counter() - t0
+        identical = ([e["sha256"] for e in local_manifest["files"]] == [e["sha256"] for e in s3_manifest["files"]])
+        result: dict = {"corpus_mb": mb, "text_bytes": s3_manifest["bytes"], "row_groups": s3_manifest["row_groups"],
+                        "shards": s3_manifest["num_shards"],
+                        "prepare": {"local_s": round(local_prepare_s, 2), "s3_s": round(s3_prepare_s, 2),
+                                    "s3_over_local_s": round(s3_prepare_s / local_prepare_s, 3),
+                                    "identical_shards": identical}}
+        for slots in SLOT_COUNTS:
+            ratios, amplification, rows = [], [], []
+            for _ in range(repeats):
+                _reset_caches()
+                s3 = _read_slots(SourceConfig(paths=["s3://prepared/corpus"]), slots)
+                local = _read_slots(SourceConfig(paths=[str(work / "prepared")]), slots)
+                assert s3["documents"] == local["documents"], (s3, local)
+                amplification.append(round(s3["bytes_requested"] / s3["bytes_used"], 4))
+                ratios.append(round((s3["documents"] / s3["read_s"]) / (local["documents"] / local["read_s"]), 3))
+                rows.append({"s3": s3, "local": {k: local[k] for k in ("read_s", "plan_s", "documents")}})
+            result[f"slots_{slots}"] = {"bytes_requested_over_used": amplification,
+                                        "s3_over_local_throughput": ratios, "detail": rows}
+        return result
+    finally:
+        server.stop()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=int, default=40, help="MB of text in the generated corpus")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    result = run(args.repeats, args.mb)
+    print(json.dumps(result, indent=2))
+    print(f"\nprepare s3->s3 / local: {result['prepare']['s3_over_local_s']}x the wall time "
+          f"(identical shards: {result['prepare']['identical_shards']})")
+    for slots in SLOT_COUNTS:
+        r = result[f"slots_{slots}"]
+        print(f"{slots:4d} slots: bytes requested / bytes used {r['bytes_requested_over_used']}, "
+              f"S3 / local-disk throughput {r['s3_over_local_throughput']}, footers per rank "
+              f"{r['detail'][0]['s3']['footer_bytes_per_rank'] / 2**10:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
