@@ -1,4 +1,5 @@
-"""`albert-dist train`: the app's main (arguments, preflight checks, exit codes, try/finally around the job).
+"""`albert-dist train`: the app's main (preflight checks, exit codes, try/finally around the job; the arguments are
+`albert_dist.cli.train`'s).
 
     albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
 
@@ -21,7 +22,6 @@ by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a reque
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -49,27 +49,13 @@ logger = logging.getLogger(__name__)
 _REFUSED = (ValueError, FileNotFoundError, ckpt.CheckpointError)
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="albert-dist train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
-    parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
-                             "PATH: a checkpoint directory or step_<N> directory")
-    parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
-                        help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
-                             "keep logging into the same run (albert_dist.tracking)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
-    return parser.parse_intermixed_args(list(argv))
-
-
-def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist train` (the app's main); returns the exit code (see the module docstring)
-    and never exits: the one place where exceptions become exit codes, and where the job is closed (tracker
-    ended with FINISHED/KILLED/FAILED, loader workers stopped, process group destroyed) whatever happens."""
-    args = _parse_args(argv)
-    overrides = list(args.overrides)
-    if args.resume is not None:
-        overrides.append(f"checkpoint.resume={args.resume}")
+def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] = None) -> int:
+    """The app's main (`albert-dist train`; its front end is `albert_dist.cli.train`): train the recipe at
+    `config` with dotted `overrides` (``checkpoint.resume=auto`` for ``--resume auto``), or continue the MLflow
+    run `resume_from`. Returns the exit code (see the module docstring) and never exits: the one place where
+    exceptions become exit codes, and where the job is closed (tracker ended with FINISHED/KILLED/FAILED,
+    loader workers stopped, process group destroyed) whatever happens."""
+    overrides = list(overrides)
     trainer: Optional[Trainer] = None
     locks: list[RunDirLock] = []
     status = "FAILED"
@@ -87,11 +73,11 @@ def cli(argv: Sequence[str]) -> int:
         store = open_store(env)
         error: Optional[Exception] = None
         try:
-            cfg = load_config(args.config, overrides)
+            cfg = load_config(config, overrides)
             check_inputs(cfg)
-            if args.resume_from is not None:
-                check_resume_from(args.resume_from, cfg)
-            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
+            if resume_from is not None:
+                check_resume_from(resume_from, cfg)
+            trainer = Trainer(cfg, recipe_name=Path(config).stem, resume_from=resume_from, store=store,
                               stop=stop)
             # the memory line; a ValueError (exit 2) on a GPU the estimate exceeds, before any process group
             memory.preflight(cfg, env.world_size, env.local_rank, log=env.rank == 0)
@@ -151,12 +137,12 @@ def cli(argv: Sequence[str]) -> int:
 
 
 def end_process(code: int) -> None:
-    """After `cli` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
+    """After `main` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
     finalization (`albert_dist.engine.stop.end_rank`: a finished rank could abort in the teardown of gloo's
     and DeepSpeed's C++ objects); a single process returns, so an in-process caller keeps its interpreter."""
     try:
         multi_rank = discover().world_size > 1
-    except ValueError:  # no consistent job environment: cli already said so; nothing to end early
+    except ValueError:  # no consistent job environment: main already said so; nothing to end early
         return
     if multi_rank:
         end_rank(code)
@@ -236,5 +222,5 @@ def check_inputs(cfg: TrainConfig) -> None:
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
 
 
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
-           "check_resume_from", "cli", "end_process", "lock_run_dirs"]
+__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
+           "check_resume_from", "end_process", "lock_run_dirs"]

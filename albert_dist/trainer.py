@@ -62,7 +62,7 @@ seed_for = ckpt.seed_for
 class Trainer:
     """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
-    `albert_dist.train.cli` (the app's main) drives them and turns exceptions into exit codes.
+    `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
     `__init__` (no process group, no files written): the world-size arithmetic (`check_derived`), the DeepSpeed
     config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`ckpt.resume_plan`: the

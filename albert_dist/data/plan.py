@@ -2,7 +2,7 @@
 
     albert-dist data plan --config configs/pretrain/<recipe>.yaml --ranks 1024 [--workers 8] [key=value ...] [--json]
 
-The command line (the recipe, exit codes) is the app's, `albert_dist.data_cli.plan_cli`; this module is the
+The command line (the recipe, exit codes) is the app's, `albert_dist.cli.data`; this module is the
 work: `plan_data(DataConfig, ranks, workers)` and `format_plan`.
 
 No process group and no reading beyond metadata: file sizes and parquet footers (`albert_dist.data.paths.

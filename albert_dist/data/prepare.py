@@ -3,7 +3,7 @@
     albert-dist data prepare --input '/corpora/pile/*.jsonl.zst' [--input more/ ...] --output /data/pile-prepared
     albert-dist data prepare --config configs/pretrain/<recipe>.yaml --output DIR   (the recipe's data.train)
 
-The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.data_cli`; this module is the
+The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.cli.data`; this module is the
 work, `prepare(PrepareOptions(...), command)`.
 
 Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files

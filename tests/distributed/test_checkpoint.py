@@ -311,7 +311,8 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
     from safetensors import safe_open
 
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.export import cli as export_cli, load_config as load_model_config, load_state_dict
+    from albert_dist.cli import main
+    from albert_dist.export import load_config as load_model_config, load_state_dict
 
     run_dir, dump = tmp_path / "run", tmp_path / "live.pt"
     run_ok(2, config, run_dir, ["--dump", str(dump), "--dump-at-end"],
@@ -332,7 +333,7 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
         fp32 = tmp_path / f"fp32.{fmt}"
         for source, out in ((step_2, tmp_path / f"hf_ds_{fmt}"), (fp32, tmp_path / f"hf_{fmt}")):
             args = [str(source), "--config", str(run_dir / "config.yaml"), "--output", str(out)]
-            assert export_cli(args + (["--fp32", str(fp32)] if source == step_2 else [])) == 0
+            assert main(["export", *args, *(["--fp32", str(fp32)] if source == step_2 else [])]) == 0
             hf, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
             assert not info["missing_keys"] and not info["unexpected_keys"], (fmt, info)
             hf.eval()
@@ -397,11 +398,11 @@ def test_export_of_a_run_directory_needs_neither_config_nor_tokenizer(reference,
     """`albert-dist export RUN_DIR`: the newest verified checkpoint (step_8), its config from albert_dist.json, the
     run's tokenizer; transformers loads the result with the run's final weights."""
     transformers = pytest.importorskip("transformers")
-    from albert_dist.export import cli as export_cli
+    from albert_dist.cli import main
 
     ref_dir, _, ref = reference
     out = tmp_path / "hf"
-    assert export_cli([str(ref_dir), "--output", str(out)]) == 0
+    assert main(["export", str(ref_dir), "--output", str(out)]) == 0
     assert (out / "spiece.model").read_bytes() == (REPO / "data/sample/spiece.model").read_bytes()
     hf = transformers.AlbertForPreTraining.from_pretrained(out)
     name = "albert.embeddings.word_embeddings.weight"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env
 
-from albert_dist import train
+from albert_dist import cli, train
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import plan_pieces
@@ -60,14 +60,14 @@ def test_missing_parquet_column_is_named(tmp_path):
 
 def test_train_refuses_a_missing_text_field_with_exit_2(tmp_path, capsys, no_process_group):
     bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b"}])
-    code = train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{bad}]}}]"])
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{bad}]}}]"])
     err = capsys.readouterr().err
     assert code == 2 and "data.train[0].text_field='text' is not a key" in err and "['content']" in err
 
 
 def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, capsys, no_process_group):
     missing = tmp_path / "nope.model"
-    assert train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
     err = capsys.readouterr().err
     assert err == f"albert-dist train: data.tokenizer_path: tokenizer {str(missing)!r} is not a file\n"
 
@@ -75,7 +75,7 @@ def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, caps
 def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_process_group):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text("model:\n  hidden_size: 32\ndata:\n  train: [{paths: [a.txt]}\n  max_seq_length: 64\n")
-    assert train.cli(["--config", str(recipe)]) == 2
+    assert cli.main(["train", "--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"albert-dist train: {recipe}:5:") and "not valid YAML" in err
     assert "line 4" in err and "Traceback" not in err

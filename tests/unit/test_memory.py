@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers import load_bench
 
+from albert_dist import cli
 from albert_dist import train as train_app
 from albert_dist.config import load_config
 from albert_dist.engine import distributed, memory
@@ -189,7 +190,7 @@ def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, caps
     monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
     monkeypatch.setattr(train_app.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
     monkeypatch.setattr(memory, "device_memory", lambda local_rank: ("GPU 0 (fake 1 GiB)", 2**30))
-    code = train_app.cli(["--config", RECIPE, "tracking.enabled=false", "engine.train_micro_batch_size_per_gpu=256"])
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", "engine.train_micro_batch_size_per_gpu=256"])
     err = capsys.readouterr().err
     assert code == train_app.EXIT_CONFIG_ERROR, err
     assert err.startswith("albert-dist train: memory per device (estimate)") and "GPU 0 (fake 1 GiB)" in err

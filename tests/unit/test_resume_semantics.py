@@ -19,6 +19,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 from omegaconf import OmegaConf
 
+from albert_dist import cli
 from albert_dist import train
 from albert_dist.config import TrainConfig, config_hash, load_config, resume_rules, resume_table_markdown, to_container
 from albert_dist.data.config import DataConfig
@@ -192,7 +193,7 @@ def test_a_zero_stage_change_is_exit_2_before_any_process_group_naming_the_field
     monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
     args = ["--config", RECIPE, "tracking.enabled=false"]
     point = write_checkpoint(tmp_path / "checkpoints", to_container(load_config(RECIPE, args[2:])), world_size=1)
-    assert train.cli([*args, "--resume", str(point), "engine.zero_stage=3"]) == train.EXIT_CONFIG_ERROR
+    assert cli.main(["train", *args, "--resume", str(point), "engine.zero_stage=3"]) == train.EXIT_CONFIG_ERROR
     err = capsys.readouterr().err
     assert err.startswith(f"albert-dist train: checkpoint {point} has engine.zero_stage=2, the config has "
                           f"engine.zero_stage=3") and "DeepSpeed 0.19.8 loads no checkpoint" in err
