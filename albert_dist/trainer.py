@@ -44,7 +44,7 @@ from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
-from albert_dist.engine.reshard import ReshardedLoader
+from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
@@ -185,7 +185,7 @@ class Trainer:
         return engine
 
     def _build_loader(self, base_rank: int, base_world: int) -> Any:
-        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.reshard`)."""
+        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`)."""
         loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
                                     base_world)
         # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's

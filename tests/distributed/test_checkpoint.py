@@ -4,7 +4,7 @@
   checkpoint; `--resume auto` loads it and the loss trajectory equals the uninterrupted run's, step for step.
 * 2 -> 1 and 2 -> 4 ranks through DeepSpeed's universal checkpoint: fp32 parameters and both Adam moments equal
   those of the 2-rank run (gathered by DeepSpeed's safe_get_full_* on each side); training continues and the
-  data loaders follow albert_dist.engine.reshard (no repeats: tested batch for batch in tests/unit/test_reshard).
+  data loaders follow albert_dist.engine.checkpoint.reshard (no repeats: tested batch for batch in tests/unit/test_reshard).
 * SIGUSR1 on one rank: all ranks stop after the same step, checkpoint it, and exit with EXIT_PREEMPTED.
 The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run through the real launcher.
 """
@@ -23,7 +23,7 @@ import torch
 from helpers import clean_env, read_metrics, run_cli
 
 from albert_dist.engine import checkpoint as ckpt
-from albert_dist.engine.reshard import RESHARDED_KEY
+from albert_dist.engine.checkpoint.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
 from fixtures.ranks import CONFIG, Job, run_ok
 

@@ -57,7 +57,7 @@ DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), 
 `checkpoint.load_universal=true` (`CheckpointManager.resume` passes it to the engine factory), which re-partitions parameters
 and optimiser moments for the new world size. The converter needs the module to carry a
 `universal_checkpoint_info` attribute when the engine is built (`UNIVERSAL_CHECKPOINT_INFO`). The data streams
-continue by the rule of `albert_dist.engine.reshard`; dropout RNGs are re-seeded from (seed, rank, step),
+continue by the rule of `albert_dist.engine.checkpoint.reshard`; dropout RNGs are re-seeded from (seed, rank, step),
 since the old ranks' RNG streams cannot be split or merged.
 
 Learning rate after a resume: the schedule is a function of the step and the *current* config, so after

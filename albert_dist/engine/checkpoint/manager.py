@@ -12,7 +12,7 @@ from albert_dist.engine.checkpoint.resume import ResumePlan, Resumed
 from albert_dist.engine.checkpoint.retention import prune
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
-from albert_dist.engine.reshard import LoaderFactory, build_resumed_loader
+from albert_dist.engine.checkpoint.reshard import LoaderFactory, build_resumed_loader
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class CheckpointManager:
             build_engine: `overrides -> DeepSpeedEngine`; merges `overrides` into the DeepSpeed config
                 (`{"checkpoint": {"load_universal": True}}` when the checkpoint must be re-partitioned: another
                 number of ranks or ZeRO stage) and initialises the engine.
-            build_loader: `(rank, world_size) -> loader` of that rank's stream (`albert_dist.engine.reshard`
+            build_loader: `(rank, world_size) -> loader` of that rank's stream (`albert_dist.engine.checkpoint.reshard`
                 calls it for the old ranks' streams on another number of ranks).
             fetch: `fetch(ckpt_dir) -> ResumePlan` (collective), run first, puts a checkpoint into `ckpt_dir` (an
                 MLflow run's newest complete one, `--resume-from`) and plans its resume (`resume_plan("auto",
