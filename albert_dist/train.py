@@ -32,7 +32,9 @@ from albert_dist.config import TrainConfig, load_config
 from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import discover_files
 from albert_dist.data.tokenizer import load_tokenizer
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.drift import ConfigDriftError
+from albert_dist.engine.checkpoint.layout import CheckpointError
+from albert_dist.engine.checkpoint.save import CheckpointSaveError
 from albert_dist.engine import memory
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.engine.rendezvous import agree, open_store
@@ -46,7 +48,7 @@ from albert_dist.trainer import Trainer
 logger = logging.getLogger(__name__)
 
 #: What a refused job raises: before the process group these are exit code 2 with one line.
-_REFUSED = (ValueError, FileNotFoundError, ckpt.CheckpointError)
+_REFUSED = (ValueError, FileNotFoundError, CheckpointError)
 
 
 def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] = None) -> int:
@@ -99,7 +101,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
-    except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+    except CheckpointSaveError as err:  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
@@ -107,7 +109,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         if trainer is None or not trainer.started:  # refused before any process group: nothing ran
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
-        if isinstance(err, ckpt.ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+        if isinstance(err, ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
             exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR
@@ -196,7 +198,7 @@ def check_inputs(cfg: TrainConfig) -> None:
     `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`).
+    The checkpoint to resume is checked when the `Trainer` is built (`resume.resume_plan`).
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,

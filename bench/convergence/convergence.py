@@ -278,7 +278,7 @@ def train_peer(cfg, steps: int, curve_every: int, scoring: dict[str, Any],
     from transformers import DataCollatorForLanguageModeling
 
     from albert_dist.engine.optim import build_optimizer, build_scheduler
-    from albert_dist.engine.checkpoint import seed_all
+    from albert_dist.engine.checkpoint.state import seed_all
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.hf import to_transformers
 

@@ -24,7 +24,9 @@ from albert_dist import train
 from albert_dist.config import TrainConfig, config_hash, load_config, resume_rules, resume_table_markdown, to_container
 from albert_dist.data.config import DataConfig
 from albert_dist.data.loader import FINGERPRINT_FIELDS, PretrainingStream
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.drift import ConfigDriftError
+from albert_dist.engine.checkpoint.layout import META_FILE
+from albert_dist.engine.checkpoint.resume import resume_plan
 from albert_dist.engine import distributed
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, RULES, flatten
 
@@ -127,7 +129,7 @@ def write_checkpoint(ckpt_dir: Path, config: dict, step: int = 8, world_size: in
         (tag_dir / name).write_bytes(b"x" * size)
     meta = {"format": 2, "step": step, "world_size": world_size, "zero_stage": config["engine"]["zero_stage"],
             "config_hash": "h", "config": config, "files": files}
-    (tag_dir / ckpt.META_FILE).write_text(json.dumps(meta))
+    (tag_dir / META_FILE).write_text(json.dumps(meta))
     return tag_dir
 
 
@@ -153,12 +155,12 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
     world = WORLD.get(key, 2)
     with caplog.at_level(logging.WARNING):
         if rule == REFUSE:
-            with pytest.raises(ckpt.ConfigDriftError) as err:
-                ckpt.resume_plan(str(point_dir), None, changed, world, TABLE)
+            with pytest.raises(ConfigDriftError) as err:
+                resume_plan(str(point_dir), None, changed, world, TABLE)
             assert f"has {key}={old!r}, the config has {key}={flatten(changed)[key]!r}" in str(err.value)
             assert (note in str(err.value)) if note else True
             return
-        plan = ckpt.resume_plan(str(point_dir), None, changed, world, TABLE)
+        plan = resume_plan(str(point_dir), None, changed, world, TABLE)
     warned = "\n".join(r.getMessage() for r in caplog.records)
     assert plan.point is not None and plan.point.step == 8
     assert plan.drift.streams_restart == (rule == RESTART_STREAMS)
@@ -177,11 +179,11 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
 
 def test_no_change_says_nothing(base, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        plan = ckpt.resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
+        plan = resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
         assert plan.point is None
         write_checkpoint(tmp_path / "checkpoints", base)
         caplog.clear()
-        plan = ckpt.resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)
+        plan = resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)
     assert plan.point.tag == "step_8" and plan.drift.changes == {} and not plan.universal
     assert caplog.records == []
 

@@ -4,7 +4,8 @@
 call (fetching an MLflow run's checkpoint first when asked; building the engine with the DeepSpeed-config
 overrides the resume needs; loading the engine, the data loaders and, last, the RNGs), and `maybe_save()`
 saves on the loop's cadence and applies retention. The resume itself is planned once, before any process group
-(`resume_plan`). The package's modules are its parts, usable on their own (bench, tests, tools):
+(`resume_plan`). This file holds no code: import the module that defines a name (`from
+albert_dist.engine.checkpoint.plan import newest_verified`), so a reader follows every name to its home:
 
     layout.py     tags, `latest`, `albert_dist.json`, verification (torch-free: tracking uses it too)
     state.py      TrainState (what DeepSpeed does not save), RNG states and seeds
@@ -14,9 +15,7 @@ saves on the loop's cadence and applies retention. The resume itself is planned 
     save.py       the collective save protocol;  retention.py  which checkpoints are kept
     load.py       universal conversion, engine load, the current config's lr and optimiser hyper-parameters
     manager.py    CheckpointManager and the loop's cadence rule `every`
-
-Every public name is importable from the package (`from albert_dist.engine import checkpoint as ckpt; ckpt.X`),
-resolved lazily so that `layout` stays torch-free.
+    reshard.py    the data streams' continuation on another number of ranks
 
 Layout of `<checkpoint dir>` (default `<run_dir>/checkpoints`)::
 
@@ -68,72 +67,3 @@ have used; with a larger `max_steps` the resumed run follows the longer schedule
 (DeepSpeed alone would run the first resumed step at the old schedule's last lr, e.g. 0.0), and a changed
 `optimizer.lr` is used from the next step.
 """
-import importlib
-from typing import Any
-
-#: public name -> the module of this package that defines it
-_HOME: dict[str, str] = {
-    "LATEST": "layout",
-    "META_FILE": "layout",
-    "META_FORMAT": "layout",
-    "CheckpointError": "layout",
-    "fsync_dir": "layout",
-    "list_files": "layout",
-    "payload_files": "layout",
-    "read_latest": "layout",
-    "read_meta": "layout",
-    "step_dirs": "layout",
-    "step_of": "layout",
-    "tag_for": "layout",
-    "verify": "layout",
-    "write_latest": "layout",
-    "CLIENT_KEY": "state",
-    "TrainState": "state",
-    "rng_state": "state",
-    "seed_all": "state",
-    "seed_for": "state",
-    "set_rng_state": "state",
-    "ResumePoint": "plan",
-    "newest_verified": "plan",
-    "plan_resume": "plan",
-    "resume_point": "plan",
-    "ResumePlan": "resume",
-    "Resumed": "resume",
-    "resume_plan": "resume",
-    "rng_kept": "resume",
-    "ConfigDriftError": "drift",
-    "Drift": "drift",
-    "Rules": "drift",
-    "rule_for": "drift",
-    "check_drift": "drift",
-    "log_drift": "drift",
-    "CheckpointSaveError": "save",
-    "save_checkpoint": "save",
-    "prune": "retention",
-    "make_room": "retention",
-    "free_bytes": "retention",
-    "checkpoint_bytes": "retention",
-    "last_checkpoint_bytes": "retention",
-    "UNIVERSAL_CHECKPOINT_INFO": "load",
-    "load_checkpoint": "load",
-    "to_universal": "load",
-    "CheckpointManager": "manager",
-    "every": "manager",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Resolve a public name from its module on first use (PEP 562), so importing the package costs nothing."""
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_HOME))
-
-
-__all__ = sorted(_HOME)
