@@ -39,7 +39,7 @@ from albert_dist.config import load_model_config, model_config_of
 from albert_dist.data.paths import resolve_path
 from albert_dist.data.tokenizer import write_transformers_config
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
-from albert_dist.engine.checkpoint.plan import newest_verified
+from albert_dist.engine.checkpoint.choose import newest_verified
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.hf import to_transformers

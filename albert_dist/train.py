@@ -198,7 +198,7 @@ def check_inputs(cfg: TrainConfig) -> None:
     `albert_dist.data.files.check_text_field`), the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    The checkpoint to resume is checked when the `Trainer` is built (`resume.resume_plan`).
+    The checkpoint to resume is checked when the `Trainer` is built (`resume.plan_load`).
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,

@@ -36,7 +36,7 @@ from albert_dist.data.loader import build_train_loader
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
-from albert_dist.engine.checkpoint.resume import ResumePlan, resume_plan, rng_kept
+from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all, seed_for
 from albert_dist.engine import console, metric_names as names
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
@@ -68,7 +68,7 @@ class Trainer:
     `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
     `__init__` (no process group, no files written): the world-size arithmetic (`check_derived`), the DeepSpeed
-    config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`resume.resume_plan`: the
+    config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`resume.plan_load`: the
     checkpoint `checkpoint.resume` names, verified, and what the config's changes mean there). It raises
     `ValueError`, `FileNotFoundError`, `layout.CheckpointError` or `drift.ConfigDriftError` for a job that must not
     start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
@@ -89,7 +89,7 @@ class Trainer:
         self.global_batch = check_derived(cfg, world)
         self.ds_config = build_deepspeed_config(cfg.engine, world)
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
-        self.resume_plan = ResumePlan() if resume_from is not None else self._plan(
+        self.load_plan = LoadPlan() if resume_from is not None else self._plan(
             cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
@@ -118,11 +118,11 @@ class Trainer:
         self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
         self.checkpoints = CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
                                                   config=self.config, config_hash=self.config_hash,
-                                                  seed=cfg.seed, plan=self.resume_plan)
+                                                  seed=cfg.seed, plan=self.load_plan)
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        def fetch(ckpt_dir: Path) -> ResumePlan:  # MLflow: the run's newest complete checkpoint, as "auto"
+        def fetch(ckpt_dir: Path) -> LoadPlan:  # MLflow: the run's newest complete checkpoint, as "auto"
             fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
             return self._plan("auto", ckpt_dir)
 
@@ -151,9 +151,9 @@ class Trainer:
             if note:  # not an error (ALBERT's own recipe does it), but a masking rate the user may not expect
                 logger.warning("%s", note)
 
-    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> ResumePlan:
-        """`resume.resume_plan` for this job (its config, world size and the config's resume rules); rank 0 warns."""
-        return resume_plan(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
+    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> LoadPlan:
+        """`resume.plan_load` for this job (its config, world size and the config's resume rules); rank 0 warns."""
+        return plan_load(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
                                 log=self.dist_env.rank == 0)
 
     def _build_engine(self, overrides: dict) -> Any:

@@ -49,7 +49,7 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
 
     from albert_dist.config import TrainConfig, config_hash
     from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO, load_checkpoint
-    from albert_dist.engine.checkpoint.plan import plan_resume
+    from albert_dist.engine.checkpoint.choose import choose_checkpoint
     from albert_dist.engine.checkpoint.save import save_checkpoint
     from albert_dist.engine.checkpoint.state import rng_state
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
@@ -95,7 +95,7 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
                                      "config_hash": digest}}, pt_path)
         pt_save = time.perf_counter() - t0
 
-        point = plan_resume(str(ds_dir / tag), ds_dir)
+        point = choose_checkpoint(str(ds_dir / tag), ds_dir)
         t0 = time.perf_counter()
         state = load_checkpoint(engine, point)
         ds_load = time.perf_counter() - t0

@@ -23,7 +23,7 @@ import torch
 from helpers import clean_env, read_metrics, run_cli
 
 from albert_dist.engine.checkpoint.layout import read_latest
-from albert_dist.engine.checkpoint.plan import plan_resume
+from albert_dist.engine.checkpoint.choose import choose_checkpoint
 from albert_dist.engine.checkpoint.state import CLIENT_KEY
 from albert_dist.engine.checkpoint.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
@@ -85,7 +85,7 @@ def test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory(config, r
     job.kill()  # kill -9
     assert job.procs[0].returncode == -signal.SIGKILL
     assert (ckpt_dir / "step_6").is_dir() and read_latest(ckpt_dir) == "step_3"
-    point = plan_resume("auto", ckpt_dir)
+    point = choose_checkpoint("auto", ckpt_dir)
     assert (point.tag, point.step, point.world_size) == ("step_3", 3, 2)
     run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
     # Steps 4 and 5 were logged by the killed run and again after the resume: the file keeps one record each.
@@ -163,7 +163,7 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     last = max(train_records(run_dir))
     assert 2 <= last < 200
     assert read_latest(run_dir / "checkpoints") == f"step_{last}"
-    assert plan_resume("auto", run_dir / "checkpoints").step == last
+    assert choose_checkpoint("auto", run_dir / "checkpoints").step == last
 
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
@@ -178,7 +178,7 @@ def _log_lines(job: Job, needle: str) -> list[str]:
             if needle in line]
 
 
-# A truncated newest checkpoint and a `latest` naming a missing step are rules of `plan.plan_resume`, tested
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `plan.choose_checkpoint`, tested
 # in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
 # test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
@@ -195,7 +195,7 @@ def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and
     assert codes == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], job.log_tail()
     ckpt_dir = run_dir / "checkpoints"
     assert read_latest(ckpt_dir) == "step_3" and not (ckpt_dir / "step_6").exists()
-    assert plan_resume("auto", ckpt_dir).tag == "step_3"
+    assert choose_checkpoint("auto", ckpt_dir).tag == "step_3"
     path = ckpt_dir / "step_6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     lines = _log_lines(job, "disk full writing")
     assert len(lines) == 2, lines  # one per rank, no traceback

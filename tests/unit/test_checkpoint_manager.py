@@ -16,8 +16,8 @@ from albert_dist.config import TrainConfig, resume_rules, to_container
 from albert_dist.engine.checkpoint.drift import ConfigDriftError, check_drift, log_drift
 from albert_dist.engine.checkpoint.layout import CheckpointError, META_FILE, write_latest
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
-from albert_dist.engine.checkpoint.plan import plan_resume, resume_point
-from albert_dist.engine.checkpoint.resume import resume_plan
+from albert_dist.engine.checkpoint.choose import choose_checkpoint, checkpoint_at
+from albert_dist.engine.checkpoint.resume import plan_load
 from albert_dist.engine.checkpoint.retention import checkpoint_bytes, free_bytes, last_checkpoint_bytes, make_room, prune
 from albert_dist.engine.checkpoint import retention
 
@@ -56,7 +56,7 @@ def ckpt_dir(tmp_path) -> Path:
 def test_newest_checkpoint_truncated_resume_auto_takes_the_previous_one_and_says_why(ckpt_dir, caplog):
     truncate(ckpt_dir / "step_10" / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
     with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
-        point = plan_resume("auto", ckpt_dir)
+        point = choose_checkpoint("auto", ckpt_dir)
     assert (point.tag, point.step) == ("step_5", 5)
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert skipped == [f"skipping checkpoint {ckpt_dir / 'step_10'}: zero_pp_rank_1_mp_rank_00_optim_states.pt "
@@ -64,14 +64,14 @@ def test_newest_checkpoint_truncated_resume_auto_takes_the_previous_one_and_says
     write_latest(ckpt_dir, "step_15")  # and `latest` names a step that does not exist (a crash mid-save)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
-        assert plan_resume("auto", ckpt_dir, log=False).tag == "step_5"
+        assert choose_checkpoint("auto", ckpt_dir, log=False).tag == "step_5"
     assert caplog.records == []  # log=False: ranks other than 0 say nothing (the job says it once)
 
 
 def test_latest_naming_a_missing_step_falls_back_to_the_newest_verified(ckpt_dir, caplog):
     write_latest(ckpt_dir, "step_15")
     with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
-        point = plan_resume("auto", ckpt_dir)
+        point = choose_checkpoint("auto", ckpt_dir)
     assert point.tag == "step_10"
     assert any("names step_15, which does not exist" in r.getMessage() for r in caplog.records)
 
@@ -80,15 +80,15 @@ def test_a_save_that_never_wrote_its_metadata_is_skipped(ckpt_dir, caplog):
     (ckpt_dir / "step_15").mkdir()  # a crash before the metadata: DeepSpeed's files only
     (ckpt_dir / "step_15" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 300)
     with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
-        assert plan_resume("auto", ckpt_dir).tag == "step_10"
+        assert choose_checkpoint("auto", ckpt_dir).tag == "step_10"
     assert any(f"{ckpt_dir / 'step_15'}: no albert_dist.json" in r.getMessage() for r in caplog.records)
 
 
 def test_explicit_checkpoint_that_does_not_verify_is_an_error_naming_it(ckpt_dir):
     (ckpt_dir / "step_10" / "mp_rank_00_model_states.pt").unlink()
     with pytest.raises(CheckpointError, match=r"step_10 does not verify: mp_rank_00_model_states.pt is missing"):
-        plan_resume(str(ckpt_dir / "step_10"), ckpt_dir)
-    assert plan_resume(str(ckpt_dir), "unused").tag == "step_5"  # a directory: searched like auto
+        choose_checkpoint(str(ckpt_dir / "step_10"), ckpt_dir)
+    assert choose_checkpoint(str(ckpt_dir), "unused").tag == "step_5"  # a directory: searched like auto
 
 
 def test_no_checkpoint_verifies_is_an_error_listing_each(tmp_path):
@@ -96,8 +96,8 @@ def test_no_checkpoint_verifies_is_an_error_listing_each(tmp_path):
     for step in (3, 6):
         truncate(make_ckpt(d, step) / "mp_rank_00_model_states.pt")
     with pytest.raises(CheckpointError, match=r"no checkpoint in .* verifies \(step_6: .*; step_3: .*\)"):
-        plan_resume("auto", d, log=False)
-    assert plan_resume("auto", tmp_path / "empty") is None  # nothing there at all: a fresh start
+        choose_checkpoint("auto", d, log=False)
+    assert choose_checkpoint("auto", tmp_path / "empty") is None  # nothing there at all: a fresh start
 
 
 def test_retention_keeps_the_resumed_checkpoint_and_drops_the_corrupt_newer_one(ckpt_dir):
@@ -186,7 +186,7 @@ def test_a_lowered_keep_last_applies_when_the_job_resumes(ckpt_dir, rank):
 
     make_ckpt(ckpt_dir, 15)
     config = _config()
-    plan = resume_plan("auto", ckpt_dir, config, 2, resume_rules(), log=False)
+    plan = plan_load("auto", ckpt_dir, config, 2, resume_rules(), log=False)
     assert plan.point.tag == "step_15"
     manager = CheckpointManager(CheckpointConfig(keep_last=2), ckpt_dir, rank=rank, world_size=2,
                                      config=config, config_hash="h", seed=0, plan=plan)
@@ -207,7 +207,7 @@ def _config(**changes) -> dict:
 
 
 def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_path):
-    point = resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    point = checkpoint_at(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
     current = _config(model__sharing="none", model__hidden_size=64)
     with pytest.raises(ConfigDriftError) as err:
         check_drift(point, current, 2, RULES)
@@ -217,7 +217,7 @@ def test_model_field_drift_is_refused_naming_each_field_with_both_values(tmp_pat
 
 
 def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
-    point = resume_point(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
+    point = checkpoint_at(make_ckpt(tmp_path, 8, _config()).parent, "step_8")
     drift = check_drift(point, _config(max_steps=2000, log_interval_steps=5, optimizer__lr=2e-3), 2, RULES)
     assert sorted(drift.changes) == ["max_steps", "optimizer.lr"]  # log_interval_steps cannot matter: quiet
     assert drift.changes["max_steps"] == (1000, 2000) and not drift.streams_restart
@@ -233,7 +233,7 @@ def test_resumable_fields_warn_with_what_the_run_does(tmp_path, caplog):
 def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
     base = _config()
     micro, ga = base["engine"]["train_micro_batch_size_per_gpu"], base["engine"]["gradient_accumulation_steps"]
-    point = resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    point = checkpoint_at(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
     ok = check_drift(point, _config(engine__gradient_accumulation_steps=ga * 2), world_size=1, rules=RULES)
     assert "engine.gradient_accumulation_steps" in ok.changes
     with pytest.raises(ConfigDriftError, match=f"global batch of {micro * ga * 2} sequences"):
@@ -243,7 +243,7 @@ def test_accumulation_may_change_only_with_the_same_global_batch(tmp_path):
 def test_a_new_number_of_ranks_that_changes_the_global_batch_is_warned(tmp_path, caplog):
     base = _config()
     batch = base["engine"]["train_micro_batch_size_per_gpu"] * base["engine"]["gradient_accumulation_steps"]
-    point = resume_point(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
+    point = checkpoint_at(make_ckpt(tmp_path, 8, base, world_size=2).parent, "step_8")
     with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
         log_drift(point, check_drift(point, _config(), 2, RULES))  # same ranks: nothing to say
         assert caplog.records == []

@@ -26,7 +26,7 @@ from albert_dist.data.config import DataConfig
 from albert_dist.data.loader import FINGERPRINT_FIELDS, PretrainingStream
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import META_FILE
-from albert_dist.engine.checkpoint.resume import resume_plan
+from albert_dist.engine.checkpoint.resume import plan_load
 from albert_dist.engine import distributed
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, RULES, flatten
 
@@ -156,11 +156,11 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
     with caplog.at_level(logging.WARNING):
         if rule == REFUSE:
             with pytest.raises(ConfigDriftError) as err:
-                resume_plan(str(point_dir), None, changed, world, TABLE)
+                plan_load(str(point_dir), None, changed, world, TABLE)
             assert f"has {key}={old!r}, the config has {key}={flatten(changed)[key]!r}" in str(err.value)
             assert (note in str(err.value)) if note else True
             return
-        plan = resume_plan(str(point_dir), None, changed, world, TABLE)
+        plan = plan_load(str(point_dir), None, changed, world, TABLE)
     warned = "\n".join(r.getMessage() for r in caplog.records)
     assert plan.point is not None and plan.point.step == 8
     assert plan.drift.streams_restart == (rule == RESTART_STREAMS)
@@ -179,11 +179,11 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
 
 def test_no_change_says_nothing(base, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        plan = resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
+        plan = plan_load("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
         assert plan.point is None
         write_checkpoint(tmp_path / "checkpoints", base)
         caplog.clear()
-        plan = resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)
+        plan = plan_load("auto", tmp_path / "checkpoints", base, 2, TABLE)
     assert plan.point.tag == "step_8" and plan.drift.changes == {} and not plan.universal
     assert caplog.records == []
 

@@ -4,14 +4,16 @@
 call (fetching an MLflow run's checkpoint first when asked; building the engine with the DeepSpeed-config
 overrides the resume needs; loading the engine, the data loaders and, last, the RNGs), and `maybe_save()`
 saves on the loop's cadence and applies retention. The resume itself is planned once, before any process group
-(`resume_plan`). This file holds no code: import the module that defines a name (`from
-albert_dist.engine.checkpoint.plan import newest_verified`), so a reader follows every name to its home:
+(`plan_load`). This file holds no code: import the module that defines a name (`from
+albert_dist.engine.checkpoint.choose import newest_verified`), so a reader follows every name to its home:
 
     layout.py     tags, `latest`, `albert_dist.json`, verification (torch-free: tracking uses it too)
     state.py      TrainState (what DeepSpeed does not save), RNG states and seeds
-    plan.py       ResumePoint, newest_verified, plan_resume (no process group needed)
+    choose.py     which checkpoint to resume from: VerifiedCheckpoint, newest_verified, choose_checkpoint (no
+                  process group needed)
     drift.py      what a config change means on resume
-    resume.py     resume_plan (plan + drift, made before the process group), Resumed, rng_kept
+    resume.py     how to load it: LoadPlan, plan_load (the checkpoint + what the config changes mean there, made
+                  before the process group), Resumed, rng_kept
     save.py       the collective save protocol;  retention.py  which checkpoints are kept
     load.py       universal conversion, engine load, the current config's lr and optimiser hyper-parameters
     manager.py    CheckpointManager and the loop's cadence rule `every`
@@ -44,14 +46,14 @@ on the first error; (6) rank 0 lists the files, writes `albert_dist.json`, verif
 the path and the errno; "disk full" for ENOSPC, with the bytes a checkpoint needs and those free); (8) rank 0 applies retention (`prune`); (9) barrier.
 DeepSpeed's own `latest` (written from rank 0 without waiting for the others) is not used.
 
-Resume (`plan_resume`, no process group needed): "auto" takes the newest `step_<N>` directory that verifies,
+Resume (`choose_checkpoint`, no process group needed): "auto" takes the newest `step_<N>` directory that verifies,
 logging each newer one it skips and why (whatever `latest` says: a `latest` naming a missing step falls back
 the same way). Retention (`prune`) never deletes the newest verified checkpoint, nor the one the job resumed
 from until a newer verified one exists; unverified directories are removed. It also runs when a job resumes, so
 a lowered `checkpoint.keep_last` frees its space before the first save.
 
 Resume on another number of ranks (the saved world size differs), or with a changed field whose resume rule is
-"convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `ResumePlan.universal`): rank 0 converts the checkpoint with
+"convert" (a ZeRO partition-layout option, `albert_dist.on_resume`; `LoadPlan.universal`): rank 0 converts the checkpoint with
 DeepSpeed's universal-checkpoint tool (`deepspeed.checkpoint.ds_to_universal`), and the engine is built with
 `checkpoint.load_universal=true` (`CheckpointManager.resume` passes it to the engine factory), which re-partitions parameters
 and optimiser moments for the new world size. The converter needs the module to carry a
