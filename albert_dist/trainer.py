@@ -31,15 +31,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, check_derived, config_hash, resume_rules, to_container, to_yaml
+from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
 from albert_dist.data.loader import build_train_loader
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
-from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load, rng_kept
-from albert_dist.engine.checkpoint.state import seed_all, seed_for
+from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
+from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
@@ -54,12 +53,12 @@ from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_wor
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
+from albert_dist.preflight import JobPlan, load_plan_for, plan_job
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
 
-#: Dropout seed of a rank that cannot restore its RNG state (re-exported; the rule lives with the checkpoints).
 
 
 class Trainer:
@@ -67,9 +66,9 @@ class Trainer:
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
     `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
-    `__init__` (no process group, no files written): the world-size arithmetic (`check_derived`), the DeepSpeed
-    config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`resume.plan_load`: the
-    checkpoint `checkpoint.resume` names, verified, and what the config's changes mean there). It raises
+    `__init__` (no process group, no files written) takes the job's plan from the app's preflight
+    (`albert_dist.preflight.plan_job`, made here when not given: the world-size arithmetic, the DeepSpeed
+    config, the load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
     `ValueError`, `FileNotFoundError`, `layout.CheckpointError` or `drift.ConfigDriftError` for a job that must not
     start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
     download the process group makes possible.
@@ -79,18 +78,17 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
-                 store: Any = None, stop: Optional[StopFlag] = None):
+                 store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
         self.cfg = cfg
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.recipe_name = recipe_name
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
         world = self.dist_env.world_size
-        self.global_batch = check_derived(cfg, world)
-        self.ds_config = build_deepspeed_config(cfg.engine, world)
+        # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
+        plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
+        self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
-        self.load_plan = LoadPlan() if resume_from is not None else self._plan(
-            cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
         self._acc: Optional[MetricAccumulator] = None  # the loop's open metric interval (saved with a checkpoint)
@@ -152,9 +150,8 @@ class Trainer:
                 logger.warning("%s", note)
 
     def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> LoadPlan:
-        """`resume.plan_load` for this job (its config, world size and the config's resume rules); rank 0 warns."""
-        return plan_load(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
-                                log=self.dist_env.rank == 0)
+        """`albert_dist.preflight.load_plan_for` this job; rank 0 warns."""
+        return load_plan_for(self.cfg, resume, ckpt_dir, self.dist_env.world_size, log=self.dist_env.rank == 0)
 
     def _build_engine(self, overrides: dict) -> Any:
         """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`
@@ -398,4 +395,4 @@ class Trainer:
         return [it] if it is not None else []
 
 
-__all__ = ["Trainer", "seed_for"]
+__all__ = ["Trainer"]

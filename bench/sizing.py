@@ -56,7 +56,7 @@ def memory_tables(precision: str = "bf16", seq: int = 512, micro_batch: int = 32
     for preset in PRESETS:
         for stage in (1, 2, 3):
             cfg = _cfg(preset, f"engine.zero_stage={stage}", f"engine.precision={precision}")
-            ests = [memory.model_state_bytes(cfg, w) for w in WORLDS]
+            ests = [memory.model_state_bytes(cfg.model, cfg.engine, w) for w in WORLDS]
             lines.append(f"| {preset} | {parameter_count(cfg.model) / 1e6:.1f} M | {stage} | "
                          + " | ".join(_gib(e.model_states_bytes) for e in ests)
                          + f" | {_gib(ests[0].buffers_bytes)} | {_gib(ests[-1].gathered_bytes) if stage == 3 else '—'} |")
@@ -68,10 +68,10 @@ def memory_tables(precision: str = "bf16", seq: int = 512, micro_batch: int = 32
         for ckpt in (False, True):
             cfg = _cfg(preset, "engine.zero_stage=2", f"engine.precision={precision}",
                        f"model.gradient_checkpointing={str(ckpt).lower()}", f"data.max_seq_length={seq}")
-            masked = memory.masked_positions(cfg, seq)
+            masked = memory.masked_positions(cfg.data, seq)
             one = memory.activation_bytes(cfg.model, 1, seq, precision, masked=masked)
             many = memory.activation_bytes(cfg.model, micro_batch, seq, precision, masked=masked)
-            states = memory.model_state_bytes(cfg, 8).model_states_bytes
+            states = memory.model_state_bytes(cfg.model, cfg.engine, 8).model_states_bytes
             lines.append(f"| {preset} | {'yes' if ckpt else 'no'} | {_gib(one.retained_bytes)} | {_gib(one.peak_bytes)} | "
                          f"{_gib(many.peak_bytes)} | {_gib(states)} | {many.peak_bytes / states:.0f}x |")
     return "\n".join(lines)
@@ -96,7 +96,7 @@ def data_table(results: Path, mfu: float, peak_tflops: float, seq: int = 512) ->
     for preset in PRESETS:
         cfg = _cfg(preset, f"data.max_seq_length={seq}")
         flops = training_flops_per_token(cfg.model, seq) + \
-            mlm_head_training_flops_per_prediction(cfg.model) * masked_positions(cfg, seq) / seq
+            mlm_head_training_flops_per_prediction(cfg.model) * masked_positions(cfg.data, seq) / seq
         rate = mfu * peak_tflops * 1e12 / flops
         cores = rate / per_core
         lines.append(f"| {preset} | {flops / 1e9:.2f} GFLOP | {rate:,.0f} | {cores:.2f} | {max(1, math.ceil(cores * 2))} | "

@@ -138,7 +138,7 @@ def _same_batches(a: list[dict], b: list[dict]) -> None:
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_path):
-    from albert_dist import train
+    from albert_dist import preflight
     from albert_dist.config import load_config
 
     path = corpus[name]
@@ -154,12 +154,12 @@ def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_pat
     # the preflight of `albert-dist train` accepts it, and names the file when the text field is wrong
     cfg = load_config(RECIPE, ["tracking.enabled=false", f"data.train=[{{paths: [{path}]}}]",
                                f"data.validation=[{{paths: [{path}]}}]"])
-    train.check_inputs(cfg)
+    preflight.check_inputs(cfg)
     kind = FORMATS[name][1]
     if kind != "txt":
         bad = load_config(RECIPE, ["tracking.enabled=false", f"data.train=[{{paths: [{path}], text_field: body}}]"])
         with pytest.raises(ValueError, match=f"data.train\\[0\\].text_field='body' is not a .* of {path}"):
-            train.check_inputs(bad)
+            preflight.check_inputs(bad)
     # the fixed validation set is the .txt one's
     vcfg = _cfg(SourceConfig(paths=[str(corpus["txt"])]), validation=[src], eval_examples=10_000)
     ref = build_validation_set(_cfg(SourceConfig(paths=[str(corpus["txt"])]), validation=[

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import load_bench
 
-from albert_dist import cli
+from albert_dist import cli, preflight
 from albert_dist import train as train_app
 from albert_dist.config import load_config
 from albert_dist.engine import distributed, memory
@@ -66,7 +66,7 @@ def test_model_states_estimate_matches_deepspeeds_tensors():
     for key, v in _measured()["states"].items():
         cfg = load_config(None, [f"model.preset={v['preset']}", f"engine.zero_stage={v['stage']}",
                                  f"engine.precision={v['precision']}", *v.get("overrides", [])])
-        est = memory.model_state_bytes(cfg, v["world_size"])
+        est = memory.model_state_bytes(cfg.model, cfg.engine, v["world_size"])
         m = v["per_rank_max"]
         pairs = [("states", v["model_states_bytes"], est.model_states_bytes, HI),
                  ("buckets", m["buffers"], est.buffers_bytes, HI),
@@ -132,9 +132,9 @@ BIG = ("model.preset=albert-base", "model.max_position_embeddings=512", "data.ma
 
 
 def test_cpu_prints_the_line_and_never_refuses(caplog):
-    caplog.set_level("INFO", logger="albert_dist.engine.memory")
+    caplog.set_level("INFO", logger="albert_dist.preflight")
     cfg = _cfg(*BIG)
-    est = memory.check_memory(cfg, 2, device=None)
+    est = preflight.check_memory(cfg, 2, device=None)
     assert est.total_bytes > 8 * 2**30  # would not fit the fake devices below
     line = caplog.records[-1].getMessage()
     assert line.startswith("memory per device (estimate)") and "ZeRO-2, 2 ranks, bf16" in line
@@ -142,7 +142,7 @@ def test_cpu_prints_the_line_and_never_refuses(caplog):
 
 
 def test_a_gpu_that_fits_passes():
-    est = memory.check_memory(_cfg(*BIG), 2, device=("GPU 0 (fake 80 GB)", 80 * 2**30), log=False)
+    est = preflight.check_memory(_cfg(*BIG), 2, device=("GPU 0 (fake 80 GB)", 80 * 2**30), log=False)
     assert est.total_bytes <= memory.USABLE_FRACTION * 80 * 2**30
 
 
@@ -151,24 +151,24 @@ def test_a_gpu_too_small_is_refused_with_a_change_that_fits(gib):
     cfg = _cfg(*BIG)
     usable = memory.USABLE_FRACTION * gib * 2**30
     with pytest.raises(ValueError) as err:
-        memory.check_memory(cfg, 2, device=("GPU 0 (fake)", gib * 2**30), log=False)
+        preflight.check_memory(cfg, 2, device=("GPU 0 (fake)", gib * 2**30), log=False)
     text = str(err.value)
     assert "GPU 0 (fake)" in text and f"{gib}.00 GiB" in text and "the smallest change that fits: " in text
     change = text.split("the smallest change that fits: ")[1].split(" (estimate")[0].split()
     # the advice, given to the real config loader as command-line overrides, fits; the config without it does not
     fixed = load_config(RECIPE, ["tracking.enabled=false", *BIG, *change])
-    assert memory.estimate(fixed, 2).total_bytes <= usable < memory.estimate(cfg, 2).total_bytes
+    assert memory.estimate(fixed.model, fixed.data, fixed.engine, 2).total_bytes <= usable < memory.estimate(cfg.model, cfg.data, cfg.engine, 2).total_bytes
     # no single earlier (cheaper) candidate fits
-    candidates = memory.candidate_changes(cfg)
+    candidates = preflight.candidate_changes(cfg)
     if change in candidates:
         for earlier in candidates[:candidates.index(change)]:
             trial = load_config(RECIPE, ["tracking.enabled=false", *BIG, *earlier])
-            assert memory.estimate(trial, 2).total_bytes > usable, earlier
+            assert memory.estimate(trial.model, trial.data, trial.engine, 2).total_bytes > usable, earlier
 
 
 def test_halving_the_micro_batch_keeps_the_global_batch():
     cfg = _cfg(*BIG)
-    halvings = [c for c in memory.candidate_changes(cfg) if "train_micro_batch_size_per_gpu" in c[0]]
+    halvings = [c for c in preflight.candidate_changes(cfg) if "train_micro_batch_size_per_gpu" in c[0]]
     assert len(halvings) == 6  # 64 -> 32 ... 1
     for change in halvings:
         trial = load_config(RECIPE, ["tracking.enabled=false", *BIG, *change])
@@ -179,9 +179,9 @@ def test_halving_the_micro_batch_keeps_the_global_batch():
 def test_nothing_fits_says_so_and_warn_mode_starts(monkeypatch):
     cfg = _cfg("model.preset=albert-xxlarge", "model.max_position_embeddings=512", "data.max_seq_length=512")
     with pytest.raises(ValueError, match="no change this check knows fits"):
-        memory.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
-    monkeypatch.setenv(memory.CHECK_ENV, "warn")
-    memory.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
+        preflight.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
+    monkeypatch.setenv(preflight.CHECK_ENV, "warn")
+    preflight.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
 
 
 def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, capsys):
