@@ -5,7 +5,8 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 
 1. the input files (`check_inputs`: every local data source found, its text field present, not only empty
    files; the tokenizer a sentencepiece model with ALBERT's ids that fits `model.vocab_size`;
-   `data.max_seq_length` within the position table);
+   `data.max_seq_length` within the position table) and the output directories (`check_output_dirs`: the
+   run directory and the checkpoint directory can be created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
    checkpoint to resume from and how to load it, `albert_dist.engine.checkpoint.resume.plan_load`);
@@ -69,6 +70,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None)
             message naming the field, file or flag and the value (exit code 2).
     """
     check_inputs(cfg)
+    check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
     plan = plan_job(cfg, env.world_size, env.rank, resume_from)
@@ -107,6 +109,44 @@ def check_inputs(cfg: TrainConfig) -> None:
     if pieces > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
+
+
+def output_dirs(cfg: TrainConfig) -> list[tuple[str, Path]]:
+    """(field, directory) of what a job writes: `run_dir` (unset: the `runs/` directory the run's is named in,
+    under the working directory, `Trainer.setup`) and `checkpoint.dir` when set."""
+    dirs = [("run_dir", Path(cfg.run_dir) if cfg.run_dir is not None else Path("runs").absolute())]
+    if cfg.checkpoint.dir is not None:
+        dirs.append(("checkpoint.dir", Path(cfg.checkpoint.dir)))
+    return dirs
+
+
+def check_output_dirs(cfg: TrainConfig) -> None:
+    """Every directory of `output_dirs` exists and is writable, or can be created: its nearest existing
+    ancestor is a directory this process may write into (`os.access`, which also reports a read-only file
+    system, EROFS, to root). Writes nothing.
+
+    Raises:
+        ValueError: naming the field, the directory and why (a read-only file system, no permission, a file
+            in the way), so a job that could never save is refused before it starts (exit code 2).
+    """
+    for field_name, directory in output_dirs(cfg):
+        existing = directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ValueError(f"{field_name}={str(directory)!r}: {str(existing)!r} is not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            why = "a read-only file system" if _read_only_fs(existing) else "no write permission"
+            what = "" if existing == directory else f" (its parent {str(existing)!r})"
+            raise ValueError(f"{field_name}={str(directory)!r}: cannot write there{what}: {why}")
+
+
+def _read_only_fs(path: Path) -> bool:
+    """The file system holding `path` is mounted read-only (statvfs's ST_RDONLY flag)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_resume_from(ref: str, cfg: TrainConfig) -> None:
@@ -155,6 +195,8 @@ def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
 
     Raises:
         RunDirBusy: another job holds one of them (a ValueError: exit code 2, naming the directory and holder).
+        ValueError: a directory or its lock file cannot be created (`check_output_dirs` passed, but the file
+            system still refused, e.g. a directory where nothing can be made), naming the directory.
     """
     dirs = []
     if cfg.run_dir is not None:
@@ -166,7 +208,10 @@ def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
     locks: list[RunDirLock] = []
     try:
         for d in dirs:
-            locks.append(RunDirLock(d).acquire())
+            try:
+                locks.append(RunDirLock(d).acquire())
+            except OSError as err:
+                raise ValueError(f"cannot lock the run directory {str(d)!r}: {err.strerror or err}") from None
     except BaseException:
         for lock in locks:
             lock.release()

@@ -76,8 +76,10 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     """The ``albert-dist data prepare`` arguments (defaults from albert_dist.data.prepare)."""
     from albert_dist.data import prepare as prep
 
-    p.add_argument("--input", action="append", metavar="PATH",
-                   help="file, directory or glob (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
+    # several paths per --input (extend): an unquoted glob the shell expanded (`--input /x/*.jsonl.zst`) is
+    # every file it matched, as `tokenizer train --input` takes it, not one input plus "overrides"
+    p.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+                   help="files, directories or globs (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
     p.add_argument("--config", help="a recipe: its data.train sources are the input (and its tokenizer the "
                                     "token estimate's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides (with --config)")

@@ -186,7 +186,9 @@ def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
     """Load a sentencepiece model (relative paths resolved as in the data config) and check ALBERT's ids.
 
-    Raises ValueError when the file is missing or the special ids differ.
+    Raises ValueError when the file is missing, is not a sentencepiece model (e.g. the ``spiece.vocab`` text
+    file beside it: sentencepiece's own error is a RuntimeError "could not parse ModelProto") or the special
+    ids differ.
     """
     from albert_dist.data.paths import resolve_path
 
@@ -195,6 +197,11 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
         # The config has usually resolved the path already; repeat it only when resolving changed it.
         shown = repr(path) if str(p) == str(path) else f"{path!r} (resolved to {str(p)!r})"
         raise ValueError(f"tokenizer {shown} is not a file")
-    sp = spm.SentencePieceProcessor(model_file=str(p))
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(p))
+    except RuntimeError as err:
+        hint = " (the .vocab file is its text listing: name the .model beside it)" if p.suffix == ".vocab" else ""
+        raise ValueError(f"tokenizer {str(p)!r} is not a sentencepiece model{hint}: "
+                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
     check_special_ids(sp)
     return sp

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,43 @@ def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, caps
     assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
     err = capsys.readouterr().err
     assert err == f"albert-dist train: data.tokenizer_path: tokenizer {str(missing)!r} is not a file\n"
+
+
+def test_a_tokenizer_vocab_file_is_exit_2_naming_the_model_beside_it(capsys, no_process_group):
+    """`data.tokenizer_path` naming `spiece.vocab` (the text listing beside `spiece.model`) was sentencepiece's
+    RuntimeError, a traceback and exit 1."""
+    vocab = REPO / "data/sample/spiece.vocab"
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={vocab}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"albert-dist train: data.tokenizer_path: tokenizer {str(vocab)!r} is not a sentencepiece "
+                          "model (the .vocab file is its text listing: name the .model beside it)")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot create anything in: a 0555 one (not root), else a read-only mount root
+    writes to neither (a container's /proc/sys)."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        return ro
+    if os.path.isdir("/proc/sys") and not os.access("/proc/sys", os.W_OK):
+        return Path("/proc/sys")
+    pytest.skip("running as root with no unwritable directory to try")
+
+
+@pytest.mark.parametrize("field", ["run_dir", "checkpoint.dir"])
+def test_an_unwritable_output_directory_is_exit_2_before_anything_starts(tmp_path, capsys, no_process_group, field):
+    """A `run_dir` or `checkpoint.dir` that cannot be written (a read-only file system) was an OSError traceback
+    and exit 1 (the launch script then offered `--resume auto`); now the preflight refuses it, exit 2."""
+    target = _unwritable_dir(tmp_path) / "albert-run"
+    extra = [f"run_dir={tmp_path / 'run'}"] if field == "checkpoint.dir" else []
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", *extra, f"{field}={target}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"albert-dist train: {field}={str(target)!r}: cannot write there (its parent "
+                          f"{str(target.parent)!r}): "), err
+    assert err.count("\n") == 1 and not target.exists()
 
 
 def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_process_group):

@@ -325,3 +325,15 @@ def test_a_zero_byte_input_is_a_counted_skip(tmp_path, caplog):
     assert manifest["skip_examples"] == [{"reason": "empty_file", "where": str(empty)}]
     assert [r.getMessage() for r in caplog.records if str(empty) in r.getMessage()] == [
         f"skipped a record (empty_file) at {empty}"]  # once
+
+
+def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
+    """`data prepare --input /x/*.txt.zst` unquoted: the shell hands over every match after one --input. All of
+    them are read (they used to become "key=value overrides [...] need --config"), in the order given."""
+    files = [_write(tmp_path / f"part{k}", BASE[k * 100:(k + 1) * 100], "txt", ".zst") for k in range(3)]
+    out = tmp_path / "o"
+    assert cli.main(["data", "prepare", "--input", *map(str, files), "--output", str(out), "--workers", "1",
+                     "--tokenizer", "none", "--no-progress"]) == 0, capsys.readouterr().err
+    manifest = prep.load_manifest(out)
+    assert [i["path"] for i in manifest["inputs"]] == list(map(str, files))
+    assert _read_output(out) == BASE[:300]
