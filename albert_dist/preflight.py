@@ -29,6 +29,7 @@ from typing import Optional
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
 from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import discover_files
+from albert_dist.data.sizes import fmt_bytes
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
@@ -242,11 +243,10 @@ def check_memory(cfg: TrainConfig, world_size: int, device: Optional[tuple[str, 
         return est
     name, total = device
     found = smallest_fitting_change(cfg, world_size, usable)
-    fmt = memory.fmt_bytes
-    advice = (f"the smallest change that fits: {' '.join(found[0])} (estimate {fmt(found[1].total_bytes)})"
+    advice = (f"the smallest change that fits: {' '.join(found[0])} (estimate {fmt_bytes(found[1].total_bytes)})"
               if found else "no change this check knows fits: use more ranks (ZeRO-3 partitions the model states) "
                             "or a device with more memory")
-    message = (f"{line}; this exceeds {memory.USABLE_FRACTION:.0%} of the {fmt(total)} of "
+    message = (f"{line}; this exceeds {memory.USABLE_FRACTION:.0%} of the {fmt_bytes(total)} of "
                f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale.md has the measured figures)")
     if os.environ.get(CHECK_ENV, "").lower() == "warn":
         if log:

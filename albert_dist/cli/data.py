@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import mib, parse_byte_size
+from albert_dist.data.sizes import fmt_bytes, parse_byte_size
 from albert_dist.exit_codes import EXIT_OK
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def summary(manifest: dict, out: str) -> str:
     sizing = manifest["sizing"]
     return "\n".join([
         f"wrote {manifest['num_shards']} shards, {manifest['row_groups']} row groups of ~"
-        f"{mib(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
-        f"  {manifest['documents']:,} documents, {mib(manifest['bytes'])} of text"
+        f"{fmt_bytes(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
+        f"  {manifest['documents']:,} documents, {fmt_bytes(manifest['bytes'])} of text"
         + (f", ~{tokens:,} tokens" if tokens else "")
         + f"; {dd['duplicates_dropped']:,} duplicates dropped" + ("" if dd["enabled"] else " (dedup off)")
         + f"; skipped {manifest['skipped'] or 'nothing'}",

@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from albert_dist.data.sizes import mib
+from albert_dist.data.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def train_tokenizer(
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
     logger.info("tokenizer: trained on %s of text (%d documents) from %d of %d files%s",
-                mib(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
+                fmt_bytes(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
                 len(sample.plan), f"; skipped {dict(sample.skipped)}" if sample.skipped else "")
     if byte_fallback:
         logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "

@@ -49,7 +49,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from albert_dist.data.config import DataConfig
+from albert_dist.data.config import DataConfig, masking_budget
+from albert_dist.data.sizes import fmt_bytes
 from albert_dist.engine.config import EngineConfig
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.sharing import block_parameter_counts, parameter_numels, shares_attention, shares_ffn
@@ -171,10 +172,10 @@ def model_state_bytes(model: AlbertConfig, engine: EngineConfig, world_size: int
 
 
 def masked_positions(data: DataConfig, seq_len: Optional[int] = None) -> int:
-    """MLM predictions per sequence of `seq_len` tokens (default `data.max_seq_length`):
-    min(max_predictions_per_seq, round(masked_lm_prob x S)), at least 1."""
+    """MLM predictions in a full row of `seq_len` tokens (default `data.max_seq_length`): the pipeline's
+    `masking_budget` of its S - 3 maskable tokens at `masked_lm_prob`, capped at `max_predictions_per_seq`."""
     S = seq_len or data.max_seq_length
-    return max(1, min(data.max_predictions_per_seq, round(data.masked_lm_prob * S)))
+    return masking_budget(S - 3, data.masked_lm_prob, data.max_predictions_per_seq)
 
 
 def activation_bytes(model: AlbertConfig, micro_batch: int, seq_len: int, precision: str = "fp32",
@@ -228,11 +229,6 @@ def estimate(model: AlbertConfig, data: DataConfig, engine: EngineConfig, world_
     acts = activation_bytes(model, engine.train_micro_batch_size_per_gpu, data.max_seq_length, engine.precision,
                             masked=masked_positions(data))
     return replace(states, activations_bytes=acts.peak_bytes)
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes as GiB (>= 1 GiB) or MiB, e.g. "2.34 GiB", "45.1 MiB"."""
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def describe(est: MemoryEstimate, model: AlbertConfig, data: DataConfig, engine: EngineConfig,

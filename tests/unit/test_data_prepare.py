@@ -337,3 +337,15 @@ def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
     manifest = prep.load_manifest(out)
     assert [i["path"] for i in manifest["inputs"]] == list(map(str, files))
     assert _read_output(out) == BASE[:300]
+
+
+def test_the_one_byte_formatter_reads_back_as_parse_byte_size_reads_it():
+    """`fmt_bytes` (memory line, data plan/prepare, tokenizer): powers of 1024, the unit `parse_byte_size` reads,
+    so a printed size pasted back as an option is the same size to its printed precision."""
+    from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+
+    assert [fmt_bytes(n) for n in (512, 1536, 2**30 - 1, 8 * 2**30, 3 * 2**40)] == [
+        "512 B", "1.5 KiB", "1.00 GiB", "8.00 GiB", "3.00 TiB"]
+    for n in (3_000, 7 * 2**20 + 12345, 5 * 2**30 + 2**28, 2**41):
+        text = fmt_bytes(n)
+        assert abs(parse_byte_size(text.replace(" ", "")) - n) <= 0.05 * 2**(10 * ("KMGT".index(text.split()[1][0]) + 1))
