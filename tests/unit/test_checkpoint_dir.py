@@ -1,7 +1,5 @@
 """The torch-free checkpoint-directory names (albert_dist.engine.checkpoint.layout) shared by engine and tracking."""
 
-import pytest
-
 from albert_dist.engine.checkpoint import layout as cd
 
 

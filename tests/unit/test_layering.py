@@ -1,11 +1,9 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
 not, absolute or relative, or a module named in a string for importlib) runs down the layers base < model < data
 < engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
-trainer < train < cli)."""
+trainer < train < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "albert_dist"
 
