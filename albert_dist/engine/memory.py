@@ -111,8 +111,9 @@ class ActivationEstimate:
 
 
 def zero_option(engine: EngineConfig, name: str) -> int:
-    """`engine.zero_optimization.<name>`, or DeepSpeed's default (`DEEPSPEED_DEFAULTS`) when unset."""
-    value = getattr(engine.zero_optimization, name, None)
+    """`engine.zero_optimization.<name>` (a field or an `extra` option), or DeepSpeed's default
+    (`DEEPSPEED_DEFAULTS`) when unset."""
+    value = engine.zero_optimization.to_dict().get(name)
     return int(DEEPSPEED_DEFAULTS[name] if value is None else value)
 
 

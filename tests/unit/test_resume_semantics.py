@@ -49,6 +49,7 @@ CHANGED: dict[str, Any] = {
     "optimizer.betas": [0.8, 0.99],
     "optimizer.warmup_ratio": 0.1,  # with warmup_steps 0
     "engine.zero_stage": 2,  # the checkpoint below is ZeRO-3
+    "engine.zero_optimization.extra": {"stage3_max_live_parameters": 100_000_000},
     "engine.train_batch_size": 16,
     "engine.train_micro_batch_size_per_gpu": 4,  # on 4 ranks: the same global batch (see WORLD)
     "checkpoint.on_save_error": "continue",  # = micro 8 x accumulation 1 x the 2 ranks it is resumed on
