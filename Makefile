@@ -2,7 +2,7 @@
 #   make test      - create .venv, install albert_dist[dev], run the whole test suite (prints the 25 slowest tests)
 #   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; a few minutes)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
-#   make bench     - run every benchmark in bench/ and write bench/results.json
+#   make bench     - run every benchmark in bench/ and write bench/results/results.json
 # GPU users: install the torch build for your CUDA first, e.g.
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3

@@ -1,7 +1,7 @@
 """The per-device memory estimate (albert_dist.engine.memory) against measurements, and the preflight refusal.
 
 References: the figures `python bench/memory_scale.py --full` measured (DeepSpeed's own tensors walked on 1, 2
-and 4 gloo ranks; activations from torch's profiler), stored in bench/memory_scale.json and recomputed here
+and 4 gloo ranks; activations from torch's profiler), stored in bench/results/memory_scale.json and recomputed here
 with the current formulas; a live profiler measurement of a small model; the parameter list of the real
 model; the refusal against the project's own config loader.
 """
@@ -23,7 +23,7 @@ from albert_dist.model.sharing import parameter_count, parameter_numels
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
-MEASURED = REPO / "bench" / "memory_scale.json"
+MEASURED = REPO / "bench" / "results" / "memory_scale.json"
 LO, HI = 0.8, 1.25
 
 
