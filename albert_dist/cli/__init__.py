@@ -59,7 +59,8 @@ def _strip_launcher_local_rank(argv: list[str]) -> list[str]:
 def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     """The `albert-dist` parser: a sub-parser per `COMMANDS` entry; only `command`'s front end is imported and
     adds its arguments (the others are listed by name and help)."""
-    parser = argparse.ArgumentParser(prog="albert-dist", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="albert-dist", description="Pretrain ALBERT with DeepSpeed, and the tools "
+                                     "around it: one command per task (albert-dist <command> --help).")
     sub = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     for name, (module, help_) in COMMANDS.items():
         front = importlib.import_module(module) if name == command else None
