@@ -1,7 +1,8 @@
 # The README's commands. Everything runs from a venv this Makefile creates.
 #   make test      - create .venv, install albert_dist[dev], run the whole test suite (prints the 25 slowest tests)
+#   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; a few minutes)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
-#   make bench     - run every benchmark in bench/ and write bench/results.json
+#   make bench     - run every benchmark in bench/ and write bench/results/results.json
 # GPU users: install the torch build for your CUDA first, e.g.
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -16,7 +17,7 @@ NUM_RANKS ?= 2
 # other's ops, and a build killed by another checkout's job can leave a stale lock there).
 RUN_ENV := PATH=$(abspath $(VENV))/bin:$$PATH TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions
 
-.PHONY: install test pretrain bench clean
+.PHONY: install test test-fast pretrain bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,11 @@ install: $(VENV)/.installed
 
 test: install
 	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# tests/unit less the few tests there still marked `integration` (they start a process; tests/integration holds
+# the rest): what to run after every change
+test-fast: install
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not integration" --durations=10 tests/unit $(PYTEST_ARGS)
 
 pretrain: install
 	$(RUN_ENV) bash launch/pretrain_local.sh $(NUM_RANKS)

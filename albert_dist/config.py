@@ -304,6 +304,22 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
             raise ValueError(f"{path} is a model preset, not a recipe: use --config <recipe> "
                              f"model.preset={path.stem if path.resolve().parent == PRESET_DIR else path}")
         layers.append((str(path), recipe))
+    return resolve_paths(_load(layers + _override_layers(overrides)))
+
+
+def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """A copy of `cfg` with dotted `key=value` `overrides` applied, parsed and validated as `load_config` does
+    (the preflight's memory advice tries its candidate changes with it).
+
+    Raises:
+        ValueError: as `load_config` for a malformed override or a value a section rejects.
+    """
+    return resolve_paths(_load([("config", to_container(cfg))] + _override_layers(overrides)))
+
+
+def _override_layers(overrides: Sequence[str]) -> list[tuple[str, dict]]:
+    """(source, mapping) layers of dotted `key=value` overrides, values parsed as YAML, in order."""
+    layers: list[tuple[str, dict]] = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ValueError(f"override {item!r} must look like dotted.key=value")
@@ -316,7 +332,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
                 layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
         except OmegaConfBaseException as err:
             raise ValueError(f"override {item!r}: {_describe(err)}") from err
-    return resolve_paths(_load(layers))
+    return layers
 
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:

@@ -1,5 +1,6 @@
 """`albert-dist export`: a checkpoint or a run -> a transformers `save_pretrained` directory (an app, beside
-train.py: it reads DeepSpeed checkpoints, so it lives outside the pure-PyTorch `albert_dist.model`).
+train.py: it reads DeepSpeed checkpoints, so it lives outside the pure-PyTorch `albert_dist.model`; its front end
+is `albert_dist.cli.export`).
 
     albert-dist export RUN_DIR|CHECKPOINT --output DIR [--config YAML] [--tokenizer spiece.model]
                        [--fp32 FILE.safetensors|FILE.pt]
@@ -23,12 +24,10 @@ fails on ALBERT's tied decoder/embedding pair, this path does not). Only ``shari
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +39,7 @@ from albert_dist.config import load_model_config, model_config_of
 from albert_dist.data.paths import resolve_path
 from albert_dist.data.tokenizer import write_transformers_config
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
-from albert_dist.engine.checkpoint.plan import newest_verified
+from albert_dist.engine.checkpoint.choose import newest_verified
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.hf import to_transformers
@@ -356,43 +355,29 @@ def write_final_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path:
     return written
 
 
-def cli(argv: list[str]) -> int:
-    """`albert-dist export RUN_DIR|CHECKPOINT --output DIR [--config YAML] [--tokenizer spiece.model] [--fp32 FILE]`;
-    returns 0, or 2 (with one line on stderr) for a missing file, a missing config, or a checkpoint/config
-    mismatch."""
-    parser = argparse.ArgumentParser(prog="albert-dist export", description=__doc__.split("\n\n", 1)[0],
-                                     epilog=__doc__.split("\n\n", 2)[2],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", metavar="RUN_DIR|CHECKPOINT",
-                        help="a run directory or its checkpoints/ (the newest checkpoint that verifies), a DeepSpeed "
-                             "checkpoint (step_<N>), or a consolidated state dict (.safetensors, pickle, or a "
-                             "directory holding one)")
-    parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
-    parser.add_argument("--config", default=None,
-                        help="model preset or training YAML (model: section); default: the config found beside "
-                             "the checkpoint")
-    parser.add_argument("--tokenizer", default=None,
-                        help="sentencepiece model to copy as spiece.model (+ tokenizer_config.json for "
-                             "transformers); default: the run's data.tokenizer_path")
-    parser.add_argument("--fp32", default=None, help="also write the consolidated fp32 state dict here "
-                                                     "(.safetensors, or pickle for any other suffix)")
-    args = parser.parse_args(argv)
-    try:
-        found = locate(args.checkpoint)
-        config = args.config if args.config is not None else found.model
-        if config is None:
-            raise ValueError(f"{args.checkpoint}: no config beside it (albert_dist.json, a run's {RUN_CONFIG} or "
-                             f"{MODEL_CONFIG}): pass --config")
-        tokenizer = args.tokenizer if args.tokenizer is not None else found.tokenizer
-        if args.tokenizer is None and tokenizer is not None and not Path(tokenizer).is_file():
-            logger.warning("the run's tokenizer %s (%s) is not there any more: exported without spiece.model; "
-                           "pass --tokenizer", tokenizer, found.config_source)
-            tokenizer = None
-        if args.config is None:
-            print(f"model config from {found.config_source}" + (f"; tokenizer {tokenizer}" if tokenizer else ""))
-        export(found.checkpoint, config, args.output, tokenizer, args.fp32)
-    except (ValueError, OSError, CheckpointError) as err:  # a wrong path or config: one line, not a traceback
-        print(f"albert-dist export: {err}", file=sys.stderr)
-        return 2
-    print(f"exported {found.checkpoint} to {args.output}")
-    return 0
+def export_found(source: str, output: str, config: Optional[str] = None, tokenizer: Optional[str] = None,
+                 fp32: Optional[str] = None) -> Path:
+    """`albert-dist export`: `locate` `source`, take the model config and tokenizer found beside it unless
+    `config` / `tokenizer` override them, and `export`; returns the checkpoint exported.
+
+    A run's tokenizer that is no longer on disk is left out with a warning (the model still exports).
+
+    Raises:
+        ValueError: no config beside the checkpoint and none given; a checkpoint/config mismatch.
+        OSError: a missing file.
+        CheckpointError: a checkpoint that does not verify.
+    """
+    found = locate(source)
+    model = config if config is not None else found.model
+    if model is None:
+        raise ValueError(f"{source}: no config beside it (albert_dist.json, a run's {RUN_CONFIG} or "
+                         f"{MODEL_CONFIG}): pass --config")
+    spiece = tokenizer if tokenizer is not None else found.tokenizer
+    if tokenizer is None and spiece is not None and not Path(spiece).is_file():
+        logger.warning("the run's tokenizer %s (%s) is not there any more: exported without spiece.model; "
+                       "pass --tokenizer", spiece, found.config_source)
+        spiece = None
+    if config is None:
+        print(f"model config from {found.config_source}" + (f"; tokenizer {spiece}" if spiece else ""))
+    export(found.checkpoint, model, output, spiece, fp32)
+    return found.checkpoint

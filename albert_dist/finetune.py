@@ -52,55 +52,6 @@ GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
                   "qnli": "QNLI", "rte": "RTE"}
 
 
-def _parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog=COMMAND, description=doc[0], epilog="\n\n".join(doc[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL", help="run directory, MLflow run id (or runs:/<id>), or transformers "
-                                                  "ALBERT directory")
-    p.add_argument("--step", type=int, default=None, help="a run's checkpoint step_N instead of its final model")
-    p.add_argument("--init", choices=("pretrained", "random"), default="pretrained",
-                   help="random: the same config and tokenizer, fresh weights (default: pretrained)")
-    g = p.add_argument_group("tasks")
-    g.add_argument("--task", nargs="+", default=None, metavar="TASK", help="GLUE tasks: cola sst2 mrpc qqp stsb "
-                                                                           "mnli qnli rte")
-    g.add_argument("--data-dir", default=None, help="GLUE's TSV layout (default: the hub, nyu-mll/glue)")
-    g.add_argument("--train-file", default=None, help="a task from files instead: .csv, .tsv, .jsonl or .parquet")
-    g.add_argument("--validation-file", default=None)
-    g.add_argument("--text-column", default="sentence")
-    g.add_argument("--text-pair-column", default=None)
-    g.add_argument("--label-column", default="label")
-    g.add_argument("--task-type", choices=("auto", "classification", "regression"), default="auto",
-                   help="auto: regression when the labels are non-integer numbers")
-    g.add_argument("--task-name", default=None, help="name of a file task (default: the train file's stem)")
-    h = p.add_argument_group("fine-tuning (defaults per task)")
-    h.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="one fine-tune per seed (default 1 2 3)")
-    h.add_argument("--learning-rate", "--lr", type=float, default=None,
-                   help=f"peak AdamW learning rate (default {DEFAULT_LEARNING_RATE:g})")
-    h.add_argument("--epochs", type=float, default=None, help=f"(default {DEFAULT_EPOCHS:g})")
-    h.add_argument("--batch-size", type=int, default=None,
-                   help=f"per device (default {DEFAULT_BATCH_OTHER}; cola, stsb 16)")
-    h.add_argument("--max-seq-length", type=int, default=None, help="(default 64 for sst2/cola, else 128)")
-    h.add_argument("--warmup-ratio", type=float, default=None, help=f"(default {DEFAULT_WARMUP_RATIO:g})")
-    h.add_argument("--weight-decay", type=float, default=0.01)
-    h.add_argument("--classifier-dropout", type=float, default=None, help="(default 0.1, transformers')")
-    h.add_argument("--max-train-samples", type=int, default=None, help="a seeded subset of the train split")
-    h.add_argument("--max-eval-samples", type=int, default=None, help="a seeded subset of the dev split")
-    h.add_argument("--subset-seed", type=int, default=0, help="seed of those subsets (default 0: every model and "
-                                                              "fine-tune seed sees the same examples)")
-    h.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
-    h.add_argument("--deepspeed", default=None, help="DeepSpeed JSON for the Trainer (under the deepspeed launcher)")
-    o = p.add_argument_group("output")
-    o.add_argument("--output", default=None, help=f"directory for {RESULTS_FILE} (default: the run directory)")
-    o.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
-    o.add_argument("--tracking-uri", default=None,
-                   help="default: the run's own store (mlflow_run.json), $MLFLOW_TRACKING_URI, <checkout>/mlruns.db")
-    o.add_argument("--experiment", default=None,
-                   help="experiment of a standalone run (random init, no pretraining run); default: the "
-                        "pretraining run's, else albert_dist")
-    return p
-
-
 def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
     """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
     asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
@@ -212,12 +163,11 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def cli(argv: list[str]) -> int:
-    """Entry point; returns 0, or 2 (one line on stderr) for bad input found before any training."""
-    try:
-        args = _parser().parse_args(list(argv))
-    except SystemExit as exc:  # --help or an argparse error; the dispatcher owns the exit code
-        return int(exc.code or 0)
+def finetune(args: argparse.Namespace) -> int:
+    """Fine-tune and score `args.model` on `args`' tasks over its seeds (the work of `albert-dist finetune`, whose
+    flags `albert_dist.cli.finetune` defines); returns 0, or 2 (one line on stderr) for bad input found before any
+    training (unknown task, missing columns, label sets that differ, no tokenizer, a vocabulary mismatch, no such
+    checkpoint step)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
     from albert_dist.downstream.tasks import TaskError

@@ -1,4 +1,5 @@
-"""`albert-dist train`: the app's main (arguments, preflight checks, exit codes, try/finally around the job).
+"""`albert-dist train`: the app's main (preflight checks, exit codes, try/finally around the job; the arguments are
+`albert_dist.cli.train`'s).
 
     albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
 
@@ -6,9 +7,10 @@ Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --mo
 ...`; without `--no_local_rank`, `albert_dist.cli` takes the launcher's `--local_rank` away), torchrun, srun,
 and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
 (`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size, the input
-files and the checkpoint to resume (and what the config's changes mean there) are checked before any process
-group starts (a bad one: exit code 2, one line, nothing started); rank 0 also takes the run directory's lock
-(`albert_dist.engine.run_lock`: a second job on it is refused the same way, naming the holder). The ranks
+files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
+before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
+rank 0 also takes the run directory's lock there (`albert_dist.engine.run_lock`: a second job on it is refused
+the same way, naming the holder). The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
 (`albert_dist.engine.rendezvous`), so a refusal on any rank ends every rank at once; then
 `albert_dist.trainer.Trainer` runs the job.
@@ -21,57 +23,37 @@ by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a reque
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from albert_dist.config import TrainConfig, load_config
-from albert_dist.data.files import check_text_field
-from albert_dist.data import store
-from albert_dist.data.paths import discover_files
-from albert_dist.data.stream import check_slots_readable, plan_source
-from albert_dist.data.tokenizer import load_tokenizer
-from albert_dist.engine import checkpoint as ckpt
-from albert_dist.engine import memory
+from albert_dist.config import load_config
+from albert_dist.engine.checkpoint.drift import ConfigDriftError
+from albert_dist.engine.checkpoint.layout import CheckpointError
+from albert_dist.engine.checkpoint.save import CheckpointSaveError
 from albert_dist.engine.distributed import discover, setup_logging
 from albert_dist.engine.rendezvous import agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
 from albert_dist.engine.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    error_line)
-from albert_dist.tracking.tracker import parse_run_ref
+from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
 #: What a refused job raises: before the process group these are exit code 2 with one line.
-_REFUSED = (ValueError, FileNotFoundError, ckpt.CheckpointError)
+_REFUSED = (ValueError, FileNotFoundError, CheckpointError)
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="albert-dist train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
-    parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="'auto': continue from the newest complete checkpoint of run_dir (start fresh if none); "
-                             "PATH: a checkpoint directory or step_<N> directory")
-    parser.add_argument("--resume-from", default=None, metavar="RUN_ID|runs:/RUN_ID",
-                        help="continue an MLflow run: download its newest complete checkpoint, resume exactly, "
-                             "keep logging into the same run (albert_dist.tracking)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. engine.zero_stage=3")
-    return parser.parse_intermixed_args(list(argv))
-
-
-def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist train` (the app's main); returns the exit code (see the module docstring)
-    and never exits: the one place where exceptions become exit codes, and where the job is closed (tracker
-    ended with FINISHED/KILLED/FAILED, loader workers stopped, process group destroyed) whatever happens."""
-    args = _parse_args(argv)
-    overrides = list(args.overrides)
-    if args.resume is not None:
-        overrides.append(f"checkpoint.resume={args.resume}")
+def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] = None) -> int:
+    """The app's main (`albert-dist train`; its front end is `albert_dist.cli.train`): train the recipe at
+    `config` with dotted `overrides` (``checkpoint.resume=auto`` for ``--resume auto``), or continue the MLflow
+    run `resume_from`. Returns the exit code (see the module docstring) and never exits: the one place where
+    exceptions become exit codes, and where the job is closed (tracker ended with FINISHED/KILLED/FAILED,
+    loader workers stopped, process group destroyed) whatever happens."""
+    overrides = list(overrides)
     trainer: Optional[Trainer] = None
     locks: list[RunDirLock] = []
     status = "FAILED"
@@ -89,16 +71,11 @@ def cli(argv: Sequence[str]) -> int:
         store = open_store(env)
         error: Optional[Exception] = None
         try:
-            cfg = load_config(args.config, overrides)
-            check_inputs(cfg, env.world_size if env.rank == 0 else 0)
-            if args.resume_from is not None:
-                check_resume_from(args.resume_from, cfg)
-            trainer = Trainer(cfg, recipe_name=Path(args.config).stem, resume_from=args.resume_from, store=store,
-                              stop=stop)
-            # the memory line; a ValueError (exit 2) on a GPU the estimate exceeds, before any process group
-            memory.preflight(cfg, env.world_size, env.local_rank, log=env.rank == 0)
-            if env.rank == 0:  # one job per run directory; last, so a job refused otherwise leaves nothing behind
-                locks = lock_run_dirs(cfg)
+            cfg = load_config(config, overrides)
+            # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.preflight)
+            plan, locks = preflight(cfg, env, resume_from)
+            trainer = Trainer(cfg, recipe_name=Path(config).stem, resume_from=resume_from, store=store,
+                              stop=stop, plan=plan)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)
@@ -115,7 +92,7 @@ def cli(argv: Sequence[str]) -> int:
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
-    except ckpt.CheckpointSaveError as err:  # one line: the path and the errno say it all
+    except CheckpointSaveError as err:  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
@@ -123,7 +100,7 @@ def cli(argv: Sequence[str]) -> int:
         if trainer is None or not trainer.started:  # refused before any process group: nothing ran
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
-        if isinstance(err, ckpt.ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+        if isinstance(err, ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
             exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR
@@ -153,96 +130,15 @@ def cli(argv: Sequence[str]) -> int:
 
 
 def end_process(code: int) -> None:
-    """After `cli` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
+    """After `main` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
     finalization (`albert_dist.engine.stop.end_rank`: a finished rank could abort in the teardown of gloo's
     and DeepSpeed's C++ objects); a single process returns, so an in-process caller keeps its interpreter."""
     try:
         multi_rank = discover().world_size > 1
-    except ValueError:  # no consistent job environment: cli already said so; nothing to end early
+    except ValueError:  # no consistent job environment: main already said so; nothing to end early
         return
     if multi_rank:
         end_rank(code)
 
 
-def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
-    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's, and the checkpoint
-    directory's when `checkpoint.dir` puts it elsewhere. None without a fixed `run_dir` (the auto-named one is
-    locked when rank 0 names it, `Trainer.setup`).
-
-    Raises:
-        RunDirBusy: another job holds one of them (a ValueError: exit code 2, naming the directory and holder).
-    """
-    dirs = []
-    if cfg.run_dir is not None:
-        dirs.append(Path(cfg.run_dir))
-    if cfg.checkpoint.dir is not None:
-        ckpt_dir = Path(cfg.checkpoint.dir)
-        if not dirs or dirs[0].resolve() not in (ckpt_dir.resolve(), *ckpt_dir.resolve().parents):
-            dirs.append(ckpt_dir)
-    locks: list[RunDirLock] = []
-    try:
-        for d in dirs:
-            locks.append(RunDirLock(d).acquire())
-    except BaseException:
-        for lock in locks:
-            lock.release()
-        raise
-    return locks
-
-
-def check_resume_from(ref: str, cfg: TrainConfig) -> None:
-    """`--resume-from` names an MLflow run and tracking is on (its checkpoint is fetched after the process group).
-
-    Raises:
-        ValueError: naming `--resume-from` and the value, or `tracking.enabled`.
-    """
-    try:
-        parse_run_ref(ref)
-    except ValueError as err:
-        raise ValueError(f"--resume-from: {err}") from err
-    if not cfg.tracking.enabled:
-        raise ValueError("--resume-from needs tracking.enabled=true")
-
-
-def check_inputs(cfg: TrainConfig, world_size: int = 0) -> None:
-    """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
-
-    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
-    jsonl/parquet records hold `text_field`; `albert_dist.data.paths.discover_files`,
-    `albert_dist.data.files.check_text_field`), the
-    tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
-    index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    The checkpoint to resume is checked when the `Trainer` is built (`ckpt.resume_plan`). With ``world_size``
-    (rank 0 passes it; 0 skips this), every training slot's share is probed for one usable record
-    (`albert_dist.data.stream.check_slots_readable`).
-
-    Raises:
-        ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
-            data.max_seq_length).
-    """
-    for split in ("train", "validation"):
-        for i, src in enumerate(getattr(cfg.data, split)):
-            if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
-                where = f"data.{split}[{i}]"
-                files = discover_files(src, where)
-                check_text_field(src, where, files)
-                if all(store.file_size(f) == 0 for f in files):
-                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
-                if split == "train" and world_size:
-                    slots = world_size * max(1, cfg.data.num_workers)
-                    pieces = plan_source(src, where, cfg.data.shard_piece_bytes, slots, require_pieces=False)
-                    check_slots_readable(src, where, pieces, slots, cfg.data.max_document_bytes)
-    if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
-        raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
-                         f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
-    try:
-        pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
-    except ValueError as exc:  # the loader knows the file, not the config field that named it
-        raise ValueError(f"data.tokenizer_path: {exc}") from None
-    if pieces > cfg.model.vocab_size:
-        raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
-                         f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
-
-
-__all__ = ["EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "check_inputs",
-           "check_resume_from", "cli", "end_process", "lock_run_dirs"]
+__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "end_process"]

@@ -31,11 +31,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, check_derived, config_hash, resume_rules, to_container, to_yaml
+from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
 from albert_dist.data.loader import build_train_loader
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.layout import tag_for
+from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
+from albert_dist.engine.checkpoint.manager import CheckpointManager, every
+from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
+from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
@@ -44,50 +47,48 @@ from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
-from albert_dist.engine.reshard import ReshardedLoader
+from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
+from albert_dist.preflight import JobPlan, load_plan_for, plan_job
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
 
-#: Dropout seed of a rank that cannot restore its RNG state (re-exported; the rule lives with the checkpoints).
-seed_for = ckpt.seed_for
 
 
 class Trainer:
     """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
-    `albert_dist.train.cli` (the app's main) drives them and turns exceptions into exit codes.
+    `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
-    `__init__` (no process group, no files written): the world-size arithmetic (`check_derived`), the DeepSpeed
-    config (`build_deepspeed_config`: precision and accelerator checks) and the resume plan (`ckpt.resume_plan`: the
-    checkpoint `checkpoint.resume` names, verified, and what the config's changes mean there). It raises
-    `ValueError`, `FileNotFoundError`, `ckpt.CheckpointError` or `ckpt.ConfigDriftError` for a job that must not
+    `__init__` (no process group, no files written) takes the job's plan from the app's preflight
+    (`albert_dist.preflight.plan_job`, made here when not given: the world-size arithmetic, the DeepSpeed
+    config, the load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
+    `ValueError`, `FileNotFoundError`, `layout.CheckpointError` or `drift.ConfigDriftError` for a job that must not
     start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
     download the process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
-    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `ckpt.CheckpointManager`).
+    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
     """
 
     def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
-                 store: Any = None, stop: Optional[StopFlag] = None):
+                 store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
         self.cfg = cfg
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.recipe_name = recipe_name
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
         world = self.dist_env.world_size
-        self.global_batch = check_derived(cfg, world)
-        self.ds_config = build_deepspeed_config(cfg.engine, world)
+        # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
+        plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
+        self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
-        self.resume_plan = ckpt.ResumePlan() if resume_from is not None else self._plan(
-            cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir))
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
         self._acc: Optional[MetricAccumulator] = None  # the loop's open metric interval (saved with a checkpoint)
@@ -113,13 +114,13 @@ class Trainer:
         rank, world = self.dist_env.rank, self.dist_env.world_size
         self.run_dir = Path(self._agree_run_dir())
         self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
-        self.checkpoints = ckpt.CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
+        self.checkpoints = CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
                                                   config=self.config, config_hash=self.config_hash,
-                                                  seed=cfg.seed, plan=self.resume_plan)
+                                                  seed=cfg.seed, plan=self.load_plan)
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        def fetch(ckpt_dir: Path) -> ckpt.ResumePlan:  # MLflow: the run's newest complete checkpoint, as "auto"
+        def fetch(ckpt_dir: Path) -> LoadPlan:  # MLflow: the run's newest complete checkpoint, as "auto"
             fetch_run_checkpoint(cfg.tracking, self.resume_from, ckpt_dir, rank, self.dist_env.local_rank)
             return self._plan("auto", ckpt_dir)
 
@@ -127,7 +128,7 @@ class Trainer:
                                           fetch=fetch if self.resume_from is not None else None)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
         self._saved_interval = resumed.metrics_states
-        with ckpt.rng_kept():  # the first step must see the RNG state the resume set
+        with rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
             device = self.engine.device
             self.device = torch.device(device) if not isinstance(device, torch.device) else device
@@ -148,10 +149,9 @@ class Trainer:
             if note:  # not an error (ALBERT's own recipe does it), but a masking rate the user may not expect
                 logger.warning("%s", note)
 
-    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> ckpt.ResumePlan:
-        """`ckpt.resume_plan` for this job (its config, world size and the config's resume rules); rank 0 warns."""
-        return ckpt.resume_plan(resume, ckpt_dir, self.config, self.dist_env.world_size, resume_rules(),
-                                log=self.dist_env.rank == 0)
+    def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> LoadPlan:
+        """`albert_dist.preflight.load_plan_for` this job; rank 0 warns."""
+        return load_plan_for(self.cfg, resume, ckpt_dir, self.dist_env.world_size, log=self.dist_env.rank == 0)
 
     def _build_engine(self, overrides: dict) -> Any:
         """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`
@@ -164,11 +164,11 @@ class Trainer:
         ds_config = {**self.ds_config, **overrides}
         if self.dist_env.rank == 0:
             (self.run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2))
-        ckpt.seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
+        seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
         # The static MLM gather (one shape for every batch, no host sync): as many slots as a row can hold.
         model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=cfg.data.prediction_slots)
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
-        model.universal_checkpoint_info = dict(ckpt.UNIVERSAL_CHECKPOINT_INFO)
+        model.universal_checkpoint_info = dict(UNIVERSAL_CHECKPOINT_INFO)
         self.n_params = sum(p.numel() for p in model.parameters())
         optimizer, after_initialize = build_optimizer(model, cfg.optimizer)
         scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.max_steps)
@@ -185,7 +185,7 @@ class Trainer:
         return engine
 
     def _build_loader(self, base_rank: int, base_world: int) -> Any:
-        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.reshard`)."""
+        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`)."""
         loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
                                     base_world)
         # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
@@ -255,12 +255,12 @@ class Trainer:
                     self.step += 1
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
-                    if ckpt.every(self.step, cfg.log_interval_steps, last):
+                    if every(self.step, cfg.log_interval_steps, last):
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
                     paused = time.perf_counter()  # eval and save time is not training throughput
-                    if ckpt.every(self.step, cfg.eval_interval_steps, last):
+                    if every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
                     stop = self._agree_stop()
                     if stop and rank == 0:  # every rank is alive and agrees: now it can be promised
@@ -345,9 +345,9 @@ class Trainer:
         return val
 
     def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
-        """Checkpoint the current step when the cadence says so (`ckpt.CheckpointManager.maybe_save`; `last`:
+        """Checkpoint the current step when the cadence says so (`manager.CheckpointManager.maybe_save`; `last`:
         the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
-        the tag, or None when nothing was saved. Raises `ckpt.CheckpointSaveError` as `maybe_save`."""
+        the tag, or None when nothing was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
         tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop,
                                           metrics_state=None if self._acc is None else self._acc.local_state)
@@ -365,7 +365,7 @@ class Trainer:
         the job's result)."""
         if self.dist_env.rank != 0:
             return None
-        return log_final_model(self.tracker, self.cfg, self.ckpt_dir, ckpt.tag_for(self.step), self.run_dir)
+        return log_final_model(self.tracker, self.cfg, self.ckpt_dir, tag_for(self.step), self.run_dir)
 
     def close(self, status: str) -> None:
         """Stop the loader workers, close the tracker with `status` ("FINISHED", "KILLED", "FAILED"), destroy the
@@ -395,4 +395,4 @@ class Trainer:
         return [it] if it is not None else []
 
 
-__all__ = ["Trainer", "seed_for"]
+__all__ = ["Trainer"]

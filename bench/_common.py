@@ -10,7 +10,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
-from albert_dist.engine.distributed import local_rank_env, spawn_local_ranks
+from albert_dist.engine.local_ranks import local_rank_env, spawn_local_ranks
 
 if TYPE_CHECKING:
     import torch

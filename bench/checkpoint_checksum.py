@@ -64,7 +64,9 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     import deepspeed
 
     from albert_dist.config import TrainConfig, config_hash, load_model_config, to_container
-    from albert_dist.engine import checkpoint as ckpt
+    from albert_dist.engine.checkpoint.layout import payload_files
+    from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
+    from albert_dist.engine.checkpoint.save import save_checkpoint
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
@@ -73,7 +75,7 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     cfg = TrainConfig(model=load_model_config(preset))
     cfg.engine.train_micro_batch_size_per_gpu, cfg.engine.zero_stage = 2, 2
     model = AlbertForPreTraining(cfg.model)
-    model.universal_checkpoint_info = ckpt.UNIVERSAL_CHECKPOINT_INFO
+    model.universal_checkpoint_info = UNIVERSAL_CHECKPOINT_INFO
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
                                       config=build_deepspeed_config(cfg.engine, world_size=1))
     engine.backward(engine(**synthetic_batch(cfg.model.vocab_size, batch=2, seq=64, predictions=8)).loss)
@@ -82,10 +84,10 @@ def bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"save_s": [], "bytes": 0, **{f"{k}_s": [] for k in sums}, **{f"{k}_share": [] for k in sums}}
     for i in range(repeats):
         t0 = time.perf_counter()
-        tag = ckpt.save_checkpoint(engine, workdir, i + 1, {"pos": i}, config_hash(cfg), keep_last=repeats + 1,
+        tag = save_checkpoint(engine, workdir, i + 1, {"pos": i}, config_hash(cfg), keep_last=repeats + 1,
                                    config=to_container(cfg))
         save_s = time.perf_counter() - t0
-        files = [workdir / tag / rel for rel in ckpt.payload_files(workdir / tag)]
+        files = [workdir / tag / rel for rel in payload_files(workdir / tag)]
         out["save_s"].append(save_s)
         out["bytes"] = sum(f.stat().st_size for f in files)
         for name, fn in sums.items():

@@ -48,7 +48,10 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     import deepspeed
 
     from albert_dist.config import TrainConfig, config_hash
-    from albert_dist.engine import checkpoint as ckpt
+    from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO, load_checkpoint
+    from albert_dist.engine.checkpoint.choose import choose_checkpoint
+    from albert_dist.engine.checkpoint.save import save_checkpoint
+    from albert_dist.engine.checkpoint.state import rng_state
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.config import load_model_config
@@ -59,7 +62,7 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     cfg.engine.train_micro_batch_size_per_gpu, cfg.engine.zero_stage = BATCH, 2
     model = AlbertForPreTraining(cfg.model)
     plain = copy.deepcopy(model)
-    model.universal_checkpoint_info = ckpt.UNIVERSAL_CHECKPOINT_INFO  # as the trainer builds it
+    model.universal_checkpoint_info = UNIVERSAL_CHECKPOINT_INFO  # as the trainer builds it
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
                                       config=build_deepspeed_config(cfg.engine, world_size=1))
     plain_opt = build_optimizer(plain, cfg.optimizer).optimizer
@@ -82,19 +85,19 @@ def _bench_preset(preset: str, repeats: int, workdir: Path) -> dict[str, Any]:
     for i in range(repeats):
         step = i + 1
         t0 = time.perf_counter()
-        tag = ckpt.save_checkpoint(engine, ds_dir, step, data_state, digest, keep_last=repeats + 1)
+        tag = save_checkpoint(engine, ds_dir, step, data_state, digest, keep_last=repeats + 1)
         ds_save = time.perf_counter() - t0
 
         pt_path = pt_dir / f"step_{step}.pt"
         t0 = time.perf_counter()
         torch.save({"model": plain.state_dict(), "optimizer": plain_opt.state_dict(),
-                    "client_state": {"step": step, "data_state": data_state, "rng": ckpt.rng_state(),
+                    "client_state": {"step": step, "data_state": data_state, "rng": rng_state(),
                                      "config_hash": digest}}, pt_path)
         pt_save = time.perf_counter() - t0
 
-        point = ckpt.plan_resume(str(ds_dir / tag), ds_dir)
+        point = choose_checkpoint(str(ds_dir / tag), ds_dir)
         t0 = time.perf_counter()
-        state = ckpt.load_checkpoint(engine, point)
+        state = load_checkpoint(engine, point)
         ds_load = time.perf_counter() - t0
         if state["step"] != step:
             raise RuntimeError(f"DeepSpeed checkpoint {tag} loaded step {state['step']}, expected {step}")

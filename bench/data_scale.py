@@ -465,8 +465,8 @@ def tokenizer_section(work: Path, sizes_mb: tuple[int, ...] = (100,), peer: bool
 # its manifest: ru_maxrss would include this benchmark's own RSS, which Linux carries across fork + exec)
 _PREPARE_DRIVER = """
 import json, resource, sys
-from albert_dist.data_cli import prepare_cli
-rc = prepare_cli(sys.argv[1:])
+from albert_dist.cli import main
+rc = main(["data", "prepare", *sys.argv[1:]])
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RUSAGE " + json.dumps({"rc": rc, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
 """

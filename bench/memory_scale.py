@@ -391,7 +391,7 @@ def _estimate_states(cell: dict[str, Any], cfg) -> None:
     written into `cell`; `--merge` redoes it so merged runs are judged by the current estimator."""
     from albert_dist.engine import memory
 
-    ours = memory.model_state_bytes(cfg, cell["world_size"])
+    ours = memory.model_state_bytes(cfg.model, cfg.engine, cell["world_size"])
     worst = cell["per_rank_max"]
     cell["ours"] = ours.as_dict()
     cell["ratio_vs_ours"] = cell["model_states_bytes"] / ours.model_states_bytes

@@ -1,4 +1,4 @@
-"""Run every benchmark in ``bench/`` and write one ``bench/results.json``, the table in docs/benchmarks.md and a plot.
+"""Run every benchmark in ``bench/`` and write one ``bench/results/results.json``, the table in docs/benchmarks.md and a plot.
 
     python bench/run_all.py                      # what `make bench` runs (< 10 min on 2 CPU cores)
     python bench/run_all.py --only resume zero   # a subset (results.json then holds only that subset)
@@ -154,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=None,
                    help=f"per-benchmark time limit (default {DEFAULT_TIMEOUT_S:.0f} s; SUITE_TIMEOUT_S for some)")
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="time limit of the whole suite")
-    p.add_argument("--results", default=str(BENCH_DIR / "results.json"), help="results file to write")
+    p.add_argument("--results", default=str(BENCH_DIR / "results" / "results.json"), help="results file to write")
     p.add_argument("--doc", "--readme", dest="doc", default=str(ROOT / "docs" / "benchmarks.md"),
                    help="Markdown file whose 'Benchmarks' section gets the table ('' = none)")
-    p.add_argument("--plot", default=str(BENCH_DIR / "results.png"), help="plot to write ('' = none)")
+    p.add_argument("--plot", default=str(BENCH_DIR / "results" / "results.png"), help="plot to write ('' = none)")
     p.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; unset = no MLflow logging)")
     p.add_argument("--mlflow-experiment", default="albert_dist-bench")

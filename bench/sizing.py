@@ -4,16 +4,16 @@ Prints Markdown tables; every number comes from a measurement named beside it or
 measurements check:
 
 * memory per rank: `albert_dist.engine.memory` (checked cell by cell against DeepSpeed's tensors and torch's
-  profiler by bench/memory_scale.py; its figures are in bench/memory_scale.json);
+  profiler by bench/memory_scale.py; its figures are in bench/results/memory_scale.json);
 * data workers per rank: the data pipeline's tokens per CPU-second of one core (`data_pipeline` in
-  bench/results.json, from `make bench`) against what a GPU consumes at an assumed MFU (`--mfu`, `--peak-tflops`;
+  bench/results/results.json, from `make bench`) against what a GPU consumes at an assumed MFU (`--mfu`, `--peak-tflops`;
   no GPU has measured ALBERT here yet: bench/gpu_check.sh will), from `albert_dist.model.flops`;
 * checkpoint bytes and save time per rank: `bench/checkpoint_io.py`'s engine save of each preset on this machine
   (1 rank: bytes on disk and seconds, so MB/s), split per rank as DeepSpeed writes it (rank 0: the module's
   weights; every rank: its fp32 master + Adam partition), checked against the measured 1-rank total;
 * MLflow volume per 1,000 steps: the soak's counts (`--soak soak.json` from `python bench/soak.py --json ...`).
 
-    python bench/sizing.py --soak bench/soak.json          # measures the checkpoints (3.5 min at load 5-6), reads the soak
+    python bench/sizing.py --soak bench/results/soak.json          # measures the checkpoints (3.5 min at load 5-6), reads the soak
     python bench/sizing.py --no-checkpoints                # memory and data tables only
     python bench/sizing.py --only memory                   # one table (memory, data, checkpoints, mlflow)
 """
@@ -56,7 +56,7 @@ def memory_tables(precision: str = "bf16", seq: int = 512, micro_batch: int = 32
     for preset in PRESETS:
         for stage in (1, 2, 3):
             cfg = _cfg(preset, f"engine.zero_stage={stage}", f"engine.precision={precision}")
-            ests = [memory.model_state_bytes(cfg, w) for w in WORLDS]
+            ests = [memory.model_state_bytes(cfg.model, cfg.engine, w) for w in WORLDS]
             lines.append(f"| {preset} | {parameter_count(cfg.model) / 1e6:.1f} M | {stage} | "
                          + " | ".join(_gib(e.model_states_bytes) for e in ests)
                          + f" | {_gib(ests[0].buffers_bytes)} | {_gib(ests[-1].gathered_bytes) if stage == 3 else '—'} |")
@@ -68,10 +68,10 @@ def memory_tables(precision: str = "bf16", seq: int = 512, micro_batch: int = 32
         for ckpt in (False, True):
             cfg = _cfg(preset, "engine.zero_stage=2", f"engine.precision={precision}",
                        f"model.gradient_checkpointing={str(ckpt).lower()}", f"data.max_seq_length={seq}")
-            masked = memory.masked_positions(cfg, seq)
+            masked = memory.masked_positions(cfg.data, seq)
             one = memory.activation_bytes(cfg.model, 1, seq, precision, masked=masked)
             many = memory.activation_bytes(cfg.model, micro_batch, seq, precision, masked=masked)
-            states = memory.model_state_bytes(cfg, 8).model_states_bytes
+            states = memory.model_state_bytes(cfg.model, cfg.engine, 8).model_states_bytes
             lines.append(f"| {preset} | {'yes' if ckpt else 'no'} | {_gib(one.retained_bytes)} | {_gib(one.peak_bytes)} | "
                          f"{_gib(many.peak_bytes)} | {_gib(states)} | {many.peak_bytes / states:.0f}x |")
     return "\n".join(lines)
@@ -86,7 +86,7 @@ def data_table(results: Path, mfu: float, peak_tflops: float, seq: int = 512) ->
     per_core = s["min"]  # the slowest repeat: a worker must keep up in its worst second
     m = bench["machine"]
     lines = [f"Data pipeline, one core, sequence {seq}: {s['min']:,.0f} / {s['median']:,.0f} / {s['max']:,.0f} tokens per "
-             f"CPU-second (min / median / max, `data_pipeline` in bench/results.json, {m['cpu_model']}, "
+             f"CPU-second (min / median / max, `data_pipeline` in bench/results/results.json, {m['cpu_model']}, "
              f"{m['date_utc'][:10]}); sized with the minimum. A GPU's appetite at an assumed {mfu:.0%} MFU of "
              f"{peak_tflops:g} TFLOP/s (training FLOPs per token from albert_dist.model.flops, MLM head at 20 "
              "predictions per sequence); workers per rank = ceil(appetite / per-core rate x 2) (a worker at half a "
@@ -96,7 +96,7 @@ def data_table(results: Path, mfu: float, peak_tflops: float, seq: int = 512) ->
     for preset in PRESETS:
         cfg = _cfg(preset, f"data.max_seq_length={seq}")
         flops = training_flops_per_token(cfg.model, seq) + \
-            mlm_head_training_flops_per_prediction(cfg.model) * masked_positions(cfg, seq) / seq
+            mlm_head_training_flops_per_prediction(cfg.model) * masked_positions(cfg.data, seq) / seq
         rate = mfu * peak_tflops * 1e12 / flops
         cores = rate / per_core
         lines.append(f"| {preset} | {flops / 1e9:.2f} GFLOP | {rate:,.0f} | {cores:.2f} | {max(1, math.ceil(cores * 2))} | "
@@ -159,7 +159,7 @@ def mlflow_table(soak: dict[str, Any]) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--soak", help="JSON of `python bench/soak.py --json`")
-    p.add_argument("--results", default=str(ROOT / "bench" / "results.json"))
+    p.add_argument("--results", default=str(ROOT / "bench" / "results" / "results.json"))
     p.add_argument("--mfu", type=float, default=0.4)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100 SXM: 989)")
     p.add_argument("--no-checkpoints", action="store_true", help="skip the checkpoint measurement")

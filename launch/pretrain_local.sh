@@ -60,13 +60,16 @@ while kill -0 "${LAUNCHER}" 2>/dev/null; do # a trapped signal interrupts `wait`
     status=0
     wait "${LAUNCHER}" || status=$?
 done
-if [[ -n ${SIGNAL} ]]; then
+# After a signal, or whenever the launcher failed: a signal this shell cannot see (SIGINT ignored when it started,
+# as in a script's `setsid launch/pretrain_local.sh ... &`: bash cannot trap it, but the ranks still stop on it)
+# leaves ranks saving their stop checkpoint after DeepSpeed's launch.py has exited.
+if [[ -n ${SIGNAL} || (${status} -ne 0 && ${status} -ne 2) ]]; then
     ranks_alive() {
         ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
             '$1 != "awk" && index($0 " ", s) { n++ } END { exit n == 0 }'
     }
     for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
-    ranks_alive && echo "${SIGNAL}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
+    ranks_alive && echo "${SIGNAL:-exit ${status}}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
 fi
 trap - INT TERM
 AFTER="$(cat "${LATEST}" 2>/dev/null || true)"
@@ -74,15 +77,15 @@ stop_checkpoint() { # the checkpoint $1 was written by a stop signal (albert_dis
     python -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("reason") != "stop")' \
         "${RUN_DIR}/checkpoints/$1/albert_dist.json" 2>/dev/null
 }
-if [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 ]]; then
-    if [[ -n ${AFTER} && ${AFTER} != "${BEFORE}" ]] && stop_checkpoint "${AFTER}"; then
-        echo "(${SIGNAL}: every rank stopped after writing checkpoint ${AFTER}; the launcher exited ${status})"
-        status=75
-    else
-        echo "(${SIGNAL}: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or" \
-            "the ranks were killed); newest complete checkpoint: ${AFTER:-none})"
-        status=$((128 + $(kill -l "${SIGNAL#SIG}")))
-    fi
+if [[ ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 && -n ${AFTER} && ${AFTER} != "${BEFORE}" ]] &&
+    stop_checkpoint "${AFTER}"; then
+    # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal
+    echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${AFTER}; the launcher exited ${status})"
+    status=75
+elif [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 ]]; then
+    echo "(${SIGNAL}: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or" \
+        "the ranks were killed); newest complete checkpoint: ${AFTER:-none})"
+    status=$((128 + $(kill -l "${SIGNAL#SIG}")))
 elif ((status > 128)); then
     # DeepSpeed's launch.py exits with a dead rank's return code: -N for signal N, i.e. 256 - N (247 after a
     # kill -9); a shell reports 128 + N.

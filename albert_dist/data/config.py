@@ -68,6 +68,23 @@ def _default_validation() -> list[SourceConfig]:
     return [SourceConfig(paths=["data/sample/wikitext-2-validation.txt"])]
 
 
+def masking_budget(candidates, rate: float, cap: Optional[int] = None):
+    """Tokens masked in a row of `candidates` maskable tokens (every token but [CLS] and the two [SEP]s):
+    round(rate x candidates) (half to even), at least 1, at most `cap` (`max_predictions_per_seq`; None: no cap).
+    BERT's and ALBERT's ``num_to_predict`` (create_pretraining_data.py), the one formula the pipeline
+    (`albert_dist.data.pretraining`), the cap note and the memory estimate use.
+
+    `candidates`: an int (returns an int) or an integer numpy array (one budget per row, int64, same shape).
+    """
+    if isinstance(candidates, int):
+        budget = max(1, round(rate * candidates))
+        return budget if cap is None else min(cap, budget)
+    import numpy as np
+
+    budget = np.maximum(1, np.round(candidates * rate).astype(np.int64))
+    return budget if cap is None else np.minimum(cap, budget)
+
+
 #: The fixed validation set's fields (built once per job from the current config).
 _VALIDATION_SET = on_resume(APPLIES, "validates on the new fixed validation set")
 
@@ -140,8 +157,8 @@ class DataConfig:
 
     def masked_tokens_asked(self, rate: float) -> int:
         """Tokens masking at ``rate`` asks for in a full-length row (max_seq_length - 3 candidates), before the cap:
-        round(rate x (max_seq_length - 3)), at least 1, as the pipeline rounds (`albert_dist.data.pretraining`)."""
-        return max(1, round(rate * (self.max_seq_length - 3)))
+        `masking_budget` without its cap."""
+        return masking_budget(self.max_seq_length - 3, rate)
 
     def masking_cap_note(self) -> Optional[str]:
         """None when ``max_predictions_per_seq`` never lowers the masking rate of a full-length row, for training

@@ -13,7 +13,7 @@ Resume requires the same world size, ``num_workers``, micro batch size, corpus a
 them restarts the streams instead (`albert_dist.engine.checkpoint.drift`, by the same ``on_resume`` tags). The
 pieces are planned for this stream's slots (world_size x num_workers), so they are part of the fingerprint: a job
 resumed on another world size rebuilds the old streams as "rank r of the old world size"
-(`albert_dist.engine.reshard`), which plans the same pieces again.
+(`albert_dist.engine.checkpoint.reshard`), which plans the same pieces again.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     albert-dist data plan --config configs/pretrain/<recipe>.yaml --ranks 1024 [--workers 8] [key=value ...] [--json]
 
-The command line (the recipe, exit codes) is the app's, `albert_dist.data_cli.plan_cli`; this module is the
+The command line (the recipe, exit codes) is the app's, `albert_dist.cli.data`; this module is the
 work: `plan_data(DataConfig, ranks, workers)` and `format_plan`.
 
 No process group and no reading beyond metadata: file sizes and parquet footers (`albert_dist.data.paths.
@@ -42,6 +42,7 @@ from albert_dist.data.files import check_text_field
 from albert_dist.data import store
 from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
                                     readers_per_piece)
+from albert_dist.data.sizes import fmt_bytes
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
@@ -260,28 +261,20 @@ def advice(p: SourcePlan) -> str:
     """What to do about an amplified source: the `prepare_command`, or why none helps (a source too small)."""
     if p.needs_prepare:
         return f"to read it once: {prepare_command(p)}"
-    return (f"it is under {_size(MIN_PIECE_BYTES)} per slot, too small to give {p.slots} slots a piece each; "
-            f"reading it {p.amplification:.1f} times costs {_size(p.bytes * p.amplification)} per epoch in all "
+    return (f"it is under {fmt_bytes(MIN_PIECE_BYTES)} per slot, too small to give {p.slots} slots a piece each; "
+            f"reading it {p.amplification:.1f} times costs {fmt_bytes(p.bytes * p.amplification)} per epoch in all "
             "(fewer workers, or a larger corpus, read it once)")
 
 
 def amplification_warning(plans: list[SourcePlan]) -> Optional[str]:
     """The loader's warning text when some source is read more than `AMPLIFICATION_LIMIT` times per epoch (the
     figure, why, and the `prepare_command` or why none helps); None when every source reads about once."""
-    lines = [f"{p.where}: every epoch reads its {_size(p.bytes)} {p.amplification:.1f} times ({_why(p)}); {advice(p)}"
+    lines = [f"{p.where}: every epoch reads its {fmt_bytes(p.bytes)} {p.amplification:.1f} times ({_why(p)}); {advice(p)}"
              for p in plans if p.amplified]
     return "read amplification: " + " | ".join(lines) if lines else None
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
     """The human-readable report ``albert-dist data plan`` prints."""
     slots = ranks * max(1, workers)
@@ -295,8 +288,8 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
         skipped = ", ".join(s for s in (f"{p.empty_files} empty" if p.empty_files else "",
                                         f"{p.damaged_files} damaged (skipped)" if p.damaged_files else "") if s)
         out.append(f"{p.where}: {' '.join(p.paths)}: {p.files} files{f' ({skipped})' if skipped else ''}, "
-                   f"{_size(p.bytes)}, {p.compressed_files} compressed")
-        how = (f"byte ranges of {_size(p.piece_bytes)} for uncompressed txt/jsonl"
+                   f"{fmt_bytes(p.bytes)}, {p.compressed_files} compressed")
+        how = (f"byte ranges of {fmt_bytes(p.piece_bytes)} for uncompressed txt/jsonl"
                if p.pieces > p.compressed_files else "one per compressed file")
         out.append(f"  pieces: {p.pieces} ({how}; parquet: one per row group)")
         if p.pieces and p.pieces < slots:
@@ -305,7 +298,7 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
         lo, mean, hi = p.pieces_per_slot
         out.append(f"  pieces per slot: min {lo} / mean {mean:.2f} / max {hi}")
         lo, mean, hi = p.bytes_per_slot
-        out.append(f"  bytes read per slot per epoch: min {_size(lo)} / mean {_size(mean)} / max {_size(hi)}")
+        out.append(f"  bytes read per slot per epoch: min {fmt_bytes(lo)} / mean {fmt_bytes(mean)} / max {fmt_bytes(hi)}")
         out.append(f"  read amplification: {p.amplification:.2f}"
                    + ("" if p.amplification <= AMPLIFICATION_LIMIT else
                       f" (above {AMPLIFICATION_LIMIT}: the loader says so at start)"))
@@ -320,5 +313,5 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
     if total:
         amp = sum(p.bytes * p.amplification for p in plans if not p.hub) / total
         out.append("")
-        out.append(f"all local sources: {_size(total)}, read amplification {amp:.2f}")
+        out.append(f"all local sources: {fmt_bytes(total)}, read amplification {amp:.2f}")
     return "\n".join(out)

@@ -3,7 +3,7 @@
     albert-dist data prepare --input '/corpora/pile/*.jsonl.zst' [--input more/ ...] --output /data/pile-prepared
     albert-dist data prepare --config configs/pretrain/<recipe>.yaml --output DIR   (the recipe's data.train)
 
-The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.data_cli`; this module is the
+The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.cli.data`; this module is the
 work, `prepare(PrepareOptions(...), command)`.
 
 Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
@@ -66,7 +66,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import mib, peak_rss_bytes
+from albert_dist.data.sizes import fmt_bytes, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +169,8 @@ def plan_sizes(text_bytes: int, documents: int, opts: PrepareOptions) -> Sizes:
         per_slot = math.ceil(max(1, text_bytes) / (ROW_GROUPS_PER_SLOT * slots))
         rg = min(MAX_ROW_GROUP_BYTES, max(MIN_ROW_GROUP_BYTES, per_slot))
         rule = (f"row groups: text / ({ROW_GROUPS_PER_SLOT} x {opts.target_ranks} ranks x "
-                f"{opts.target_loader_workers} loader workers), within [{mib(MIN_ROW_GROUP_BYTES)}, "
-                f"{mib(MAX_ROW_GROUP_BYTES)}]")
+                f"{opts.target_loader_workers} loader workers), within [{fmt_bytes(MIN_ROW_GROUP_BYTES)}, "
+                f"{fmt_bytes(MAX_ROW_GROUP_BYTES)}]")
     if opts.num_shards is not None:
         shards, srule = opts.num_shards, "--num-shards"
     elif opts.shard_bytes is not None:
@@ -814,7 +814,7 @@ def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool,
 
     disk_bytes = sum(t.disk_bytes for t in tasks)
     logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
-                mib(disk_bytes), len(tasks), opts.workers, f"{url} (built in {out})" if remote else out)
+                fmt_bytes(disk_bytes), len(tasks), opts.workers, f"{url} (built in {out})" if remote else out)
     with _Workers(opts.workers, opts.progress) as pool:
         manifest = _scan_dedup_write(opts, command, t0, work, tasks, inputs, plan_skips, fingerprint, pool)
     for e in manifest["files"]:

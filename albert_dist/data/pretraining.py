@@ -30,7 +30,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from albert_dist.data.config import DataConfig
+from albert_dist.data.config import DataConfig, masking_budget
 from albert_dist.data.text import split_sentences, word_start_table
 from albert_dist.data.tokenizer import CLS_ID, FIRST_NORMAL_ID, MASK_ID, PAD_ID, SEP_ID
 from albert_dist.model.config import IGNORE_INDEX
@@ -218,8 +218,7 @@ class ExampleBuilder:
         starts[off] = True
         starts[(off + la)[lb > 0]] = True  # B's first piece starts a word even when the cut fell inside one
         word_starts = starts.nonzero()[0]
-        budgets = np.minimum(self.cfg.max_predictions_per_seq,
-                             np.maximum(1, np.round(cand * self.cfg.masked_lm_prob).astype(np.int64)))
+        budgets = masking_budget(cand, self.cfg.masked_lm_prob, self.cfg.max_predictions_per_seq)  # (E,)
         _, tile_tokens, _, chosen = self.choose_ngrams_batch(word_starts, ex_of[word_starts], len(flat), budgets, rng)
         sel = np.repeat(chosen, tile_tokens).nonzero()[0]  # (k,) flat candidates to predict
 

@@ -39,7 +39,7 @@ from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field, read_piece
 from albert_dist.data import store
 from albert_dist.data.paths import discover_files, file_format, parquet_file
-from albert_dist.data.sizes import mib
+from albert_dist.data.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -237,5 +237,5 @@ def describe(sample: ByteBudgetSample) -> str:
     """One line for a log: the budget, the corpus it is drawn from and the share."""
     est = sample.est_text_bytes
     share = f"{100 * min(1.0, sample.budget_bytes / est):.1f}% of" if est else "of"
-    return (f"sample budget {mib(sample.budget_bytes)} of text, {share} ~{mib(est)} in {len(sample.plan)} files "
-            f"({mib(sample.input_bytes)} on disk)")
+    return (f"sample budget {fmt_bytes(sample.budget_bytes)} of text, {share} ~{fmt_bytes(est)} in {len(sample.plan)} files "
+            f"({fmt_bytes(sample.input_bytes)} on disk)")

@@ -24,11 +24,17 @@ def parse_byte_size(text: str) -> int:
     return int(value)
 
 
-def mib(nbytes: float) -> str:
-    """``nbytes`` as "12.3 MiB" for messages (KiB below 1 MiB, GiB from 10 GiB)."""
-    if nbytes >= 10 * 2**30:
-        return f"{nbytes / 2**30:.1f} GiB"
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+def fmt_bytes(nbytes: float) -> str:
+    """``nbytes`` for messages, in powers of 1024 as `parse_byte_size` reads them: "512 B", "12.3 KiB",
+    "45.1 MiB", "2.34 GiB", "1.07 TiB" (one decimal below 1 GiB, two from there: the memory line tells 7.95 from
+    8.00 GiB). The package's one byte formatter (the memory line, `data plan`, `data prepare`, the tokenizer)."""
+    n = float(nbytes)
+    if abs(n) < 2**10:
+        return f"{n:.0f} B"
+    for unit, scale in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30)):
+        if abs(n) < 1023.95 * scale:  # what would print as "1024.0" goes up a unit
+            return f"{n / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n / 2**40:.2f} TiB"
 
 
 def peak_rss_bytes() -> int:

@@ -1,4 +1,5 @@
-"""sentencepiece tokenizer with ALBERT's special ids, and ``albert-dist tokenizer train``.
+"""sentencepiece tokenizer with ALBERT's special ids (``albert-dist tokenizer train``; its front end is
+`albert_dist.cli.tokenizer`).
 
 Ids (as in google-research/albert's released ``30k-clean.model``): ``<pad>``=0, ``<unk>``=1, ``[CLS]``=2,
 ``[SEP]``=3, ``[MASK]``=4. ``[CLS]``/``[SEP]``/``[MASK]`` are sentencepiece *control* symbols: they own an id but
@@ -16,16 +17,13 @@ pieces as their literal names): an exported model would see other ids than it wa
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from albert_dist.data.sizes import mib, parse_byte_size, peak_rss_bytes
+from albert_dist.data.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +110,7 @@ def train_tokenizer(
                          f"{list(inputs)!r}: {detail}") from err
     model = out / "spiece.model"
     logger.info("tokenizer: trained on %s of text (%d documents) from %d of %d files%s",
-                mib(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
+                fmt_bytes(sum(sample.taken.values())), sample.documents, sum(1 for v in sample.taken.values() if v),
                 len(sample.plan), f"; skipped {dict(sample.skipped)}" if sample.skipped else "")
     if byte_fallback:
         logger.warning("byte fallback is on: transformers' AlbertTokenizer encodes the characters its vocabulary lacks as "
@@ -188,7 +186,9 @@ def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
     """Load a sentencepiece model (relative paths resolved as in the data config) and check ALBERT's ids.
 
-    Raises ValueError when the file is missing or the special ids differ.
+    Raises ValueError when the file is missing, is not a sentencepiece model (e.g. the ``spiece.vocab`` text
+    file beside it: sentencepiece's own error is a RuntimeError "could not parse ModelProto") or the special
+    ids differ.
     """
     from albert_dist.data.paths import resolve_path
 
@@ -197,52 +197,11 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
         # The config has usually resolved the path already; repeat it only when resolving changed it.
         shown = repr(path) if str(p) == str(path) else f"{path!r} (resolved to {str(p)!r})"
         raise ValueError(f"tokenizer {shown} is not a file")
-    sp = spm.SentencePieceProcessor(model_file=str(p))
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(p))
+    except RuntimeError as err:
+        hint = " (the .vocab file is its text listing: name the .model beside it)" if p.suffix == ".vocab" else ""
+        raise ValueError(f"tokenizer {str(p)!r} is not a sentencepiece model{hint}: "
+                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
     check_special_ids(sp)
     return sp
-
-
-def cli(argv: Optional[list[str]] = None) -> int:
-    """``albert-dist tokenizer train --input ... --vocab-size N [--model-type unigram|bpe] --output DIR``."""
-    parser = argparse.ArgumentParser(prog="albert-dist tokenizer", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train spiece.model with ALBERT's special ids")
-    # extend, not the default store: `--input A --input B` (as `data prepare` takes it) must train on both, not
-    # silently on B alone
-    train.add_argument("--input", nargs="+", action="extend", required=True,
-                       help="files, directories or globs (txt/jsonl/parquet, .gz/.zst); repeatable")
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
-    train.add_argument("--output", required=True, help="output directory for spiece.model and spiece.vocab")
-    train.add_argument("--lowercase", action="store_true", help="case-fold (ALBERT's uncased models)")
-    train.add_argument("--sample-bytes", type=parse_byte_size, default=DEFAULT_SAMPLE_BYTES,
-                       help="bytes of text to train on, drawn from every input file (e.g. 64M, 1G; default "
-                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~22 bytes of peak memory per byte, see docs/data.md)")
-    train.add_argument("--input-sentence-size", type=int, default=0,
-                       help="optional extra cap on the sampled sentences (sentencepiece's reservoir); 0 = none")
-    train.add_argument("--character-coverage", type=float, default=0.9995)
-    train.add_argument("--text-field", default="text", help="JSON/parquet text column")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--num-threads", type=int, default=1)
-    train.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=BYTE_FALLBACK_DEFAULT,
-                       help="encode characters outside the vocabulary as UTF-8 byte pieces, not <unk> (off: "
-                            "transformers' AlbertTokenizer ignores byte fallback; see docs/data.md)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
-    t0 = time.perf_counter()
-    try:
-        model = train_tokenizer(
-            args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,
-            args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
-            byte_fallback=args.byte_fallback, sample_bytes=args.sample_bytes,
-        )
-    except (ValueError, OSError) as err:
-        from albert_dist.exit_codes import error_line
-
-        print(error_line("albert-dist tokenizer: error", err), file=sys.stderr)
-        return 2
-    # the peak resident memory of this process (sentencepiece trains in-process)
-    peak_mib = peak_rss_bytes() / 2**20
-    print(f"wrote {model} (vocab {args.vocab_size}, {args.model_type}) in {time.perf_counter() - t0:.1f} s; "
-          f"peak memory {peak_mib:.0f} MiB")
-    return 0

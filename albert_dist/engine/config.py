@@ -19,43 +19,56 @@ CompileScope = Literal["block", "model"]
 COMPILE_SCOPES: tuple[str, ...] = get_args(CompileScope)
 
 
+#: DeepSpeed `zero_optimization` options rarely set (no recipe, test or benchmark sets them), accepted in
+#: `engine.zero_optimization.extra` and passed through as given: name -> (type, smallest value; None for a bool).
+EXTRA_ZERO_OPTIONS: dict[str, tuple[type, Optional[int]]] = {
+    "contiguous_gradients": (bool, None),  # copy gradients into a contiguous buffer as they are produced
+    "reduce_scatter": (bool, None),  # ZeRO-1/2: reduce gradients with reduce-scatter instead of all-reduce
+    "allgather_bucket_size": (int, 1),  # ZeRO-1/2: elements all-gathered at a time after the optimiser step
+    "stage3_max_live_parameters": (int, 0),  # ZeRO-3: maximum gathered elements kept alive
+}
+
+
 @dataclass
 class ZeroOptimizationConfig:
     """Pass-through of DeepSpeed `zero_optimization` options (same names); None keeps DeepSpeed's default."""
 
     overlap_comm: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
     """Overlap gradient reduction with the backward pass."""
-    contiguous_gradients: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
-    """Copy gradients into a contiguous buffer as they are produced (less fragmentation)."""
-    reduce_scatter: Optional[bool] = field(default=None, metadata=on_resume(APPLIES))
-    """ZeRO-1/2: reduce gradients with reduce-scatter instead of all-reduce."""
     reduce_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """Elements reduced at a time."""
-    allgather_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
-    """ZeRO-1/2: elements all-gathered at a time after the optimiser step."""
     stage3_param_persistence_threshold: Optional[int] = field(default=None, metadata=on_resume(CONVERT))
     """ZeRO-3: parameters with fewer elements stay unpartitioned (DeepSpeed default 1e5; 0 partitions all)."""
     stage3_prefetch_bucket_size: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-3: elements prefetched ahead of use."""
-    stage3_max_live_parameters: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
-    """ZeRO-3: maximum gathered elements kept alive."""
     stage3_max_reuse_distance: Optional[int] = field(default=None, metadata=on_resume(APPLIES))
     """ZeRO-3: keep a gathered parameter if it is reused within this many elements (shared ALBERT groups)."""
     round_robin_gradients: Optional[bool] = field(default=None, metadata=on_resume(CONVERT))
     """ZeRO-1/2: round-robin gradient partition assignment (helps CPU offload)."""
+    extra: dict[str, Any] = field(default_factory=dict, metadata=on_resume(APPLIES))
+    """Rarely set DeepSpeed options, passed through as given; only the keys of `EXTRA_ZERO_OPTIONS`, each of its
+    type (e.g. ``engine.zero_optimization.extra={stage3_max_live_parameters: 100000000}``)."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if isinstance(value, int) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"engine.zero_optimization.{name} must be >= 0, got {value!r}")
-        for name in ("reduce_bucket_size", "allgather_bucket_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"engine.zero_optimization.{name} must be >= 1, got {value!r}")
+        if self.reduce_bucket_size is not None and self.reduce_bucket_size < 1:
+            raise ValueError(f"engine.zero_optimization.reduce_bucket_size must be >= 1, got {self.reduce_bucket_size!r}")
+        for name, value in self.extra.items():
+            if name not in EXTRA_ZERO_OPTIONS:
+                raise ValueError(f"engine.zero_optimization.extra.{name}: not an option passed through (allowed: "
+                                 f"{', '.join(EXTRA_ZERO_OPTIONS)}; the others are fields of "
+                                 "engine.zero_optimization)")
+            kind, least = EXTRA_ZERO_OPTIONS[name]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"engine.zero_optimization.extra.{name} must be a {kind.__name__}, got {value!r}")
+            if least is not None and value < least:
+                raise ValueError(f"engine.zero_optimization.extra.{name} must be >= {least}, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The options that were set, as DeepSpeed `zero_optimization` keys."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The options that were set, as DeepSpeed `zero_optimization` keys (`extra`'s among them)."""
+        return {**{k: v for k, v in asdict(self).items() if v is not None and k != "extra"}, **self.extra}
 
 
 OFFLOAD_DEVICES = ("none", "cpu")

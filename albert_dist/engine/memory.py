@@ -1,5 +1,6 @@
 """Memory per device before the first step: model states for the ZeRO stage and world size, DeepSpeed's
-gradient buckets, activations from the measured per-block formula; the memory line and the refusal (torch-free).
+gradient buckets, activations from the measured per-block formula; the memory line (torch-free). The refusal
+of a job that does not fit, with the smallest change that does, is the preflight's (`albert_dist.preflight`).
 
 Every byte count below is what DeepSpeed 0.19 allocates for this project's client optimiser (torch AdamW or
 LAMB, two fp32 moments per parameter), as `bench/memory_scale.py` measured it by walking the engine's tensors
@@ -46,13 +47,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Optional
+from typing import Optional
 
+from albert_dist.data.config import DataConfig, masking_budget
+from albert_dist.data.sizes import fmt_bytes
+from albert_dist.engine.config import EngineConfig
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.sharing import block_parameter_counts, parameter_numels, shares_attention, shares_ffn
-
-#: A whole job's config, `albert_dist.config.TrainConfig` (the app layer: not imported here, layers run down).
-TrainConfig = Any
 
 #: Bytes per element of the weights and activations of each `engine.precision`.
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -109,28 +110,31 @@ class ActivationEstimate:
         return asdict(self)
 
 
-def _zero_option(cfg: TrainConfig, name: str) -> int:
-    value = getattr(cfg.engine.zero_optimization, name, None)
+def zero_option(engine: EngineConfig, name: str) -> int:
+    """`engine.zero_optimization.<name>` (a field or an `extra` option), or DeepSpeed's default
+    (`DEEPSPEED_DEFAULTS`) when unset."""
+    value = engine.zero_optimization.to_dict().get(name)
     return int(DEEPSPEED_DEFAULTS[name] if value is None else value)
 
 
-def model_state_bytes(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
+def model_state_bytes(model: AlbertConfig, engine: EngineConfig, world_size: int) -> MemoryEstimate:
     """Model states (parameters, gradients, optimiser), buffers and ZeRO-3's gathered parameters per rank for
-    `cfg` on `world_size` ranks, per the table of the module docstring; activations 0 (`estimate` adds them).
+    `model` trained with `engine` on `world_size` ranks, per the table of the module docstring; activations 0
+    (`estimate` adds them).
 
     Raises `ValueError` for world_size < 1.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-    numels = parameter_numels(cfg.model)
+    numels = parameter_numels(model)
     n = sum(numels)
     N = world_size
-    stage, precision = cfg.engine.zero_stage, cfg.engine.precision
+    stage, precision = engine.zero_stage, engine.precision
     w = ELEMENT_BYTES[precision]
     part = math.ceil(n / N)  # elements of one rank's partition (DeepSpeed pads to equal partitions)
-    bucket = _zero_option(cfg, "reduce_bucket_size")
-    offload_opt = cfg.engine.offload_optimizer.device != "none"
-    offload_param = cfg.engine.offload_param.device != "none"
+    bucket = zero_option(engine, "reduce_bucket_size")
+    offload_opt = engine.offload_optimizer.device != "none"
+    offload_param = engine.offload_param.device != "none"
     gathered = buffers = 0
     if stage == 0:  # not measured by bench/memory_scale.py (the issue's cells are ZeRO 1-3): DeepSpeed's layout
         params = w * n + (4 * n if w != 4 else 0)  # bf16 without ZeRO: an fp32 copy of every parameter
@@ -149,14 +153,14 @@ def model_state_bytes(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
         # i.e. bf16 at ZeRO-1, reduces from its fp32 flat gradients without one)
         buffers = 0 if (stage == 1 and precision != "fp32") else bucket * w
     else:
-        threshold = _zero_option(cfg, "stage3_param_persistence_threshold")
+        threshold = zero_option(engine, "stage3_param_persistence_threshold")
         persistent = sum(x for x in numels if x <= threshold)
         params = w * part + w * persistent
         grads = 8 * part  # the fp32 gradient partition and its copy handed to the optimiser
         optim = 12 * part
         buffers = bucket * 4  # fp32 (the accumulation dtype), one bucket
         if N > 1:  # on one rank the gathered parameter is the partition itself
-            gathered = w * min(n - persistent, _zero_option(cfg, "stage3_max_live_parameters"))
+            gathered = w * min(n - persistent, zero_option(engine, "stage3_max_live_parameters"))
     offloaded = 0
     if offload_opt and stage >= 1:
         offloaded += optim
@@ -168,10 +172,11 @@ def model_state_bytes(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
                           gathered_bytes=gathered, offloaded_bytes=offloaded)
 
 
-def masked_positions(cfg: TrainConfig, seq_len: Optional[int] = None) -> int:
-    """MLM predictions per sequence: min(max_predictions_per_seq, round(masked_lm_prob x S)), at least 1."""
-    S = seq_len or cfg.data.max_seq_length
-    return max(1, min(cfg.data.max_predictions_per_seq, round(cfg.data.masked_lm_prob * S)))
+def masked_positions(data: DataConfig, seq_len: Optional[int] = None) -> int:
+    """MLM predictions in a full row of `seq_len` tokens (default `data.max_seq_length`): the pipeline's
+    `masking_budget` of its S - 3 maskable tokens at `masked_lm_prob`, capped at `max_predictions_per_seq`."""
+    S = seq_len or data.max_seq_length
+    return masking_budget(S - 3, data.masked_lm_prob, data.max_predictions_per_seq)
 
 
 def activation_bytes(model: AlbertConfig, micro_batch: int, seq_len: int, precision: str = "fp32",
@@ -217,129 +222,35 @@ def activation_bytes(model: AlbertConfig, micro_batch: int, seq_len: int, precis
     return ActivationEstimate(retained_bytes=int(retained), peak_bytes=int(peak))
 
 
-def estimate(cfg: TrainConfig, world_size: int) -> MemoryEstimate:
-    """Per-device bytes of `cfg` on `world_size` ranks: `model_state_bytes` + activations of one micro-batch
-    (`engine.train_micro_batch_size_per_gpu` x `data.max_seq_length`, the run's precision)."""
-    states = model_state_bytes(cfg, world_size)
-    acts = activation_bytes(cfg.model, cfg.engine.train_micro_batch_size_per_gpu, cfg.data.max_seq_length,
-                            cfg.engine.precision, masked=masked_positions(cfg))
+def estimate(model: AlbertConfig, data: DataConfig, engine: EngineConfig, world_size: int) -> MemoryEstimate:
+    """Per-device bytes of a job (its config's `model`, `data` and `engine` sections) on `world_size` ranks:
+    `model_state_bytes` + activations of one micro-batch (`engine.train_micro_batch_size_per_gpu` x
+    `data.max_seq_length`, the run's precision)."""
+    states = model_state_bytes(model, engine, world_size)
+    acts = activation_bytes(model, engine.train_micro_batch_size_per_gpu, data.max_seq_length, engine.precision,
+                            masked=masked_positions(data))
     return replace(states, activations_bytes=acts.peak_bytes)
 
 
-# ------------------------------------------------------------------------------------------- preflight
-#: Environment variable that turns the refusal into a warning ("warn"): the estimate is DeepSpeed 0.19's
-#: layout; another DeepSpeed version, or a kernel that saves more, can make it wrong either way.
-CHECK_ENV = "ALBERT_DIST_MEMORY_CHECK"
-#: Bucket size (elements) the advice proposes when DeepSpeed's 5e8 default would not fit.
-SMALL_BUCKET = 50_000_000
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes as GiB (>= 1 GiB) or MiB, e.g. "2.34 GiB", "45.1 MiB"."""
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def describe(est: MemoryEstimate, cfg: TrainConfig, world_size: int) -> str:
+def describe(est: MemoryEstimate, model: AlbertConfig, data: DataConfig, engine: EngineConfig,
+             world_size: int) -> str:
     """The memory line: total per device and its parts, with the settings they follow from."""
-    e = cfg.engine
-    ckpt = "checkpointing" if cfg.model.gradient_checkpointing else "no checkpointing"
+    e = engine
+    ckpt = "checkpointing" if model.gradient_checkpointing else "no checkpointing"
     parts = [f"model states {fmt_bytes(est.model_states_bytes)} (parameters {fmt_bytes(est.params_bytes)}, "
              f"gradients {fmt_bytes(est.grads_bytes)}, optimizer {fmt_bytes(est.optimizer_bytes)}; ZeRO-{e.zero_stage}, "
              f"{world_size} rank{'s' if world_size != 1 else ''}, {e.precision})"]
     if est.buffers_bytes:
         parts.append(f"gradient buckets {fmt_bytes(est.buffers_bytes)} (reduce_bucket_size "
-                     f"{_zero_option(cfg, 'reduce_bucket_size'):.3g})")
+                     f"{zero_option(e, 'reduce_bucket_size'):.3g})")
     if est.gathered_bytes:
         parts.append(f"ZeRO-3 gathered parameters {fmt_bytes(est.gathered_bytes)}")
     parts.append(f"activations {fmt_bytes(est.activations_bytes)} (micro-batch {e.train_micro_batch_size_per_gpu} x "
-                 f"{cfg.data.max_seq_length} tokens, {ckpt})")
+                 f"{data.max_seq_length} tokens, {ckpt})")
     line = f"memory per device (estimate) {fmt_bytes(est.total_bytes)} = " + " + ".join(parts)
     if est.offloaded_bytes:
         line += f"; offloaded to host memory {fmt_bytes(est.offloaded_bytes)}"
     return line
-
-
-def _parse(value: str):
-    return {"true": True, "false": False}.get(value, int(value) if value.lstrip("-").isdigit() else value)
-
-
-def _apply(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """A copy of `cfg` with dotted `key=value` overrides applied in order (dataclasses.replace, so every
-    section validates again); only the int/bool/str values `candidate_changes` writes."""
-
-    def put(obj, parts: list[str], value):
-        if len(parts) == 1:
-            return replace(obj, **{parts[0]: value})
-        return replace(obj, **{parts[0]: put(getattr(obj, parts[0]), parts[1:], value)})
-
-    for item in overrides:
-        key, value = item.split("=", 1)
-        cfg = put(cfg, key.split("."), _parse(value))
-    return cfg
-
-
-#: Micro-batch (sequences) below which halving it costs more than checkpointing: a GPU's matmuls shrink.
-MIN_EFFICIENT_MICRO_BATCH = 8
-
-
-def candidate_changes(cfg: TrainConfig) -> list[list[str]]:
-    """Single changes that lower the per-device memory, cheapest (in throughput) first, as dotted overrides.
-
-    A smaller gradient bucket (free); ZeRO-1 -> 2 (free); half the micro-batch with twice the accumulation
-    (same global batch) down to `MIN_EFFICIENT_MICRO_BATCH`; ZeRO-3 (one all-gather of the parameters per
-    step, small for shared ALBERT blocks, bench/zero.py); activation checkpointing (about 1/3 more compute);
-    smaller micro-batches still; ZeRO-Offload of the optimizer, then of the parameters (host memory and PCIe
-    traffic every step).
-    """
-    e = cfg.engine
-    out: list[list[str]] = []
-    if _zero_option(cfg, "reduce_bucket_size") > SMALL_BUCKET and e.zero_stage >= 1:
-        out.append([f"engine.zero_optimization.reduce_bucket_size={SMALL_BUCKET}"])
-    if e.zero_stage < 2:
-        out.append(["engine.zero_stage=2"])
-    halvings: list[list[str]] = []
-    micro, ga = e.train_micro_batch_size_per_gpu, e.gradient_accumulation_steps
-    while micro % 2 == 0:
-        micro, ga = micro // 2, ga * 2
-        halvings.append([f"engine.train_micro_batch_size_per_gpu={micro}", f"engine.gradient_accumulation_steps={ga}"])
-    cheap = [h for h in halvings if int(h[0].split("=")[1]) >= MIN_EFFICIENT_MICRO_BATCH]
-    out += cheap
-    if e.zero_stage < 3:
-        out.append(["engine.zero_stage=3"])
-    if not cfg.model.gradient_checkpointing:
-        out.append(["model.gradient_checkpointing=true"])
-    out += halvings[len(cheap):]
-    if e.offload_optimizer.device == "none":
-        out.append(([] if e.zero_stage >= 1 else ["engine.zero_stage=1"]) + ["engine.offload_optimizer.device=cpu"])
-    if e.offload_param.device == "none":
-        out.append(["engine.zero_stage=3", "engine.offload_param.device=cpu"])
-    return out
-
-
-def smallest_fitting_change(cfg: TrainConfig, world_size: int,
-                            usable_bytes: float) -> Optional[tuple[list[str], MemoryEstimate]]:
-    """The first of `candidate_changes` whose estimate fits in `usable_bytes`; else the shortest run of them
-    applied together (in that order) that fits; None when even all of them together do not fit."""
-    candidates = candidate_changes(cfg)
-    for change in candidates:
-        est = estimate(_apply(cfg, change), world_size)
-        if est.total_bytes <= usable_bytes:
-            return change, est
-    applied: list[list[str]] = []
-    for change in candidates:
-        # a later change of the same key (micro-batch halvings, stages) replaces the earlier one
-        keys = {c.split("=")[0] for c in change}
-        applied = [a for a in applied if not keys & {c.split("=")[0] for c in a}] + [change]
-        est = estimate(_apply(cfg, [c for a in applied for c in a]), world_size)
-        if est.total_bytes <= usable_bytes:
-            # drop what is not needed, the costliest first
-            for change_ in reversed(list(applied)):
-                rest = [a for a in applied if a is not change_]
-                trial = estimate(_apply(cfg, [c for a in rest for c in a]), world_size)
-                if trial.total_bytes <= usable_bytes:
-                    applied, est = rest, trial
-            return [c for a in applied for c in a], est
-    return None
 
 
 def device_memory(local_rank: int) -> Optional[tuple[str, int]]:
@@ -351,45 +262,3 @@ def device_memory(local_rank: int) -> Optional[tuple[str, int]]:
     index = local_rank % max(1, torch.cuda.device_count())
     props = torch.cuda.get_device_properties(index)
     return f"GPU {index} ({props.name})", int(props.total_memory)
-
-
-def check_memory(cfg: TrainConfig, world_size: int, device: Optional[tuple[str, int]],
-                 log: bool = True) -> MemoryEstimate:
-    """The preflight memory check: log the memory line (when `log`), and on a GPU whose usable memory
-    (`USABLE_FRACTION` of `device`'s bytes) the estimate exceeds, refuse with the smallest change that fits.
-
-    `device`: (name, total bytes) of the accelerator (`device_memory`), None on CPU (only the line). With
-    $ALBERT_DIST_MEMORY_CHECK=warn the refusal is logged as a warning instead.
-
-    Raises:
-        ValueError: the estimate exceeds the device (exit code 2 before any process group), naming the device,
-            both byte counts and the smallest change (`smallest_fitting_change`) as dotted overrides.
-    """
-    import logging
-    import os
-
-    logger = logging.getLogger(__name__)
-    est = estimate(cfg, world_size)
-    usable = USABLE_FRACTION * device[1] if device is not None else float("inf")
-    if est.total_bytes <= usable:
-        if log:
-            logger.info(describe(est, cfg, world_size))
-        return est
-    name, total = device
-    found = smallest_fitting_change(cfg, world_size, usable)
-    advice = (f"the smallest change that fits: {' '.join(found[0])} (estimate {fmt_bytes(found[1].total_bytes)})"
-              if found else "no change this check knows fits: use more ranks (ZeRO-3 partitions the model states) "
-                            "or a device with more memory")
-    message = (f"{describe(est, cfg, world_size)}; this exceeds {USABLE_FRACTION:.0%} of the {fmt_bytes(total)} of "
-               f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale.md has the measured figures)")
-    if os.environ.get(CHECK_ENV, "").lower() == "warn":
-        if log:
-            logger.warning(message)
-        return est
-    raise ValueError(message)
-
-
-def preflight(cfg: TrainConfig, world_size: int, local_rank: int, log: bool = True) -> MemoryEstimate:
-    """`check_memory` on this rank's device (`device_memory`): the app's one call before any process group.
-    Raises `ValueError` (exit code 2) when the estimate exceeds the GPU; on CPU only logs the line."""
-    return check_memory(cfg, world_size, device_memory(local_rank), log=log)

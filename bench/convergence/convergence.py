@@ -295,7 +295,7 @@ def train_peer_model(cfg, steps: int, curve_every: int, scoring: Optional[dict[s
     from transformers import DataCollatorForLanguageModeling
 
     from albert_dist.engine.optim import build_optimizer, build_scheduler
-    from albert_dist.engine.checkpoint import seed_all
+    from albert_dist.engine.checkpoint.state import seed_all
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.hf import to_transformers
 

@@ -2,7 +2,7 @@
 
 Used by ``bench/run_all.py`` after a suite run, and on its own to re-render from an existing file:
 
-    python bench/suite/report.py [--results bench/results.json] [--doc docs/benchmarks.md] [--plot bench/results.png]
+    python bench/suite/report.py [--results bench/results/results.json] [--doc docs/benchmarks.md] [--plot bench/results/results.png]
 
 Which figures make the table is declared once, in :data:`HEADLINES`: every row names the benchmark, the
 dotted key of its ratio in that benchmark's result, the target from the issue that asked for it, and (when
@@ -341,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     """Re-render the results table in docs/benchmarks.md and the plot from an existing results file; returns 0."""
     root = Path(__file__).resolve().parents[2]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", default=str(root / "bench" / "results.json"))
+    p.add_argument("--results", default=str(root / "bench" / "results" / "results.json"))
     p.add_argument("--doc", "--readme", dest="doc", default=str(root / "docs" / "benchmarks.md"),
                    help="Markdown file whose 'Benchmarks' section holds the table")
-    p.add_argument("--plot", default=str(root / "bench" / "results.png"))
+    p.add_argument("--plot", default=str(root / "bench" / "results" / "results.png"))
     args = p.parse_args(argv)
     results = json.loads(Path(args.results).read_text())
     doc = Path(args.doc)

@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
-    parser.add_argument("--run", action="store_true", help="albert_dist.train.cli (the app's main and exit codes) "
+    parser.add_argument("--run", action="store_true", help="albert_dist.train.main (the app's main and exit codes) "
                                                            "instead of setup/train")
     parser.add_argument("--enospc-step", type=int)
     parser.add_argument("--enospc-rank", type=int, default=0)
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
 
     import deepspeed.ops
 
-    job: dict = {}  # "trainer": the job's Trainer (built by train.cli with --run)
+    job: dict = {}  # "trainer": the job's Trainer (built by train.main with --run)
 
     class RecordedTrainer(Trainer):
         def __init__(self, *a, **k):
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
             mp.setattr(ckpt_load, "repair_optimizer_after_load", lambda engine, expected: [])
         if args.run:  # the app's main: its exit codes
             mp.setattr(train, "Trainer", RecordedTrainer)
-            return train.cli(["--config", args.config, *args.overrides])
+            return train.main(args.config, args.overrides)
         setup_logging(discover().rank)
         trainer = RecordedTrainer(load_config(args.config, args.overrides))
         try:

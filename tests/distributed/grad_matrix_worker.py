@@ -41,7 +41,8 @@ from unittest import mock
 
 import torch
 
-from albert_dist.engine.distributed import free_port, local_rank_env
+from albert_dist.engine.distributed import free_port
+from albert_dist.engine.local_ranks import local_rank_env
 
 WORLD_SIZE = 2
 MICRO_BATCH = 2

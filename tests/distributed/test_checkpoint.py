@@ -4,7 +4,7 @@
   checkpoint; `--resume auto` loads it and the loss trajectory equals the uninterrupted run's, step for step.
 * 2 -> 1 and 2 -> 4 ranks through DeepSpeed's universal checkpoint: fp32 parameters and both Adam moments equal
   those of the 2-rank run (gathered by DeepSpeed's safe_get_full_* on each side); training continues and the
-  data loaders follow albert_dist.engine.reshard (no repeats: tested batch for batch in tests/unit/test_reshard).
+  data loaders follow albert_dist.engine.checkpoint.reshard (no repeats: tested batch for batch in tests/unit/test_reshard).
 * SIGUSR1 on one rank: all ranks stop after the same step, checkpoint it, and exit with EXIT_PREEMPTED.
 The e2e test (tests/e2e/test_deepspeed_launcher.py) adds a SIGTERM mid-run through the real launcher.
 """
@@ -22,8 +22,10 @@ import pytest
 import torch
 from helpers import clean_env, read_metrics, run_cli
 
-from albert_dist.engine import checkpoint as ckpt
-from albert_dist.engine.reshard import RESHARDED_KEY
+from albert_dist.engine.checkpoint.layout import read_latest
+from albert_dist.engine.checkpoint.choose import choose_checkpoint
+from albert_dist.engine.checkpoint.state import CLIENT_KEY
+from albert_dist.engine.checkpoint.reshard import RESHARDED_KEY
 from albert_dist.engine import metric_names as names
 from fixtures.ranks import CONFIG, Job, run_ok
 
@@ -82,13 +84,13 @@ def test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory(config, r
     assert job.procs[0].poll() is None  # rank 0 waits for the dead rank
     job.kill()  # kill -9
     assert job.procs[0].returncode == -signal.SIGKILL
-    assert (ckpt_dir / "step_6").is_dir() and ckpt.read_latest(ckpt_dir) == "step_3"
-    point = ckpt.plan_resume("auto", ckpt_dir)
+    assert (ckpt_dir / "step_6").is_dir() and read_latest(ckpt_dir) == "step_3"
+    point = choose_checkpoint("auto", ckpt_dir)
     assert (point.tag, point.step, point.world_size) == ("step_3", 3, 2)
     run_ok(2, config, run_dir, [], ["checkpoint.resume=auto"])
     # Steps 4 and 5 were logged by the killed run and again after the resume: the file keeps one record each.
     assert_same_trajectory(train_records(run_dir), want)
-    assert ckpt.read_latest(ckpt_dir) == "step_8"
+    assert read_latest(ckpt_dir) == "step_8"
     assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_3", "step_6", "step_8"]
 
 
@@ -102,7 +104,7 @@ def test_a_resume_between_log_steps_logs_the_uninterrupted_window(config, tmp_pa
     job = Job(2, config, run_dir, ["--crash-save-step", "4", "--crash-rank", "1"], window)
     assert job.procs[1].wait(timeout=240) == CRASH_EXIT, job.log_tail()
     job.kill()
-    assert ckpt.read_latest(run_dir / "checkpoints") == "step_3"
+    assert read_latest(run_dir / "checkpoints") == "step_3"
     run_ok(2, config, run_dir, [], [*window, "checkpoint.resume=auto"])
     got = train_records(run_dir)
     assert sorted(got) == sorted(want) == [2, 4]
@@ -131,7 +133,7 @@ def test_universal_resume_on_another_world_size(config, reference, tmp_path, wor
     records = train_records(run_dir)
     assert list(records) == [MAX_STEPS + 1] and math.isfinite(records[MAX_STEPS + 1][names.TRAIN_LOSS])
     saved = torch.load(run_dir / "checkpoints" / "step_9" / "mp_rank_00_model_states.pt", weights_only=False)
-    state = saved[ckpt.CLIENT_KEY]
+    state = saved[CLIENT_KEY]
     assert state["world_size"] == world and len(state["data_states"]) == world
     for rank, data_state in enumerate(state["data_states"]):
         assert data_state[RESHARDED_KEY]
@@ -160,8 +162,8 @@ def test_signal_on_one_rank_stops_all_at_the_same_step_with_a_checkpoint(config,
     assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], job.log_tail()
     last = max(train_records(run_dir))
     assert 2 <= last < 200
-    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{last}"
-    assert ckpt.plan_resume("auto", run_dir / "checkpoints").step == last
+    assert read_latest(run_dir / "checkpoints") == f"step_{last}"
+    assert choose_checkpoint("auto", run_dir / "checkpoints").step == last
 
 
 # ------------------------------------------------------------------------------ robustness (issue 13)
@@ -176,7 +178,7 @@ def _log_lines(job: Job, needle: str) -> list[str]:
             if needle in line]
 
 
-# A truncated newest checkpoint and a `latest` naming a missing step are rules of `ckpt.plan_resume`, tested
+# A truncated newest checkpoint and a `latest` naming a missing step are rules of `plan.choose_checkpoint`, tested
 # in tests/unit/test_checkpoint_manager.py; the trainer's `--resume auto` goes through that plan (tested above:
 # test_crash_in_save_and_kill9_then_resume_reproduces_the_trajectory, which also re-saves over a broken step).
 
@@ -192,8 +194,8 @@ def test_disk_full_during_a_save_keeps_latest_removes_the_partial_checkpoint_and
     codes = job.wait()
     assert codes == [EXIT_SAVE_FAILED, EXIT_SAVE_FAILED], job.log_tail()
     ckpt_dir = run_dir / "checkpoints"
-    assert ckpt.read_latest(ckpt_dir) == "step_3" and not (ckpt_dir / "step_6").exists()
-    assert ckpt.plan_resume("auto", ckpt_dir).tag == "step_3"
+    assert read_latest(ckpt_dir) == "step_3" and not (ckpt_dir / "step_6").exists()
+    assert choose_checkpoint("auto", ckpt_dir).tag == "step_3"
     path = ckpt_dir / "step_6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     lines = _log_lines(job, "disk full writing")
     assert len(lines) == 2, lines  # one per rank, no traceback
@@ -207,7 +209,7 @@ def test_disk_full_with_on_save_error_continue_trains_on_and_saves_at_the_next_i
     ckpt_dir = run_dir / "checkpoints"
     assert sorted(train_records(run_dir)) == list(range(1, MAX_STEPS + 1))
     assert sorted(p.name for p in ckpt_dir.glob("step_*")) == ["step_6", "step_8"]
-    assert ckpt.read_latest(ckpt_dir) == "step_8"
+    assert read_latest(ckpt_dir) == "step_8"
     assert len(_log_lines(job, "training continues (checkpoint.on_save_error=continue)")) == 1
 
 
@@ -272,7 +274,7 @@ def test_disk_full_retention_makes_room_before_the_save_and_the_message_gives_th
     free = float(re.search(r"([\d.]+) MiB were free in ", lines[0]).group(1))
     assert 0.5 < free <= 1.0, lines[0]
     assert _log_lines(third, "this save will probably fail (kept: step_8)")
-    assert ckpt.read_latest(ckpt_dir) == "step_8" and not (ckpt_dir / "step_10").exists()
+    assert read_latest(ckpt_dir) == "step_8" and not (ckpt_dir / "step_10").exists()
 
 
 def test_resume_with_another_model_config_is_exit_2_before_any_process_group(config, reference, tmp_path):
@@ -311,7 +313,8 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
     from safetensors import safe_open
 
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.export import cli as export_cli, load_config as load_model_config, load_state_dict
+    from albert_dist.cli import main
+    from albert_dist.export import load_config as load_model_config, load_state_dict
 
     run_dir, dump = tmp_path / "run", tmp_path / "live.pt"
     run_ok(2, config, run_dir, ["--dump", str(dump), "--dump-at-end"],
@@ -332,7 +335,7 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
         fp32 = tmp_path / f"fp32.{fmt}"
         for source, out in ((step_2, tmp_path / f"hf_ds_{fmt}"), (fp32, tmp_path / f"hf_{fmt}")):
             args = [str(source), "--config", str(run_dir / "config.yaml"), "--output", str(out)]
-            assert export_cli(args + (["--fp32", str(fp32)] if source == step_2 else [])) == 0
+            assert main(["export", *args, *(["--fp32", str(fp32)] if source == step_2 else [])]) == 0
             hf, info = transformers.AlbertForPreTraining.from_pretrained(out, output_loading_info=True)
             assert not info["missing_keys"] and not info["unexpected_keys"], (fmt, info)
             hf.eval()
@@ -397,11 +400,11 @@ def test_export_of_a_run_directory_needs_neither_config_nor_tokenizer(reference,
     """`albert-dist export RUN_DIR`: the newest verified checkpoint (step_8), its config from albert_dist.json, the
     run's tokenizer; transformers loads the result with the run's final weights."""
     transformers = pytest.importorskip("transformers")
-    from albert_dist.export import cli as export_cli
+    from albert_dist.cli import main
 
     ref_dir, _, ref = reference
     out = tmp_path / "hf"
-    assert export_cli([str(ref_dir), "--output", str(out)]) == 0
+    assert main(["export", str(ref_dir), "--output", str(out)]) == 0
     assert (out / "spiece.model").read_bytes() == (REPO / "data/sample/spiece.model").read_bytes()
     hf = transformers.AlbertForPreTraining.from_pretrained(out)
     name = "albert.embeddings.word_embeddings.weight"

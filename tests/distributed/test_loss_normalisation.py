@@ -19,7 +19,7 @@ import torch
 
 from grad_matrix_worker import scaled_errors
 
-from albert_dist.engine.distributed import spawn_local_ranks
+from albert_dist.engine.local_ranks import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

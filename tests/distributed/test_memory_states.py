@@ -4,7 +4,7 @@ Two gloo ranks build albert-tiny engines exactly as the trainer does and walk ev
 (bench/memory_scale.py's `measure_states`: fp32 partitions, flat buffers, Adam moments, gradient partitions,
 buckets, ZeRO-3 partitions and gathered parameters). albert-tiny keeps most of its tensors under ZeRO-3's
 persistence threshold (1e5 elements), so the ZeRO-3 cell checks that rule too. The full presets are in
-bench/memory_scale.json (tests/unit/test_memory.py).
+bench/results/memory_scale.json (tests/unit/test_memory.py).
 """
 from __future__ import annotations
 

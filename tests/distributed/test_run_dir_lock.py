@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.layout import read_latest
+from albert_dist.engine.checkpoint.choose import choose_checkpoint
 from albert_dist.engine.run_lock import LOCK_FILE
 from fixtures.ranks import CONFIG, Job
 
@@ -63,12 +64,12 @@ def test_a_second_job_is_refused_before_any_process_group_and_a_crashed_holder_l
     finally:
         holder.kill()  # SIGKILL: a crash, the lock left to the kernel
     assert [p.returncode for p in holder.procs] == [-signal.SIGKILL] * 2
-    saved = ckpt.plan_resume("auto", run_dir / "checkpoints").step
+    saved = choose_checkpoint("auto", run_dir / "checkpoints").step
     assert _steps(run_dir) == sorted(set(_steps(run_dir)))  # one trajectory: no step logged twice
 
     resumed = Job(2, config, run_dir, ["--resume", "auto"], [f"max_steps={saved + 2}"], command=CLI)
     codes = resumed.wait(timeout=240)
     assert codes == [0, 0], resumed.log_tail()
     assert f"resumed from {run_dir / 'checkpoints'}/step_{saved} at step {saved}" in resumed.log_tail()
-    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{saved + 2}"
+    assert read_latest(run_dir / "checkpoints") == f"step_{saved + 2}"
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == resumed.procs[0].pid

@@ -3,7 +3,7 @@
 The real trainer (fp32, ZeRO-3 with every parameter partitioned, AdamW with ALBERT's decay / no-decay groups,
 dropout 0, per-token loss) runs 10 steps on 2 ranks, checkpointing at 4, 8 and 10. The step-8 checkpoint is then
 resumed on 1 rank (gradient accumulation 4) and on 4 ranks (GA 1), so the global batch stays 8 sequences and
-the resharded data streams (`albert_dist.engine.reshard`) feed exactly the sequences of the 2-rank run:
+the resharded data streams (`albert_dist.engine.checkpoint.reshard`) feed exactly the sequences of the 2-rank run:
 
 * right after the load, the fp32 parameters, both Adam moments and every param group's hyper-parameters equal
   those of a same-size (2-rank) resume of the same checkpoint;

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import read_metrics
 
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.layout import read_latest, read_meta
 from albert_dist.engine import metric_names as names
 
 pytestmark = pytest.mark.e2e
@@ -78,7 +78,7 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
     assert "stopped by signal at step" in log, log[-5000:]
     stopped = int(log.split("stopped by signal at step ")[1].split()[0])
     assert 7 <= stopped < 20
-    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{stopped}"
+    assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"
 
     resumed = _launch(run_dir, tmp_path / "second.log", "--resume", "auto")
     assert resumed.wait(timeout=400) == 0, (tmp_path / "second.log").read_text()[-5000:]
@@ -92,7 +92,7 @@ def test_launcher_pretrain_sigterm_then_resume(tmp_path):
     assert train[-1][names.TRAIN_LOSS] < train[0][names.TRAIN_LOSS]
     val = [r for r in records if names.VAL_LOSS in r]
     assert [r["step"] for r in val] == [20] and val[0][names.VAL_MLM_ACCURACY] >= 0.0
-    assert ckpt.read_latest(run_dir / "checkpoints") == "step_20"
+    assert read_latest(run_dir / "checkpoints") == "step_20"
     assert (run_dir / "config.yaml").is_file() and json.loads((run_dir / "ds_config.json").read_text())[
         "zero_optimization"]["stage"] == 2
 
@@ -142,8 +142,8 @@ def test_launcher_ctrl_c_checkpoints_the_step_then_kill_9_of_a_rank_is_exit_1(tm
     stopped = int(log.split("every rank stops after step ")[1].split(":")[0])
     assert 3 <= stopped < 200
     assert log.count(f"stopped by signal at step {stopped} after a checkpoint") == 2, log[-5000:]  # both ranks
-    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{stopped}"
-    assert ckpt.read_meta(run_dir / "checkpoints" / f"step_{stopped}")["reason"] == "stop"
+    assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"
+    assert read_meta(run_dir / "checkpoints" / f"step_{stopped}")["reason"] == "stop"
     assert f"(SIGINT: every rank stopped after writing checkpoint step_{stopped}" in log
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-5000:]
 
@@ -165,7 +165,7 @@ def test_launcher_ctrl_c_checkpoints_the_step_then_kill_9_of_a_rank_is_exit_1(tm
            "the launcher exited 247)" in log, log[-5000:]
     assert "pretraining failed (exit 1)" in log
     assert "every rank stops after step" not in log and "then checkpoint and exit" not in log, log[-5000:]
-    assert ckpt.read_latest(run_dir / "checkpoints") == f"step_{stopped}"  # nothing was claimed or written
+    assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"  # nothing was claimed or written
     assert ended_s < 60, ended_s  # DeepSpeed's launcher: SIGTERM to the others, SIGKILL 30 s later at most
 
 
@@ -190,4 +190,4 @@ def test_two_jobs_started_together_on_one_run_dir_exactly_one_trains(tmp_path):
     assert "is in use" not in winner
     train = [r["step"] for r in read_metrics(run_dir, names.TRAIN_LOSS)]
     assert train == [1, 2, 3, 4]  # one trajectory, each step once
-    assert ckpt.read_latest(run_dir / "checkpoints") == "step_4"
+    assert read_latest(run_dir / "checkpoints") == "step_4"

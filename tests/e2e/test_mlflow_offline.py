@@ -92,7 +92,7 @@ def test_server_down_at_start_then_up_and_never_up_then_sync(tmp_path, monkeypat
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert len(client.search_runs([exp.experiment_id])) == 2
     # a second sync finds nothing to send
-    from albert_dist.tracking_sync import sync
+    from albert_dist.tracking.sync import sync
 
     assert not any(sync(str(never)).values()) and len(client.get_metric_history(run_id, "loss")) == 6
     print(f"never-up job took {job_s:.1f} s")
@@ -122,7 +122,7 @@ def test_checkpoint_retention_keeps_newest_and_resumed_from(mlflow_server, tmp_p
 
 
 def test_relative_store_resume_and_compare_from_another_directory(tmp_path, monkeypatch, capsys):
-    from albert_dist import compare
+    from albert_dist import cli
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "a").mkdir()
@@ -142,6 +142,6 @@ def test_relative_store_resume_and_compare_from_another_directory(tmp_path, monk
     second.log_metrics({"train/loss": 1.0 / 3}, 3)
     second.close("FINISHED")
     assert second.run_id == first.run_id and not (tmp_path / "b" / "mlruns.db").exists()
-    assert compare.cli([str(run_dir), "--output", str(tmp_path / "c.png"), "--metrics", "loss"]) == 0
+    assert cli.main(["compare", str(run_dir), "--output", str(tmp_path / "c.png"), "--metrics", "loss"]) == 0
     table = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert table["run_id"] == [first.run_id] and table["train/loss.final"] == [format(1 / 3, ".6g")]

@@ -146,7 +146,7 @@ def test_credentials_appear_nowhere_in_the_run(mlflow_server, tmp_path, monkeypa
 
 
 def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path, monkeypatch, capsys):
-    from albert_dist import compare
+    from albert_dist import cli
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
     client = MlflowClient(mlflow_server.uri)
@@ -164,7 +164,7 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
         client.set_terminated(run_id)
         runs.append(run_id)
     png = tmp_path / "curves.png"
-    assert compare.cli([*runs, "--output", str(png)]) == 0
+    assert cli.main(["compare", *runs, "--output", str(png)]) == 0
     out = capsys.readouterr().out
     assert "model.num_hidden_groups" in out and "model.hidden_size" not in out
     table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
@@ -174,12 +174,12 @@ def test_compare_prints_differing_params_and_writes_png(mlflow_server, tmp_path,
     assert table["val/loss.final"] == ["4", "5"] and "train/lr.final" in table and "train/lr.best" not in table
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # an unknown metric is an error that lists the known ones
-    assert compare.cli([*runs, "--metrics", "nosuch", "--output", str(tmp_path / "x.png")]) == 2
+    assert cli.main(["compare", *runs, "--metrics", "nosuch", "--output", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert "nosuch" in err and "train/loss" in err and "mlm_accuracy" in err and not (tmp_path / "x.png").exists()
     # --experiment selects the same two runs
     png2 = tmp_path / "exp.png"
-    assert compare.cli(["--experiment", "compare", "--output", str(png2), "--metrics", "loss", "train/lr"]) == 0
+    assert cli.main(["compare", "--experiment", "compare", "--output", str(png2), "--metrics", "loss", "train/lr"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert rows["run_id"] == runs and rows["run"] == ["g1", "g2"]
     assert png2.stat().st_size > 1000

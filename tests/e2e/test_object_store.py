@@ -184,7 +184,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
 @pytest.mark.parametrize("case", ["bucket", "object", "credentials"])
 def test_a_missing_bucket_object_or_credentials_is_one_line_naming_the_url(case, s3_server, monkeypatch, capsys,
                                                                            tmp_path):
-    from albert_dist.data_cli import prepare_cli
+    from albert_dist.cli import main as cli_main
 
     s3_server.bucket("raw")
     s3_server.upload(SAMPLE / "wikitext-2-train-00.txt", "s3://raw/a.txt")
@@ -195,7 +195,7 @@ def test_a_missing_bucket_object_or_credentials_is_one_line_naming_the_url(case,
         from fixtures.s3_server import _clear_fsspec
 
         _clear_fsspec()
-    code = prepare_cli(["--input", url, "--output", str(tmp_path / "out"), "--tokenizer", "none"])
+    code = cli_main(["data", "prepare", "--input", url, "--output", str(tmp_path / "out"), "--tokenizer", "none"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and url in err, err
     expected = {"bucket": "bucket 'no-such-bucket' does not exist", "object": "does not exist",
@@ -248,7 +248,7 @@ def test_tokenizer_train_and_data_plan_take_urls(local_corpus, s3_server, tmp_pa
     """`tokenizer train --input s3://...` trains the same vocabulary as on the local files; `data plan` on a
     recipe whose source is a URL prints the same plan as on the local folder."""
     from albert_dist.data import tokenizer as tok
-    from albert_dist.data_cli import plan_cli
+    from albert_dist.cli import main as cli_main
 
     s3_server.bucket("raw")
     s3_server.upload(local_corpus["jsonl.zst"], "s3://raw/j")
@@ -261,7 +261,7 @@ def test_tokenizer_train_and_data_plan_take_urls(local_corpus, s3_server, tmp_pa
     plans = []
     for src in [str(local_corpus["jsonl.zst"]), "s3://raw/j"]:
         capsys.readouterr()
-        assert plan_cli(["--config", recipe, "--ranks", "2", "--json", f"data.train=[{src}]"]) == 0
+        assert cli_main(["data", "plan", "--config", recipe, "--ranks", "2", "--json", f"data.train=[{src}]"]) == 0
         plan = json.loads(capsys.readouterr().out)["sources"][0]
         plans.append({k: v for k, v in plan.items() if k not in ("where", "paths", "plan_s", "manifest")})
     assert plans[0] == plans[1] and plans[0]["pieces"] == 2

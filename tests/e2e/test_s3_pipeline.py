@@ -15,7 +15,7 @@ from fixtures.mlflow_server import MlflowServer
 from helpers import read_metrics
 from mlflow import MlflowClient
 
-from albert_dist.data_cli import plan_cli, prepare_cli
+from albert_dist.cli import main as cli_main
 from albert_dist.engine import metric_names as names
 from albert_dist.tracking.checkpoints import download_checkpoint
 from albert_dist.tracking.tracker import read_run_id
@@ -53,10 +53,10 @@ def test_prepare_plan_train_and_resume_all_on_s3(s3_server, tmp_path, monkeypatc
     sample = REPO / "data" / "sample"
     for name in ["wikitext-2-train-00.txt", "wikitext-2-train-01.txt", "wikitext-2-validation.txt"]:
         s3_server.upload(sample / name, f"s3://raw/wiki/{name}")
-    assert prepare_cli(["--input", "s3://raw/wiki/wikitext-2-train-*.txt", "--output", "s3://prepared/wiki",
+    assert cli_main(["data", "prepare", "--input", "s3://raw/wiki/wikitext-2-train-*.txt", "--output", "s3://prepared/wiki",
                         "--target-ranks", "2", "--target-loader-workers", "1"]) == 0
     assert "s3://prepared/wiki" in capsys.readouterr().out
-    assert plan_cli(["--config", RECIPE, "--ranks", "2", "data.train=[s3://prepared/wiki]"]) == 0
+    assert cli_main(["data", "plan", "--config", RECIPE, "--ranks", "2", "data.train=[s3://prepared/wiki]"]) == 0
     assert "manifest" in capsys.readouterr().out
 
     server = MlflowServer(tmp_path / "mlflow", artifacts_destination="s3://mlflow/artifacts",

@@ -17,7 +17,7 @@ import statistics
 import pytest
 import torch
 
-from albert_dist import compare, finetune
+from albert_dist.cli import main as cli_main
 from albert_dist.export import load_state_dict
 from fixtures.finetune_run import (STEPS_DONE, WORDS_PER_CLASS, make_run_dir, make_tokenizer, write_sst2,
                                    write_stsb)
@@ -77,7 +77,7 @@ def _results(path):
 
 def test_scores_a_run_on_classification_and_regression_into_mlflow(world, capsys):
     run, client, parent = world["run"], world["client"], world["parent"]
-    code = finetune.cli([str(run), "--task", "sst2", "stsb", "--data-dir", str(world["root"] / "glue"),
+    code = cli_main(["finetune", str(run), "--task", "sst2", "stsb", "--data-dir", str(world["root"] / "glue"),
                          "--seeds", "1", "2", *FAST])
     out = capsys.readouterr().out
     assert code == 0
@@ -106,11 +106,11 @@ def test_scores_a_run_on_classification_and_regression_into_mlflow(world, capsys
             history = client.get_metric_history(parent, f"downstream/{entry['task']}/{metric}")
             assert [(m.step, m.value) for m in history] == [(STEPS_DONE, pytest.approx(summary["median"]))]
 
-    assert compare.cli([parent, "--tracking-uri", world["uri"], "--metrics", "loss",
+    assert cli_main(["compare", parent, "--tracking-uri", world["uri"], "--metrics", "loss",
                         "--output", str(world["root"] / "c.png")]) == 0
     table = capsys.readouterr().out
     assert "downstream/sst2/accuracy.final" in table and "downstream/stsb/pearson.best" in table
-    assert compare.cli(["--experiment", "pretrain", "--tracking-uri", world["uri"], "--metrics", "loss",
+    assert cli_main(["compare", "--experiment", "pretrain", "--tracking-uri", world["uri"], "--metrics", "loss",
                         "--output", str(world["root"] / "c.png")]) == 0
     table = capsys.readouterr().out.splitlines()
     run_ids = next(line for line in table if line.startswith("run_id"))
@@ -121,19 +121,19 @@ def test_scores_a_run_on_classification_and_regression_into_mlflow(world, capsys
 def test_checkpoint_mlflow_run_and_transformers_dir_score_as_the_final_model(world, capsys):
     run, root = world["run"], world["root"]
     common = ["--task", "sst2", "--data-dir", str(root / "glue" / "sst2"), "--seeds", "3", *FAST]
-    assert finetune.cli([str(run), *common, "--no-tracking", "--output", str(root / "final")]) == 0
-    assert finetune.cli([str(run), "--step", str(STEPS_DONE), *common, "--no-tracking",
+    assert cli_main(["finetune", str(run), *common, "--no-tracking", "--output", str(root / "final")]) == 0
+    assert cli_main(["finetune", str(run), "--step", str(STEPS_DONE), *common, "--no-tracking",
                          "--output", str(root / "step")]) == 0
-    assert finetune.cli([world["parent"], "--tracking-uri", world["uri"], *common, "--no-tracking",
+    assert cli_main(["finetune", world["parent"], "--tracking-uri", world["uri"], *common, "--no-tracking",
                          "--output", str(root / "byid")]) == 0
-    assert finetune.cli([str(run / "final_model" / "hf"), *common, "--no-tracking", "--output", str(root / "hf")]) == 0
+    assert cli_main(["finetune", str(run / "final_model" / "hf"), *common, "--no-tracking", "--output", str(root / "hf")]) == 0
     # a run with no checkpoint artifact, only its logged final model and tokenizer (as log_final_model leaves it)
     client = world["client"]
     final_only = client.create_run(world["experiment"]).info.run_id
     client.log_artifacts(final_only, str(run / "final_model" / "fp32"), "model/fp32")
     client.log_artifact(final_only, str(root / "tok" / "spiece.model"), "tokenizer")
     client.log_param(final_only, "max_steps", STEPS_DONE)
-    assert finetune.cli([final_only, "--tracking-uri", world["uri"], *common, "--no-tracking",
+    assert cli_main(["finetune", final_only, "--tracking-uri", world["uri"], *common, "--no-tracking",
                          "--output", str(root / "final_only")]) == 0
     capsys.readouterr()
     scores = {name: next(iter(_results(root / name / "downstream.json").values())) for name in
@@ -151,8 +151,8 @@ def test_pretrained_encoder_beats_random_init_on_unseen_words(world, capsys):
     run, client = world["run"], world["client"]
     few = ["--task", "sst2", "--data-dir", str(world["root"] / "few" / "sst2"), "--seeds", "1", "2", "3",
            "--epochs", "8", "--learning-rate", "1e-3", "--classifier-dropout", "0"]
-    assert finetune.cli([str(run), *few]) == 0
-    assert finetune.cli([str(run), *few, "--init", "random", "--experiment", "floors"]) == 0
+    assert cli_main(["finetune", str(run), *few]) == 0
+    assert cli_main(["finetune", str(run), *few, "--init", "random", "--experiment", "floors"]) == 0
     capsys.readouterr()
     entries = [e for e in json.loads((run / "downstream.json").read_text())["results"]
                if e["data"].endswith("few/sst2")]
@@ -176,7 +176,7 @@ def test_partial_sharing_run_fine_tunes(world, capsys):
     fp32 final model is what `finetune` reads."""
     run = make_run_dir(world["root"] / "run-ffn", world["root"] / "tok" / "spiece.model", 20, sharing="ffn")
     assert not (run / "final_model" / "hf").exists()
-    assert finetune.cli([str(run), "--task", "sst2", "--data-dir", str(world["root"] / "glue" / "sst2"),
+    assert cli_main(["finetune", str(run), "--task", "sst2", "--data-dir", str(world["root"] / "glue" / "sst2"),
                          "--seeds", "1", "--no-tracking", *FAST]) == 0
     capsys.readouterr()
     (entry,) = json.loads((run / "downstream.json").read_text())["results"]

@@ -1,18 +1,16 @@
 """Bad corpus and config input is found when the job is built and named: the text field of every jsonl/parquet
-source (checked on its first records), a YAML syntax error (file:line), a crash in setup (one traceback)."""
+source (checked on its first records), a YAML syntax error (file:line), a tokenizer that is not a model, an
+unwritable output directory (a crash in setup: tests/integration/test_train_crash.py)."""
 from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
-import textwrap
+import os
 from pathlib import Path
 
 import pytest
-from helpers import clean_env
 
-from albert_dist import train
+from albert_dist import cli, train
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import plan_pieces
@@ -60,44 +58,63 @@ def test_missing_parquet_column_is_named(tmp_path):
 
 def test_train_refuses_a_missing_text_field_with_exit_2(tmp_path, capsys, no_process_group):
     bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b"}])
-    code = train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{bad}]}}]"])
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{bad}]}}]"])
     err = capsys.readouterr().err
     assert code == 2 and "data.train[0].text_field='text' is not a key" in err and "['content']" in err
 
 
 def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, capsys, no_process_group):
     missing = tmp_path / "nope.model"
-    assert train.cli(["--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2
     err = capsys.readouterr().err
     assert err == f"albert-dist train: data.tokenizer_path: tokenizer {str(missing)!r} is not a file\n"
+
+
+def test_a_tokenizer_vocab_file_is_exit_2_naming_the_model_beside_it(capsys, no_process_group):
+    """`data.tokenizer_path` naming `spiece.vocab` (the text listing beside `spiece.model`) was sentencepiece's
+    RuntimeError, a traceback and exit 1."""
+    vocab = REPO / "data/sample/spiece.vocab"
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={vocab}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"albert-dist train: data.tokenizer_path: tokenizer {str(vocab)!r} is not a sentencepiece "
+                          "model (the .vocab file is its text listing: name the .model beside it)")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot create anything in: a 0555 one (not root), else a read-only mount root
+    writes to neither (a container's /proc/sys)."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        return ro
+    if os.path.isdir("/proc/sys") and not os.access("/proc/sys", os.W_OK):
+        return Path("/proc/sys")
+    pytest.skip("running as root with no unwritable directory to try")
+
+
+@pytest.mark.parametrize("field", ["run_dir", "checkpoint.dir"])
+def test_an_unwritable_output_directory_is_exit_2_before_anything_starts(tmp_path, capsys, no_process_group, field):
+    """A `run_dir` or `checkpoint.dir` that cannot be written (a read-only file system) was an OSError traceback
+    and exit 1 (the launch script then offered `--resume auto`); now the preflight refuses it, exit 2."""
+    target = _unwritable_dir(tmp_path) / "albert-run"
+    extra = [f"run_dir={tmp_path / 'run'}"] if field == "checkpoint.dir" else []
+    assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", *extra, f"{field}={target}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"albert-dist train: {field}={str(target)!r}: cannot write there (its parent "
+                          f"{str(target.parent)!r}): "), err
+    assert err.count("\n") == 1 and not target.exists()
 
 
 def test_yaml_syntax_error_is_exit_2_with_file_and_line(tmp_path, capsys, no_process_group):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text("model:\n  hidden_size: 32\ndata:\n  train: [{paths: [a.txt]}\n  max_seq_length: 64\n")
-    assert train.cli(["--config", str(recipe)]) == 2
+    assert cli.main(["train", "--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"albert-dist train: {recipe}:5:") and "not valid YAML" in err
     assert "line 4" in err and "Traceback" not in err
 
-
-@pytest.mark.integration
-def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
-    script = textwrap.dedent(f"""
-        import sys, pytest
-        from albert_dist import cli
-        from albert_dist.trainer import Trainer
-        def boom(self):
-            raise RuntimeError("setup exploded")
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Trainer, "setup", boom)
-            sys.exit(cli.main(["train", "--config", {RECIPE!r}, "tracking.enabled=false", "run_dir={tmp_path / 'r'}"]))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=clean_env(), cwd=REPO)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
-    assert out.count("Traceback (most recent call last)") == 1 and out.count("RuntimeError: setup exploded") == 1
 
 
 def test_skipped_records_are_named_by_file_and_line(tmp_path, caplog):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,20 @@ def test_a_malformed_source_is_named_in_our_words(override, message):
         load_config(None, [override])
     assert message in str(err.value)
     assert "Invalid input" not in str(err.value) and "Config" not in str(err.value).replace("SourceConfig", "")
+
+
+def test_rare_zero_options_pass_through_extra_checked_by_name_and_type():
+    """engine.zero_optimization.extra: DeepSpeed's rarely set options (no recipe sets them) reach ds_config.json
+    as given; an unknown name, a wrong type or a value below the floor is refused naming the key."""
+    from albert_dist.engine.deepspeed_config import build_deepspeed_config
+
+    cfg = load_config(None, ["engine.zero_optimization.extra={stage3_max_live_parameters: 100000000, "
+                             "reduce_scatter: false}", "engine.zero_optimization.overlap_comm=true"])
+    zero = build_deepspeed_config(cfg.engine, 1)["zero_optimization"]
+    assert zero["stage3_max_live_parameters"] == 100_000_000 and zero["reduce_scatter"] is False
+    assert zero["overlap_comm"] is True
+    for bad, says in [("{contiguous_gradient: true}", "extra.contiguous_gradient: not an option passed through"),
+                      ("{reduce_scatter: 1}", "extra.reduce_scatter must be a bool, got 1"),
+                      ("{allgather_bucket_size: 0}", "extra.allgather_bucket_size must be >= 1, got 0")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            load_config(None, [f"engine.zero_optimization.extra={bad}"])

@@ -22,6 +22,7 @@ import pytest
 import torch
 from helpers import read_metrics, run_cli
 
+from albert_dist import cli
 from albert_dist.data import tokenizer as tok
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
@@ -110,7 +111,7 @@ def _vocab(model_dir: Path) -> list[tuple[str, float]]:
 @pytest.fixture(scope="module")
 def reference_tokenizer(corpus, tmp_path_factory) -> list[tuple[str, float]]:
     out = tmp_path_factory.mktemp("tok-ref")
-    assert tok.cli(["train", "--input", str(corpus["txt"]), "--vocab-size", "120", "--output", str(out)]) == 0
+    assert cli.main(["tokenizer", "train", "--input", str(corpus["txt"]), "--vocab-size", "120", "--output", str(out)]) == 0
     return _vocab(out)
 
 
@@ -137,7 +138,7 @@ def _same_batches(a: list[dict], b: list[dict]) -> None:
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_path):
-    from albert_dist import train
+    from albert_dist import preflight
     from albert_dist.config import load_config
 
     path = corpus[name]
@@ -148,17 +149,17 @@ def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_pat
     assert _epoch(SourceStream(src, "t", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)) == DOCS
     # the tokenizer: the same pieces and scores as from the plain .txt
     out = tmp_path / "tok"
-    assert tok.cli(["train", "--input", str(path.parent / "*"), "--vocab-size", "120", "--output", str(out)]) == 0
+    assert cli.main(["tokenizer", "train", "--input", str(path.parent / "*"), "--vocab-size", "120", "--output", str(out)]) == 0
     assert _vocab(out) == reference_tokenizer
     # the preflight of `albert-dist train` accepts it, and names the file when the text field is wrong
     cfg = load_config(RECIPE, ["tracking.enabled=false", f"data.train=[{{paths: [{path}]}}]",
                                f"data.validation=[{{paths: [{path}]}}]"])
-    train.check_inputs(cfg)
+    preflight.check_inputs(cfg)
     kind = FORMATS[name][1]
     if kind != "txt":
         bad = load_config(RECIPE, ["tracking.enabled=false", f"data.train=[{{paths: [{path}], text_field: body}}]"])
         with pytest.raises(ValueError, match=f"data.train\\[0\\].text_field='body' is not a .* of {path}"):
-            train.check_inputs(bad)
+            preflight.check_inputs(bad)
     # the fixed validation set is the .txt one's
     vcfg = _cfg(SourceConfig(paths=[str(corpus["txt"])]), validation=[src], eval_examples=10_000)
     ref = build_validation_set(_cfg(SourceConfig(paths=[str(corpus["txt"])]), validation=[
@@ -360,7 +361,6 @@ def _error_of(capsys, command: list[str], runner) -> str:
 def test_user_facing_errors_name_the_file_and_a_reason(case, tmp_path, capsys, monkeypatch):
     """`albert-dist tokenizer train`, `albert-dist train` (preflight) and `albert-dist data plan` on bad input:
     exit 2, one line, the input named, the reason non-empty and the expected one."""
-    from albert_dist import cli
     from albert_dist.engine import distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
@@ -370,10 +370,10 @@ def test_user_facing_errors_name_the_file_and_a_reason(case, tmp_path, capsys, m
     field = ["text_field: body"] if "text field" in case else []
     source = "{" + ", ".join([f"paths: ['{path}']"] + field) + "}"
     commands = {
-        "albert-dist tokenizer: error: ": ["tokenizer", "train", "--input", str(path), "--vocab-size", "50",
+        "albert-dist tokenizer train: ": ["tokenizer", "train", "--input", str(path), "--vocab-size", "50",
                                            "--output", str(tmp_path / "tok")] + (["--text-field", "body"] if field else []),
         "albert-dist train: ": ["train", "--config", RECIPE, "tracking.enabled=false", f"data.train=[{source}]"],
-        "albert-dist data plan: error: ": ["data", "plan", "--config", RECIPE, "--ranks", "2",
+        "albert-dist data plan: ": ["data", "plan", "--config", RECIPE, "--ranks", "2",
                                            f"data.train=[{source}]"],
     }
     for prefix, command in commands.items():

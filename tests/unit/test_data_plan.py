@@ -149,7 +149,7 @@ def test_a_bundled_sample_job_reads_every_byte_once(capsys):
 def test_data_group_usage_and_a_missing_prepare(capsys):
     import importlib.util
 
-    assert cli.main(["data"]) == 2 and "usage: albert-dist data {prepare,plan}" in capsys.readouterr().err
+    assert cli.main(["data"]) == 2 and "usage: albert-dist data [-h] {prepare,plan}" in capsys.readouterr().err
     assert cli.main(["data", "--help"]) == 0 and "usage: albert-dist data" in capsys.readouterr().out
     if importlib.util.find_spec("albert_dist.data.prepare") is None:
         assert cli.main(["data", "prepare", "--input", "x"]) == 2

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from albert_dist import cli
 from albert_dist.data import prepare as prep
-from albert_dist.data_cli import prepare_cli
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import iter_texts
@@ -213,7 +213,7 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(prep, "write_shard", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        prepare_cli(argv)
+        cli.main(["data", "prepare", *argv])
     assert not out.exists() and (tmp_path / ("out" + prep.TMP_SUFFIX) / "spool" / "000000.json").exists()
     monkeypatch.setattr(prep, "write_shard", real_write)
 
@@ -223,21 +223,21 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         raise AssertionError("the resumed run read an input again")
 
     monkeypatch.setattr(files, "read_piece", no_reading)  # the scan must come from the kept spool
-    assert prepare_cli(argv) == 0
+    assert cli.main(["data", "prepare", *argv]) == 0
     monkeypatch.undo()
     assert "wrote 2 shards" in capsys.readouterr().out
     assert _read_output(out) == EXPECTED and not (tmp_path / ("out" + prep.TMP_SUFFIX)).exists()
     # complete: a rerun says so and exits 0; other options: refused without --overwrite
-    assert prepare_cli(argv) == 0 and "already complete" in capsys.readouterr().out
-    assert prepare_cli(argv[:-3] + ["--num-shards", "3", "--no-progress"]) == 2
+    assert cli.main(["data", "prepare", *argv]) == 0 and "already complete" in capsys.readouterr().out
+    assert cli.main(["data", "prepare", *argv[:-3], "--num-shards", "3", "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert prepare_cli(argv[:-3] + ["--num-shards", "3", "--no-progress", "--overwrite"]) == 0
+    assert cli.main(["data", "prepare", *argv[:-3], "--num-shards", "3", "--no-progress", "--overwrite"]) == 0
     assert json.loads((out / prep.MANIFEST_NAME).read_text())["num_shards"] == 3
     # a directory that is not a prepare output is never touched
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    assert prepare_cli(argv[:argv.index("--output")] + ["--output", str(other), "--overwrite"]) == 2
+    assert cli.main(["data", "prepare", *argv[:argv.index("--output")], "--output", str(other), "--overwrite"]) == 2
     assert (other / "notes.txt").read_text() == "keep me" and "not an albert-dist data prepare output" in \
         capsys.readouterr().err
 
@@ -246,7 +246,7 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
     src = _write(tmp_path / "c", BASE[:50], "txt", ".zst")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"data:\n  train:\n    - paths: ['{src}']\n")
-    assert prepare_cli(["--config", str(recipe), "--output", str(tmp_path / "o"), "--workers", "1",
+    assert cli.main(["data", "prepare", "--config", str(recipe), "--output", str(tmp_path / "o"), "--workers", "1",
                      "--tokenizer", "none"]) == 0
     manifest = prep.load_manifest(tmp_path / "o")
     assert manifest["documents"] == 50 and manifest["tokens_estimate"] is None
@@ -254,7 +254,7 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
     for argv, fragment in ([["--output", str(tmp_path / "x")], "no input"],
                            [["--input", str(tmp_path / "nope*.txt"), "--output", str(tmp_path / "x")], "matches no file"],
                            [["--input", str(src), "--output", str(tmp_path / "x"), "a.b=1"], "need --config"]):
-        assert prepare_cli(argv) == 2
+        assert cli.main(["data", "prepare", *argv]) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.strip().endswith(err.strip().split(": ")[-1]) and len(err.strip()) > 30
 
@@ -278,7 +278,6 @@ def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
 def test_dispatch_and_byte_sizes(tmp_path, capsys):
     import argparse
 
-    from albert_dist import cli
     from albert_dist.data.sizes import parse_byte_size
 
     src = _write(tmp_path / "c", BASE[:20], "txt", "")
@@ -286,7 +285,7 @@ def test_dispatch_and_byte_sizes(tmp_path, capsys):
                      "--tokenizer", "none", "--shard-bytes", "1K", "--row-group-bytes", "0.5K"]) == 0
     manifest = prep.load_manifest(tmp_path / "o")
     assert manifest["row_group_bytes"] == 512 and manifest["num_shards"] == -(-manifest["bytes"] // 1024)
-    assert cli.main(["data"]) == 2 and "usage: albert-dist data {prepare,plan}" in capsys.readouterr().err
+    assert cli.main(["data"]) == 2 and "usage: albert-dist data [-h] {prepare,plan}" in capsys.readouterr().err
     assert (parse_byte_size("64M"), parse_byte_size("1.5GiB"), parse_byte_size("4096")) == (64 << 20, 3 << 29, 4096)
     for bad in ("abc", "0", "-1M"):
         with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
@@ -338,7 +337,7 @@ def test_a_second_prepare_on_one_output_is_refused_naming_the_holder(tmp_path, c
     out = tmp_path / "out"
     holder = prep.OutputLock(tmp_path / f".out{prep.LOCK_SUFFIX}", str(out)).acquire()
     try:
-        code = prepare_cli(["--input", str(src), "--output", str(out), "--tokenizer", "none", "--text-field",
+        code = cli.main(["data", "prepare", "--input", str(src), "--output", str(out), "--tokenizer", "none", "--text-field",
                             "content"])
         err = capsys.readouterr().err
         assert code == 2 and f"pid {os.getpid()} on host" in err and str(out) in err, err
@@ -349,3 +348,27 @@ def test_a_second_prepare_on_one_output_is_refused_naming_the_holder(tmp_path, c
     for entry in manifest["files"]:
         assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
     assert _read_output(out) == EXPECTED
+
+
+def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
+    """`data prepare --input /x/*.txt.zst` unquoted: the shell hands over every match after one --input. All of
+    them are read (they used to become "key=value overrides [...] need --config"), in the order given."""
+    files = [_write(tmp_path / f"part{k}", BASE[k * 100:(k + 1) * 100], "txt", ".zst") for k in range(3)]
+    out = tmp_path / "o"
+    assert cli.main(["data", "prepare", "--input", *map(str, files), "--output", str(out), "--workers", "1",
+                     "--tokenizer", "none", "--no-progress"]) == 0, capsys.readouterr().err
+    manifest = prep.load_manifest(out)
+    assert [i["path"] for i in manifest["inputs"]] == list(map(str, files))
+    assert _read_output(out) == BASE[:300]
+
+
+def test_the_one_byte_formatter_reads_back_as_parse_byte_size_reads_it():
+    """`fmt_bytes` (memory line, data plan/prepare, tokenizer): powers of 1024, the unit `parse_byte_size` reads,
+    so a printed size pasted back as an option is the same size to its printed precision."""
+    from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+
+    assert [fmt_bytes(n) for n in (512, 1536, 2**30 - 1, 8 * 2**30, 3 * 2**40)] == [
+        "512 B", "1.5 KiB", "1.00 GiB", "8.00 GiB", "3.00 TiB"]
+    for n in (3_000, 7 * 2**20 + 12345, 5 * 2**30 + 2**28, 2**41):
+        text = fmt_bytes(n)
+        assert abs(parse_byte_size(text.replace(" ", "")) - n) <= 0.05 * 2**(10 * ("KMGT".index(text.split()[1][0]) + 1))

@@ -259,3 +259,15 @@ def test_batched_ngram_choice_respects_example_boundaries_and_budgets(sp):
             total += 1
             greedy += not len(unchosen) or unchosen.min() > left[e]
     assert greedy / total > 0.97, (greedy, total)
+
+
+def test_the_masking_budget_is_one_formula_for_a_row_and_for_a_batch():
+    """`masking_budget` (pipeline, cap note, memory estimate): BERT's num_to_predict, the int and array forms equal."""
+    import numpy as np
+
+    from albert_dist.data.config import masking_budget
+
+    cand = np.arange(0, 600)
+    assert masking_budget(cand, 0.15, 20).tolist() == [masking_budget(int(c), 0.15, 20) for c in cand]
+    assert [min(20, max(1, round(c * 0.15))) for c in range(600)] == masking_budget(cand, 0.15, 20).tolist()
+    assert (masking_budget(509, 0.15, 20), masking_budget(125, 0.15), masking_budget(2, 0.15)) == (20, 19, 1)

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from albert_dist.engine import distributed as D
+from albert_dist.engine import slurm as S
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def slurm_step(procid, nodeid, localid, ntasks=4, nodelist="gpu[01-02]", tasks_p
         "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid), "SLURM_NODEID": str(nodeid),
         "SLURM_LOCALID": str(localid), "SLURM_NTASKS": str(ntasks), "SLURM_JOB_NODELIST": nodelist,
         "SLURM_STEP_NODELIST": nodelist, "SLURM_TASKS_PER_NODE": tasks_per_node,
-        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_NNODES": str(len(D.expand_nodelist_py(nodelist))),
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_NNODES": str(len(S.expand_nodelist_py(nodelist))),
     }
 
 
@@ -46,12 +47,12 @@ EXPANSIONS = {
 
 def test_python_expander_literal_after_bracket():
     # an extension: Slurm 22.05's scontrol calls this an "Invalid hostlist" (prints nothing, exits 0)
-    assert D.expand_nodelist_py("node-[1,3-4]-ib") == ["node-1-ib", "node-3-ib", "node-4-ib"]
+    assert S.expand_nodelist_py("node-[1,3-4]-ib") == ["node-1-ib", "node-3-ib", "node-4-ib"]
 
 
 @pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
 def test_python_expander(nodelist):
-    assert D.expand_nodelist_py(nodelist) == EXPANSIONS[nodelist]
+    assert S.expand_nodelist_py(nodelist) == EXPANSIONS[nodelist]
 
 
 @pytest.mark.integration
@@ -59,27 +60,27 @@ def test_python_expander(nodelist):
 @pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
 def test_python_expander_matches_scontrol(nodelist):
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    assert D.expand_nodelist_py(nodelist) == out.stdout.split()
-    assert D.expand_nodelist(nodelist) == out.stdout.split()
+    assert S.expand_nodelist_py(nodelist) == out.stdout.split()
+    assert S.expand_nodelist(nodelist) == out.stdout.split()
 
 
 @pytest.mark.parametrize("bad", ["", ",", "n[1-2", "n1-2]", "n[3-1]", "n[a-b]", "n[[1-2]]"])
 def test_python_expander_rejects_malformed(bad):
     with pytest.raises(ValueError, match="node list"):
-        D.expand_nodelist_py(bad)
+        S.expand_nodelist_py(bad)
 
 
 def test_tasks_per_node():
-    assert D.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert D.expand_tasks_per_node("4") == [4]
+    assert S.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert S.expand_tasks_per_node("4") == [4]
     with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE"):
-        D.expand_tasks_per_node("2(x),1")
+        S.expand_tasks_per_node("2(x),1")
 
 
 def test_port_from_job_id():
-    assert D.port_from_job_id(4711) == D.PORT_BASE + 4711
-    assert D.port_from_job_id(D.PORT_SPAN + 5) == D.PORT_BASE + 5
-    ports = {D.port_from_job_id(j) for j in range(100_000, 100_000 + D.PORT_SPAN)}
+    assert S.port_from_job_id(4711) == S.PORT_BASE + 4711
+    assert S.port_from_job_id(S.PORT_SPAN + 5) == S.PORT_BASE + 5
+    ports = {S.port_from_job_id(j) for j in range(100_000, 100_000 + S.PORT_SPAN)}
     assert min(ports) >= 1024 and max(ports) < 32768  # below Linux's ephemeral range
 
 
@@ -118,7 +119,7 @@ def test_launcher_variables_win_over_slurm(no_scontrol):
 
 def test_slurm_variables(no_scontrol):
     env = D.discover(slurm_step(procid=3, nodeid=1, localid=1))
-    assert env == D.DistEnv(3, 4, 1, 2, 1, "gpu01", D.port_from_job_id(4711), 2, "slurm")
+    assert env == D.DistEnv(3, 4, 1, 2, 1, "gpu01", S.port_from_job_id(4711), 2, "slurm")
 
 
 def test_slurm_uneven_tasks_per_node(no_scontrol):

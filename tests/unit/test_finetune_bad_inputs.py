@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from albert_dist import finetune
+from albert_dist.cli import main as cli_main
 from fixtures.finetune_run import make_run_dir, make_tokenizer, write_glue_tsv, write_sst2
 
 pytest.importorskip("transformers")
@@ -24,7 +24,7 @@ def world(tmp_path_factory):
 
 
 def _bad(capsys, *argv) -> str:
-    code = finetune.cli([*argv, "--no-tracking"])
+    code = cli_main(["finetune", *argv, "--no-tracking"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert len(err) == 1 and err[0].startswith("albert-dist finetune: "), err
@@ -81,7 +81,7 @@ def test_no_such_step_model_or_length(world, capsys):
     assert "not an MLflow run id" in _bad(capsys, str(root / "nowhere"), *data)
     assert "--max-seq-length 64 exceeds the model's max_position_embeddings 32" in _bad(
         capsys, str(run), *data, "--max-seq-length", "64")
-    assert not (run / finetune.RESULTS_FILE).exists()
+    assert not (run / "downstream.json").exists()
 
 
 def test_bad_hyper_parameters_name_their_flag(world, capsys):

@@ -1,37 +1,49 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
-not) runs down the layers base < model < data < engine < tracking < app."""
+not, absolute or relative, or a module named in a string for importlib) runs down the layers base < model < data
+< engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
+trainer < train < downstream < finetune < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "albert_dist"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the albert_dist modules it imports anywhere in its source (top level, in functions, or under
-    TYPE_CHECKING: a lazy import is still a dependency)."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name a relative ``from ..x import y`` in `module` names (``from .`` in a package's
+    __init__ is the package itself)."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports anywhere in its source: absolute and relative imports (top
+    level, in functions, or under TYPE_CHECKING: a lazy import is still a dependency), and string literals that
+    name one of its modules (``importlib.import_module("albert_dist.x")``, the "module" or "module:function"
+    entries of a dispatch table such as albert_dist.cli.COMMANDS)."""
+    modules = {_module_name(p, package): p for p in package.rglob("*.py")}
+    root = package.name
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if isinstance(node, ast.ImportFrom):
+                base = node.module if node.level == 0 else _absolute(name, path.name == "__init__.py", node)
+                targets = [base] + [f"{base}.{a.name}" for a in node.names] if base else []
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(root + "."):
+                targets = [node.value.split(":")[0]]
             else:
                 continue
-            deps.update(t for t in targets if t in modules and t != name and t.startswith("albert_dist"))
+            deps.update(t for t in targets if t in modules and t != name and t.startswith(root))
         # a package's __init__ is not a dependency of its own submodules' users beyond what it imports itself
-        graph[name] = {d for d in deps if d != "albert_dist"}
+        graph[name] = {d for d in deps if d != root}
     return graph
 
 
@@ -69,15 +81,6 @@ def test_no_import_cycles_in_the_package():
     assert find_cycle(graph) is None
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("module", ["albert_dist.config", "albert_dist.engine.config", "albert_dist.data.config",
-                                    "albert_dist.model.config", "albert_dist.tracking.config"])
-def test_config_layer_imports_no_torch(module):
-    code = (f"import sys, {module}; heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'deepspeed', 'mlflow', 'datasets')); print(heavy[:5]); sys.exit(1 if heavy else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{module} imports {proc.stdout.strip()} {proc.stderr[-500:]}"
-
 
 #: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
 #: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
@@ -92,6 +95,30 @@ def layer_of(module: str) -> str:
     if len(parts) > 1 and parts[1] in ("model", "data", "engine", "tracking"):
         return parts[1]
     return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume") else "app"
+
+
+#: The app layer, bottom to top: an app module may import the ones before it (and its own package), never one
+#: after it. A new top-level module (or package) must be placed here.
+APP_ORDER = ("albert_dist.config", "albert_dist.export", "albert_dist.run_tracking", "albert_dist.preflight",
+             "albert_dist.trainer", "albert_dist.train", "albert_dist.downstream", "albert_dist.finetune",
+             "albert_dist.cli")
+
+
+def app_rank(module: str) -> int:
+    """The place of an app module in APP_ORDER (a package's submodules share its place); -1 when unplaced."""
+    for i, name in enumerate(APP_ORDER):
+        if module == name or module.startswith(name + "."):
+            return i
+    return -1
+
+
+def app_order_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every app module missing from APP_ORDER, and every import that runs up the app order."""
+    apps = [m for m in graph if layer_of(m) == "app"]
+    out = [f"{m}: not placed in APP_ORDER" for m in sorted(apps) if app_rank(m) < 0]
+    out += sorted(f"{m} -> {d} (app order)" for m in apps for d in graph[m]
+                  if layer_of(d) == "app" and app_rank(d) > app_rank(m) >= 0)
+    return out
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -113,3 +140,40 @@ def test_every_import_runs_down_the_layers():
     graph = import_graph()
     assert {layer_of(m) for m in graph} == set(LAYERS)
     assert upward_imports(graph) == []
+
+
+def test_the_app_modules_import_down_their_order():
+    graph = import_graph()
+    assert "albert_dist.cli.train" in graph["albert_dist.cli"]  # the COMMANDS table's strings are edges
+    assert app_order_violations(graph) == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    """A package tree `root/albert_dist/...` holding `files` (relative path -> source); returns the package."""
+    for rel, text in files.items():
+        path = root / "albert_dist" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "albert_dist"
+
+
+def test_the_checker_fails_on_a_planted_relative_or_importlib_upward_import(tmp_path):
+    """The import-graph builder on a temporary tree: a relative upward import (``from ..trainer import Trainer``
+    in engine/, which the absolute-only checker let pass), a dotted importlib string in model/, a COMMANDS-style
+    "module:function" entry and an app import running up the app order are all reported."""
+    package = _tree(tmp_path, {
+        "__init__.py": "", "trainer.py": "", "train.py": "from .trainer import Trainer\n",
+        "preflight.py": "from albert_dist import train\n",
+        "engine/__init__.py": "", "engine/loss.py": "from ..trainer import Trainer\nfrom . import config\n",
+        "engine/config.py": "",
+        "model/__init__.py": "", "model/albert.py": "import importlib\nimportlib.import_module('albert_dist.train')\n",
+        "data/__init__.py": "", "data/cli.py": "TABLE = {'x': 'albert_dist.engine.loss:main'}\n",
+    })
+    graph = import_graph(package)
+    assert graph["albert_dist.engine.loss"] == {"albert_dist.trainer", "albert_dist.engine", "albert_dist.engine.config"}
+    assert graph["albert_dist.train"] == {"albert_dist.trainer"}
+    assert upward_imports(graph) == [
+        "albert_dist.data.cli (data) -> albert_dist.engine.loss (engine)",
+        "albert_dist.engine.loss (engine) -> albert_dist.trainer (app)",
+        "albert_dist.model.albert (model) -> albert_dist.train (app)"]
+    assert app_order_violations(graph) == ["albert_dist.preflight -> albert_dist.train (app order)"]

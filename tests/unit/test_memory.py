@@ -1,21 +1,20 @@
 """The per-device memory estimate (albert_dist.engine.memory) against measurements, and the preflight refusal.
 
 References: the figures `python bench/memory_scale.py --full` measured (DeepSpeed's own tensors walked on 1, 2
-and 4 gloo ranks; activations from torch's profiler), stored in bench/memory_scale.json and recomputed here
+and 4 gloo ranks; activations from torch's profiler), stored in bench/results/memory_scale.json and recomputed here
 with the current formulas; a live profiler measurement of a small model; the parameter list of the real
 model; the refusal against the project's own config loader.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import load_bench
 
+from albert_dist import cli, preflight
 from albert_dist import train as train_app
 from albert_dist.config import load_config
 from albert_dist.engine import distributed, memory
@@ -24,15 +23,9 @@ from albert_dist.model.sharing import parameter_count, parameter_numels
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
-MEASURED = REPO / "bench" / "memory_scale.json"
+MEASURED = REPO / "bench" / "results" / "memory_scale.json"
 LO, HI = 0.8, 1.25
 
-
-def test_memory_module_imports_no_torch():
-    code = ("import sys, albert_dist.engine.memory; heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'deepspeed')); print(heavy[:3]); sys.exit(1 if heavy else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-500:]
 
 
 @pytest.mark.parametrize("preset, sharing, groups", [("albert-tiny", "all", 2), ("albert-base", "none", 1),
@@ -65,7 +58,7 @@ def test_model_states_estimate_matches_deepspeeds_tensors():
     for key, v in _measured()["states"].items():
         cfg = load_config(None, [f"model.preset={v['preset']}", f"engine.zero_stage={v['stage']}",
                                  f"engine.precision={v['precision']}", *v.get("overrides", [])])
-        est = memory.model_state_bytes(cfg, v["world_size"])
+        est = memory.model_state_bytes(cfg.model, cfg.engine, v["world_size"])
         m = v["per_rank_max"]
         pairs = [("states", v["model_states_bytes"], est.model_states_bytes, HI),
                  ("buckets", m["buffers"], est.buffers_bytes, HI),
@@ -131,9 +124,9 @@ BIG = ("model.preset=albert-base", "model.max_position_embeddings=512", "data.ma
 
 
 def test_cpu_prints_the_line_and_never_refuses(caplog):
-    caplog.set_level("INFO", logger="albert_dist.engine.memory")
+    caplog.set_level("INFO", logger="albert_dist.preflight")
     cfg = _cfg(*BIG)
-    est = memory.check_memory(cfg, 2, device=None)
+    est = preflight.check_memory(cfg, 2, device=None)
     assert est.total_bytes > 8 * 2**30  # would not fit the fake devices below
     line = caplog.records[-1].getMessage()
     assert line.startswith("memory per device (estimate)") and "ZeRO-2, 2 ranks, bf16" in line
@@ -141,7 +134,7 @@ def test_cpu_prints_the_line_and_never_refuses(caplog):
 
 
 def test_a_gpu_that_fits_passes():
-    est = memory.check_memory(_cfg(*BIG), 2, device=("GPU 0 (fake 80 GB)", 80 * 2**30), log=False)
+    est = preflight.check_memory(_cfg(*BIG), 2, device=("GPU 0 (fake 80 GB)", 80 * 2**30), log=False)
     assert est.total_bytes <= memory.USABLE_FRACTION * 80 * 2**30
 
 
@@ -150,24 +143,24 @@ def test_a_gpu_too_small_is_refused_with_a_change_that_fits(gib):
     cfg = _cfg(*BIG)
     usable = memory.USABLE_FRACTION * gib * 2**30
     with pytest.raises(ValueError) as err:
-        memory.check_memory(cfg, 2, device=("GPU 0 (fake)", gib * 2**30), log=False)
+        preflight.check_memory(cfg, 2, device=("GPU 0 (fake)", gib * 2**30), log=False)
     text = str(err.value)
     assert "GPU 0 (fake)" in text and f"{gib}.00 GiB" in text and "the smallest change that fits: " in text
     change = text.split("the smallest change that fits: ")[1].split(" (estimate")[0].split()
     # the advice, given to the real config loader as command-line overrides, fits; the config without it does not
     fixed = load_config(RECIPE, ["tracking.enabled=false", *BIG, *change])
-    assert memory.estimate(fixed, 2).total_bytes <= usable < memory.estimate(cfg, 2).total_bytes
+    assert memory.estimate(fixed.model, fixed.data, fixed.engine, 2).total_bytes <= usable < memory.estimate(cfg.model, cfg.data, cfg.engine, 2).total_bytes
     # no single earlier (cheaper) candidate fits
-    candidates = memory.candidate_changes(cfg)
+    candidates = preflight.candidate_changes(cfg)
     if change in candidates:
         for earlier in candidates[:candidates.index(change)]:
             trial = load_config(RECIPE, ["tracking.enabled=false", *BIG, *earlier])
-            assert memory.estimate(trial, 2).total_bytes > usable, earlier
+            assert memory.estimate(trial.model, trial.data, trial.engine, 2).total_bytes > usable, earlier
 
 
 def test_halving_the_micro_batch_keeps_the_global_batch():
     cfg = _cfg(*BIG)
-    halvings = [c for c in memory.candidate_changes(cfg) if "train_micro_batch_size_per_gpu" in c[0]]
+    halvings = [c for c in preflight.candidate_changes(cfg) if "train_micro_batch_size_per_gpu" in c[0]]
     assert len(halvings) == 6  # 64 -> 32 ... 1
     for change in halvings:
         trial = load_config(RECIPE, ["tracking.enabled=false", *BIG, *change])
@@ -178,9 +171,9 @@ def test_halving_the_micro_batch_keeps_the_global_batch():
 def test_nothing_fits_says_so_and_warn_mode_starts(monkeypatch):
     cfg = _cfg("model.preset=albert-xxlarge", "model.max_position_embeddings=512", "data.max_seq_length=512")
     with pytest.raises(ValueError, match="no change this check knows fits"):
-        memory.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
-    monkeypatch.setenv(memory.CHECK_ENV, "warn")
-    memory.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
+        preflight.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
+    monkeypatch.setenv(preflight.CHECK_ENV, "warn")
+    preflight.check_memory(cfg, 1, device=("GPU 0 (fake)", 2**30), log=False)
 
 
 def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, capsys):
@@ -189,7 +182,7 @@ def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, caps
     monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
     monkeypatch.setattr(train_app.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
     monkeypatch.setattr(memory, "device_memory", lambda local_rank: ("GPU 0 (fake 1 GiB)", 2**30))
-    code = train_app.cli(["--config", RECIPE, "tracking.enabled=false", "engine.train_micro_batch_size_per_gpu=256"])
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", "engine.train_micro_batch_size_per_gpu=256"])
     err = capsys.readouterr().err
     assert code == train_app.EXIT_CONFIG_ERROR, err
     assert err.startswith("albert-dist train: memory per device (estimate)") and "GPU 0 (fake 1 GiB)" in err

@@ -5,12 +5,17 @@ import pytest
 import torch
 
 from albert_dist.model import AlbertConfig, AlbertForPreTraining
-from albert_dist.export import cli
+from albert_dist import cli as albert_dist_cli
 
 transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=90, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_hidden_groups=3,
             num_attention_heads=4, intermediate_size=48, max_position_embeddings=16)
+
+
+def cli(argv: list[str]) -> int:
+    """`albert-dist export ARGV`."""
+    return albert_dist_cli.main(["export", *argv])
 
 
 def write_yaml(path: Path, fields: dict, section: bool) -> Path:

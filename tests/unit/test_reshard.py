@@ -12,7 +12,7 @@ import pytest
 
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
-from albert_dist.engine.reshard import assign, build_resumed_loader, collect_streams, ReshardedLoader
+from albert_dist.engine.checkpoint.reshard import assign, build_resumed_loader, collect_streams, ReshardedLoader
 
 REPO = Path(__file__).resolve().parents[2]
 MICRO = 2

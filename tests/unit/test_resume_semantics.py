@@ -19,11 +19,14 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 from omegaconf import OmegaConf
 
+from albert_dist import cli
 from albert_dist import train
 from albert_dist.config import TrainConfig, config_hash, load_config, resume_rules, resume_table_markdown, to_container
 from albert_dist.data.config import DataConfig
 from albert_dist.data.loader import FINGERPRINT_FIELDS, PretrainingStream
-from albert_dist.engine import checkpoint as ckpt
+from albert_dist.engine.checkpoint.drift import ConfigDriftError
+from albert_dist.engine.checkpoint.layout import META_FILE
+from albert_dist.engine.checkpoint.resume import plan_load
 from albert_dist.engine import distributed
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, RULES, flatten
 
@@ -46,6 +49,7 @@ CHANGED: dict[str, Any] = {
     "optimizer.betas": [0.8, 0.99],
     "optimizer.warmup_ratio": 0.1,  # with warmup_steps 0
     "engine.zero_stage": 2,  # the checkpoint below is ZeRO-3
+    "engine.zero_optimization.extra": {"stage3_max_live_parameters": 100_000_000},
     "engine.train_batch_size": 16,
     "engine.train_micro_batch_size_per_gpu": 4,  # on 4 ranks: the same global batch (see WORLD)
     "checkpoint.on_save_error": "continue",  # = micro 8 x accumulation 1 x the 2 ranks it is resumed on
@@ -126,7 +130,7 @@ def write_checkpoint(ckpt_dir: Path, config: dict, step: int = 8, world_size: in
         (tag_dir / name).write_bytes(b"x" * size)
     meta = {"format": 2, "step": step, "world_size": world_size, "zero_stage": config["engine"]["zero_stage"],
             "config_hash": "h", "config": config, "files": files}
-    (tag_dir / ckpt.META_FILE).write_text(json.dumps(meta))
+    (tag_dir / META_FILE).write_text(json.dumps(meta))
     return tag_dir
 
 
@@ -152,12 +156,12 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
     world = WORLD.get(key, 2)
     with caplog.at_level(logging.WARNING):
         if rule == REFUSE:
-            with pytest.raises(ckpt.ConfigDriftError) as err:
-                ckpt.resume_plan(str(point_dir), None, changed, world, TABLE)
+            with pytest.raises(ConfigDriftError) as err:
+                plan_load(str(point_dir), None, changed, world, TABLE)
             assert f"has {key}={old!r}, the config has {key}={flatten(changed)[key]!r}" in str(err.value)
             assert (note in str(err.value)) if note else True
             return
-        plan = ckpt.resume_plan(str(point_dir), None, changed, world, TABLE)
+        plan = plan_load(str(point_dir), None, changed, world, TABLE)
     warned = "\n".join(r.getMessage() for r in caplog.records)
     assert plan.point is not None and plan.point.step == 8
     assert plan.drift.streams_restart == (rule == RESTART_STREAMS)
@@ -176,11 +180,11 @@ def test_changing_a_field_on_resume_does_what_its_row_says(key, base, base_hash,
 
 def test_no_change_says_nothing(base, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        plan = ckpt.resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
+        plan = plan_load("auto", tmp_path / "checkpoints", base, 2, TABLE)  # nothing there: fresh start
         assert plan.point is None
         write_checkpoint(tmp_path / "checkpoints", base)
         caplog.clear()
-        plan = ckpt.resume_plan("auto", tmp_path / "checkpoints", base, 2, TABLE)
+        plan = plan_load("auto", tmp_path / "checkpoints", base, 2, TABLE)
     assert plan.point.tag == "step_8" and plan.drift.changes == {} and not plan.universal
     assert caplog.records == []
 
@@ -192,7 +196,7 @@ def test_a_zero_stage_change_is_exit_2_before_any_process_group_naming_the_field
     monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
     args = ["--config", RECIPE, "tracking.enabled=false"]
     point = write_checkpoint(tmp_path / "checkpoints", to_container(load_config(RECIPE, args[2:])), world_size=1)
-    assert train.cli([*args, "--resume", str(point), "engine.zero_stage=3"]) == train.EXIT_CONFIG_ERROR
+    assert cli.main(["train", *args, "--resume", str(point), "engine.zero_stage=3"]) == train.EXIT_CONFIG_ERROR
     err = capsys.readouterr().err
     assert err.startswith(f"albert-dist train: checkpoint {point} has engine.zero_stage=2, the config has "
                           f"engine.zero_stage=3") and "DeepSpeed 0.19.8 loads no checkpoint" in err

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from albert_dist import cli
 from albert_dist.data import tokenizer as tok
 from albert_dist.data.config import DataConfig
 from albert_dist.data.pretraining import ExampleBuilder
@@ -74,7 +75,7 @@ def _corpus(tmp_path):
 def test_cli_trains_model_with_albert_ids(tmp_path, capsys, model_type):
     _corpus(tmp_path)
     out = tmp_path / "tok"
-    rc = tok.cli(["train", "--input", str(tmp_path / "*.txt*"), "--vocab-size", "60", "--model-type", model_type,
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "*.txt*"), "--vocab-size", "60", "--model-type", model_type,
                   "--output", str(out), "--lowercase", "--input-sentence-size", "1000"])
     assert rc == 0
     printed = capsys.readouterr().out
@@ -89,7 +90,7 @@ def test_cli_trains_model_with_albert_ids(tmp_path, capsys, model_type):
 
 
 def test_cli_missing_input_is_a_clear_error(tmp_path, capsys):
-    rc = tok.cli(["train", "--input", str(tmp_path / "nothing-*.txt"), "--vocab-size", "100", "--output", str(tmp_path)])
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "nothing-*.txt"), "--vocab-size", "100", "--output", str(tmp_path)])
     assert rc == 2
     assert "matches no file" in capsys.readouterr().err
 
@@ -100,7 +101,7 @@ def test_cli_missing_input_is_a_clear_error(tmp_path, capsys):
 ])
 def test_cli_untrainable_input_is_a_clear_error(tmp_path, capsys, text, vocab, fragment):
     (tmp_path / "small.txt").write_text(text)
-    rc = tok.cli(["train", "--input", str(tmp_path / "small.txt"), "--vocab-size", str(vocab),
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "small.txt"), "--vocab-size", str(vocab),
                   "--output", str(tmp_path / "tok")])
     err = capsys.readouterr().err
     assert rc == 2 and fragment in err and f"vocab_size={vocab}" in err and "small.txt" in err
@@ -133,7 +134,7 @@ def byte_fallback_dir(tmp_path_factory):
     """A byte-fallback model trained on Shakespeare only (every character of it in the vocabulary): Chinese text is
     outside its vocabulary."""
     out = tmp_path_factory.mktemp("bf")
-    rc = tok.cli(["train", "--input", str(FIXTURES / "shakespeare.txt"), "--vocab-size", "400", "--byte-fallback",
+    rc = cli.main(["tokenizer", "train", "--input", str(FIXTURES / "shakespeare.txt"), "--vocab-size", "400", "--byte-fallback",
                   "--character-coverage", "1.0", "--output", str(out)])
     assert rc == 0
     return out
@@ -205,12 +206,11 @@ def test_transformers_gives_sentencepiece_ids_from_train_and_export(tmp_path, lo
     import torch
 
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
-    from albert_dist.export import cli as export_cli
 
     corpus = [f"{line} number {i}." for i in range(40) for line in MIXED] + SAMPLE_TEXT.split("\n") * 20
     (tmp_path / "c.txt").write_text("\n\n".join(corpus) + "\n")
     out = tmp_path / "tok"
-    rc = tok.cli(["train", "--input", str(tmp_path / "c.txt"), "--vocab-size", "80", "--character-coverage", "1.0",
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "c.txt"), "--vocab-size", "80", "--character-coverage", "1.0",
                   "--output", str(out)] + (["--lowercase"] if lowercase else []))
     assert rc == 0
     sp = tok.load_tokenizer(str(out / "spiece.model"))
@@ -219,8 +219,8 @@ def test_transformers_gives_sentencepiece_ids_from_train_and_export(tmp_path, lo
                intermediate_size=16, max_position_embeddings=32)
     torch.save(AlbertForPreTraining(AlbertConfig(**cfg)).state_dict(), tmp_path / "model.pt")
     (tmp_path / "model.yaml").write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
-    assert export_cli([str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
-                       str(tmp_path / "hf"), "--tokenizer", str(out / "spiece.model")]) == 0
+    assert cli.main(["export", str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
+                     str(tmp_path / "hf"), "--tokenizer", str(out / "spiece.model")]) == 0
     for directory in (out, tmp_path / "hf"):
         for cls in (transformers.AlbertTokenizer, transformers.AlbertTokenizerFast):
             hf = cls.from_pretrained(str(directory))  # no keyword arguments: the directory's config decides
@@ -238,7 +238,7 @@ def test_cli_prints_the_byte_budget_and_samples_every_file(tmp_path, caplog):
     for k in range(3):  # three files of ~50 KB: a 30 KB budget takes ~10 KB of each
         (tmp_path / f"part{k}.txt").write_text("\n\n".join(words[k::3]) + "\n")
     caplog.set_level(logging.INFO, logger="albert_dist.data.tokenizer")
-    rc = tok.cli(["train", "--input", str(tmp_path / "*.txt"), "--vocab-size", "60", "--sample-bytes", "30K",
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "*.txt"), "--vocab-size", "60", "--sample-bytes", "30K",
                   "--output", str(tmp_path / "tok")])
     assert rc == 0
     logs = [r.getMessage() for r in caplog.records]
@@ -258,7 +258,7 @@ def test_cli_repeated_input_trains_on_every_input(tmp_path, caplog):
     with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
         f.write("\n\n".join(words[1::2]) + "\n")
     caplog.set_level(logging.INFO, logger="albert_dist.data.tokenizer")
-    rc = tok.cli(["train", "--input", str(tmp_path / "a.txt"), "--input", str(tmp_path / "b.txt.gz"),
+    rc = cli.main(["tokenizer", "train", "--input", str(tmp_path / "a.txt"), "--input", str(tmp_path / "b.txt.gz"),
                   "--vocab-size", "60", "--output", str(tmp_path / "tok")])
     assert rc == 0
     trained = next(r.getMessage() for r in caplog.records if "trained on" in r.getMessage())

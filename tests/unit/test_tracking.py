@@ -344,7 +344,7 @@ def test_model_param_counts_match_closed_form():
 def test_compare_table_rows():
     import pandas as pd
 
-    from albert_dist.compare import format_table, run_labels, table_rows
+    from albert_dist.tracking.compare import format_table, run_labels, table_rows
 
     a, b = "a" * 32, "b" * 32
     df = pd.DataFrame({"run_id": [a, b], "tags.mlflow.runName": ["one", "two"],
@@ -372,7 +372,7 @@ def test_compare_plot_draws_each_runs_unigram_baseline(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from albert_dist import compare
+    from albert_dist.tracking import compare
 
     a, b = "a" * 32, "b" * 32
     df = pd.DataFrame({"run_id": [a, b], "tags.mlflow.runName": ["one", "two"],

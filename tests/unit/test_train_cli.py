@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from albert_dist import cli
 from albert_dist import train as trainer
 from albert_dist.engine import distributed
 
@@ -34,7 +35,7 @@ def no_process_group(monkeypatch):
     (["--resume-from", "deadbeef"], ["--resume-from", "deadbeef"]),
 ])
 def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
-    assert trainer.cli(["--config", RECIPE, *BASE, *args]) == trainer.EXIT_CONFIG_ERROR
+    assert cli.main(["train", "--config", RECIPE, *BASE, *args]) == trainer.EXIT_CONFIG_ERROR
     err = capsys.readouterr().err
     assert err.startswith("albert-dist train: ") and "Traceback" not in err
     for fragment in fragments:
@@ -51,6 +52,6 @@ def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypa
     monkeypatch.setattr(trainer.Trainer, "setup", setup)
     monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
     monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
-    assert trainer.cli(["--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
+    assert cli.main(["train", "--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
     assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
     assert "albert-dist train:" not in capsys.readouterr().err

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from albert_dist.engine.checkpoint.plan import ResumePoint
+from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, flatten
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Drift:
         return bool(self.keys(CONVERT))
 
 
-def check_drift(point: ResumePoint, current: dict, world_size: int, rules: Rules) -> Drift:
+def check_drift(point: VerifiedCheckpoint, current: dict, world_size: int, rules: Rules) -> Drift:
     """Compare `point`'s config snapshot with `current` (the resolved config as plain dicts) by `rules`.
 
     Raises `ConfigDriftError` (exit 2, before any process group) when a field with rule "refuse" differs, naming
@@ -114,7 +114,7 @@ def check_drift(point: ResumePoint, current: dict, world_size: int, rules: Rules
     return Drift(changes, kinds, (before, after, point.world_size, world_size) if before != after else None)
 
 
-def log_drift(point: ResumePoint, drift: Drift) -> None:
+def log_drift(point: VerifiedCheckpoint, drift: Drift) -> None:
     """Warn what the resumed run does about each change: one line per field that applies or is converted (its
     note, else the rule's description), one line naming every field that restarts the data streams, and a
     global batch changed by the number of ranks."""

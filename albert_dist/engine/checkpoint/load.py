@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, write_latest
-from albert_dist.engine.checkpoint.plan import ResumePoint
+from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint
 from albert_dist.engine.checkpoint.state import CLIENT_KEY
 from albert_dist.engine.distributed import barrier as _barrier, global_rank, world_size
 from albert_dist.engine.optim import group_hyperparameters, repair_optimizer_after_load
@@ -27,7 +27,7 @@ UNIVERSAL_CHECKPOINT_INFO = {"universal_checkpoint_version": 0.2}
 
 
 
-def to_universal(point: ResumePoint) -> str:
+def to_universal(point: VerifiedCheckpoint) -> str:
     """Convert `point` with DeepSpeed's ds_to_universal (rank 0; others wait at the barrier); returns the new tag.
 
     The conversion runs once: an existing `<tag>_universal` with its own `albert_dist.json` is reused. It is
@@ -57,7 +57,7 @@ def to_universal(point: ResumePoint) -> str:
     return tag
 
 
-def load_checkpoint(engine, point: ResumePoint, universal: Optional[bool] = None) -> dict[str, Any]:
+def load_checkpoint(engine, point: VerifiedCheckpoint, universal: Optional[bool] = None) -> dict[str, Any]:
     """Load `point` into `engine` on every rank (collective); returns the saved `client_state["albert_dist"]`.
 
     `universal` (default: `point.needs_universal`, another number of ranks) loads through DeepSpeed's universal

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from albert_dist.engine.checkpoint.load import load_checkpoint
-from albert_dist.engine.checkpoint.resume import ResumePlan, Resumed
+from albert_dist.engine.checkpoint.resume import LoadPlan, Resumed
 from albert_dist.engine.checkpoint.retention import prune
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
-from albert_dist.engine.reshard import LoaderFactory, build_resumed_loader
+from albert_dist.engine.checkpoint.reshard import LoaderFactory, build_resumed_loader
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +35,22 @@ class CheckpointManager:
             checkpoint and compared with the checkpoint's on resume.
         config_hash: `albert_dist.config.config_hash` of it.
         seed: `TrainConfig.seed` (dropout seeds when RNG states cannot be restored).
-        plan: the job's `ResumePlan`, made before the process group (`resume_plan`); a fresh start by default.
+        plan: the job's `LoadPlan`, made before the process group (`plan_load`); a fresh start by default.
 
     Use: `resume(build_engine, build_loader)` once (collective) -> `maybe_save(...)` after every step.
     """
 
     def __init__(self, cfg: Any, ckpt_dir: str | Path, *, rank: int, world_size: int, config: dict,
-                 config_hash: str, seed: int, plan: Optional[ResumePlan] = None):
+                 config_hash: str, seed: int, plan: Optional[LoadPlan] = None):
         self.cfg = cfg
         self.ckpt_dir = Path(ckpt_dir)
         self.rank, self.world_size = rank, world_size
         self.config, self.config_hash, self.seed = config, config_hash, seed
-        self.plan = plan or ResumePlan()
+        self.plan = plan or LoadPlan()
         self.last_saved: Optional[int] = None
 
     def resume(self, build_engine: Callable[[dict], Any], build_loader: LoaderFactory,
-               fetch: Optional[Callable[[Path], ResumePlan]] = None) -> Resumed:
+               fetch: Optional[Callable[[Path], LoadPlan]] = None) -> Resumed:
         """The job's one resume call (collective): build the engine, load the planned checkpoint into it,
         continue the data streams and set the RNGs; a fresh start when the plan holds no checkpoint.
 
@@ -58,10 +58,10 @@ class CheckpointManager:
             build_engine: `overrides -> DeepSpeedEngine`; merges `overrides` into the DeepSpeed config
                 (`{"checkpoint": {"load_universal": True}}` when the checkpoint must be re-partitioned: another
                 number of ranks or ZeRO stage) and initialises the engine.
-            build_loader: `(rank, world_size) -> loader` of that rank's stream (`albert_dist.engine.reshard`
+            build_loader: `(rank, world_size) -> loader` of that rank's stream (`albert_dist.engine.checkpoint.reshard`
                 calls it for the old ranks' streams on another number of ranks).
-            fetch: `fetch(ckpt_dir) -> ResumePlan` (collective), run first, puts a checkpoint into `ckpt_dir` (an
-                MLflow run's newest complete one, `--resume-from`) and plans its resume (`resume_plan("auto",
+            fetch: `fetch(ckpt_dir) -> LoadPlan` (collective), run first, puts a checkpoint into `ckpt_dir` (an
+                MLflow run's newest complete one, `--resume-from`) and plans its resume (`plan_load("auto",
                 ckpt_dir, ...)`), which replaces the manager's plan.
 
         The loader continues the saved streams unless the drift says they restart. The global RNGs are set
@@ -70,7 +70,7 @@ class CheckpointManager:
         from them belongs in `rng_kept()`.
 
         Raises:
-            ConfigDriftError, CheckpointError, FileNotFoundError: from `fetch`'s `resume_plan`.
+            ConfigDriftError, CheckpointError, FileNotFoundError: from `fetch`'s `plan_load`.
             CheckpointError: DeepSpeed cannot load the checkpoint (`load_checkpoint`).
         """
         if fetch is not None:

@@ -1,5 +1,7 @@
-"""A job's resume: planned once from the checkpoint directory alone, before any process group (`plan`), and
-what the one collective resume call returns (`Resumed`, from `CheckpointManager.resume`).
+"""How a job loads the checkpoint it resumes from: planned once from the checkpoint directory alone, before any
+process group (`plan_load` -> `LoadPlan`: which checkpoint, what the config's changes mean there, whether it
+loads through a universal checkpoint), and what the one collective resume call returns (`Resumed`, from
+`CheckpointManager.resume`).
 """
 from __future__ import annotations
 
@@ -10,17 +12,18 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from albert_dist.engine.checkpoint.drift import Drift, Rules, check_drift, log_drift
-from albert_dist.engine.checkpoint.plan import ResumePoint, plan_resume
+from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint, choose_checkpoint
 from albert_dist.engine.checkpoint.state import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ResumePlan:
-    """Where a job resumes from and what its config changes mean there (no process group needed to make it)."""
+class LoadPlan:
+    """How the job loads: the checkpoint it resumes from and what its config changes mean there (no process group
+    needed to make it)."""
 
-    point: Optional[ResumePoint] = None
+    point: Optional[VerifiedCheckpoint] = None
     """The verified checkpoint to load; None: a fresh start."""
     drift: Drift = field(default_factory=lambda: Drift({}))
     """The config's differences from the checkpoint's (already checked: nothing in it is refused)."""
@@ -34,9 +37,9 @@ class ResumePlan:
         return None if self.point is None else self.point.step
 
 
-def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: dict, world_size: int,
-                rules: Rules, log: bool = True) -> ResumePlan:
-    """The resume `checkpoint.resume` asks for (`plan_resume`: "auto" = the newest checkpoint of `ckpt_dir` that
+def plan_load(resume: Optional[str], ckpt_dir: Optional[str | Path], config: dict, world_size: int,
+                rules: Rules, log: bool = True) -> LoadPlan:
+    """The resume `checkpoint.resume` asks for (`choose_checkpoint`: "auto" = the newest checkpoint of `ckpt_dir` that
     verifies, a path = that checkpoint), checked against `config` by `rules` (`check_drift`) and, with `log`,
     each change warned once (`log_drift`). Reads files only: call it before the process group, on every rank (all read the
     same files, so all agree).
@@ -52,19 +55,19 @@ def resume_plan(resume: Optional[str], ckpt_dir: Optional[str | Path], config: d
     Raises:
         ValueError: "auto" without a fixed place to look (`run_dir` and `checkpoint.dir` both unset).
         ConfigDriftError: a field that cannot change on resume differs (see `check_drift`).
-        CheckpointError, FileNotFoundError: as `plan_resume`.
+        CheckpointError, FileNotFoundError: as `choose_checkpoint`.
     """
     if resume == "auto" and ckpt_dir is None:
         raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
-    point = plan_resume(resume, ckpt_dir if ckpt_dir is not None else str(resume), log=log)
+    point = choose_checkpoint(resume, ckpt_dir if ckpt_dir is not None else str(resume), log=log)
     if point is None:
         if resume == "auto" and log:  # a mistyped run_dir would otherwise restart silently
             logger.warning("--resume auto: no checkpoint in %s; starting from step 0", ckpt_dir)
-        return ResumePlan()
+        return LoadPlan()
     drift = check_drift(point, config, world_size, rules)
     if log:
         log_drift(point, drift)
-    return ResumePlan(point, drift, point.needs_universal(world_size) or (drift.converts and point.zero_stage > 0))
+    return LoadPlan(point, drift, point.needs_universal(world_size) or (drift.converts and point.zero_stage > 0))
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Resumed:
     """This rank's training loader, continuing the saved data streams (or starting them)."""
     step: int
     """Optimiser steps done."""
-    point: Optional[ResumePoint]
+    point: Optional[VerifiedCheckpoint]
     """The checkpoint resumed from; None for a fresh start."""
     metrics_states: list
     """Every saved rank's open metric interval (`MetricAccumulator.restore`); [] for a fresh start."""

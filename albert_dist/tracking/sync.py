@@ -1,4 +1,5 @@
-"""`albert-dist tracking sync RUN_DIR`: send what a finished job could not (the ``wandb sync`` habit).
+"""Send what a finished job could not to MLflow (the ``wandb sync`` habit; `albert-dist tracking sync RUN_DIR`,
+whose front end is `albert_dist.cli.tracking`).
 
     albert-dist tracking sync runs/albert-tiny-20260101-120000 [--tracking-uri URI] [--timeout-s 600]
 
@@ -9,12 +10,10 @@ ends the run with the job's status. Running it twice sends nothing the second ti
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from albert_dist.tracking.base import METRICS_FILE, PARAMS_FILE, NullTracker
 from albert_dist.tracking.config import TrackingConfig
@@ -48,28 +47,3 @@ def sync(run_dir: str, tracking_uri: Optional[str] = None, timeout_s: float = 60
     left = tracker.close(state.get("status") or "KILLED")  # no status: the job died without closing
     log.info("run %s: %s", tracker.run_id, "everything sent" if not any(left.values()) else f"left: {left}")
     return left
-
-
-def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist tracking`; 0 when everything arrived, 1 when something is left, 2 for bad
-    arguments."""
-    parser = argparse.ArgumentParser(prog="albert-dist tracking", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("sync", help="send a run directory's unsent metrics, params and uploads to MLflow")
-    p.add_argument("run_dir")
-    p.add_argument("--tracking-uri", default=None, help="default: the one recorded in RUN_DIR/mlflow_run.json")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="give up after this long (default 600)")
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exc:  # argparse exits on --help / errors; the dispatcher owns the exit code
-        return int(exc.code or 0)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        left = sync(args.run_dir, args.tracking_uri, args.timeout_s)
-    except ValueError as exc:
-        print(f"albert-dist tracking sync: {exc}", file=sys.stderr)
-        return 2
-    except (ConnectionError, RuntimeError) as exc:
-        print(f"albert-dist tracking sync: {exc}", file=sys.stderr)
-        return 1
-    return 1 if any(left.values()) else 0

@@ -1,4 +1,5 @@
-"""`albert-dist compare`: what differs between pretraining runs, how they ended, and their curves.
+"""What differs between pretraining runs, how they ended, and their curves (`albert-dist compare`; its front
+end is `albert_dist.cli.compare`).
 
     albert-dist compare RUN [RUN ...] [--output curves.png] [--metrics loss mlm_accuracy perf/mfu]
     albert-dist compare --experiment NAME [--output curves.png]
@@ -14,10 +15,8 @@ differing params (``num_hidden_groups=2``); the MLM accuracy panel draws each ru
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -174,43 +173,35 @@ def _resolve(refs: Sequence[str], uri: Optional[str]) -> tuple[list[str], str]:
     return ids, resolve_tracking_uri(uri or recorded)
 
 
-def cli(argv: Sequence[str]) -> int:
-    """Entry point of `albert-dist compare`; returns 0, or 2 for bad arguments / unknown runs or metrics."""
-    parser = argparse.ArgumentParser(prog="albert-dist compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="*", help="run ids, runs:/<id> URIs or run directories")
-    parser.add_argument("--experiment", help="compare every run of this experiment instead")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="default: a run directory's recorded store, $MLFLOW_TRACKING_URI, or <checkout>/mlruns.db")
-    parser.add_argument("--output", default="compare.png", help="PNG of the curves (default: compare.png)")
-    parser.add_argument("--metrics", nargs="+", default=list(names.DEFAULT_CURVES),
-                        help="panels: quantities (loss: train/ + val/) or full names (perf/mfu)")
-    try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exc:  # argparse exits on --help / errors; the dispatcher owns the exit code
-        return int(exc.code or 0)
+def compare(runs: Sequence[str], experiment: Optional[str], tracking_uri: Optional[str], metrics: Sequence[str],
+            output: str) -> str:
+    """Compare `runs` (run ids, ``runs:/`` URIs or run directories) or every run of `experiment` (module
+    docstring): returns the table as text and writes the curves of `metrics` to the PNG `output`.
+
+    Raises:
+        ValueError: both or neither of `runs` and `experiment`; a run directory with no MLflow run recorded;
+            `metrics` naming something these runs did not log; MLflow's own errors (unknown run or experiment)
+            as a ValueError with its message.
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    if bool(args.runs) == bool(args.experiment):
-        print("albert-dist compare: give runs or --experiment NAME (not both)", file=sys.stderr)
-        return 2
+    if bool(runs) == bool(experiment):
+        raise ValueError("give runs or --experiment NAME (not both)")
     try:
-        ids, uri = _resolve(args.runs, args.tracking_uri)
+        ids, uri = _resolve(runs, tracking_uri)
         mlflow.set_tracking_uri(uri)
-        df = search(ids, args.experiment)
-        metrics = sorted({c[len("metrics."):] for c in df.columns if c.startswith("metrics.")})
-        known = sorted({*metrics, *(m.split("/", 1)[1] for m in metrics if m.startswith((names.TRAIN, names.VAL)))})
-        unknown = [m for m in args.metrics if not any(k in metrics for k in panel_series(m))]
+        df = search(ids, experiment)
+        logged = sorted({c[len("metrics."):] for c in df.columns if c.startswith("metrics.")})
+        known = sorted({*logged, *(m.split("/", 1)[1] for m in logged if m.startswith((names.TRAIN, names.VAL)))})
+        unknown = [m for m in metrics if not any(k in logged for k in panel_series(m))]
         if unknown:
             raise ValueError(f"--metrics {unknown}: not logged by these runs; known: {', '.join(known)}")
         client = mlflow.MlflowClient()
-        wanted = {k for k in metrics if names.best_direction(k)} | {k for m in args.metrics for k in panel_series(m)}
+        wanted = {k for k in logged if names.best_direction(k)} | {k for m in metrics for k in panel_series(m)}
         histories = {r: {k: sorted((m.step, m.value) for m in client.get_metric_history(r, k))
-                         for k in wanted if k in metrics} for r in df["run_id"]}
-    except (ValueError, MlflowException) as exc:
-        print(f"albert-dist compare: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(table_rows(df, histories)))
-    plot_curves(df, histories, args.metrics, args.output)
-    print(f"\ncurves of {', '.join(args.metrics)} written to {args.output}")
-    return 0
+                         for k in wanted if k in logged} for r in df["run_id"]}
+    except MlflowException as exc:  # an unknown run or experiment: the user's input, one line
+        raise ValueError(str(exc)) from None
+    plot_curves(df, histories, metrics, output)
+    return format_table(table_rows(df, histories))

@@ -1,31 +1,27 @@
-"""The app of `albert-dist data prepare | plan`: arguments, the recipe, exit codes.
+"""The front end of `albert-dist data prepare | plan`: arguments and the recipe.
 
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
     albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
-The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`); this module sits at the
-top because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
+The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`); this front end sits above
+the app because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
+Bad input (a `ValueError` or `OSError` from the work) is `albert_dist.cli`'s one error line and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import mib, parse_byte_size
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_OK, error_line
+from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+from albert_dist.exit_codes import EXIT_OK
 
 logger = logging.getLogger(__name__)
-
-#: `albert-dist data <sub-command>` -> "module:function" taking argv and returning the exit code
-SUB_COMMANDS: dict[str, str] = {"prepare": "albert_dist.data_cli:prepare_cli", "plan": "albert_dist.data_cli:plan_cli"}
 
 
 def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Optional[str], int]:
@@ -57,15 +53,33 @@ def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Op
     return sources, tokenizer, max_doc or DataConfig.max_document_bytes
 
 
-def prepare_parser() -> argparse.ArgumentParser:
-    """The ``albert-dist data prepare`` argument parser (defaults from albert_dist.data.prepare)."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``albert-dist data prepare ...`` and ``albert-dist data plan ...`` (`add_prepare_arguments`,
+    `add_plan_arguments`)."""
+    sub = parser.add_subparsers(dest="subcommand", metavar="{prepare,plan}")
+    add_prepare_arguments(sub.add_parser(
+        "prepare", help="reshard corpora into deduplicated parquet shards with a manifest",
+        description="Reshard raw corpora into deduplicated parquet shards sized for a cluster, with a manifest "
+                    "(docs/data.md)."))
+    add_plan_arguments(sub.add_parser(
+        "plan", help="what every slot of a job would read, from metadata",
+        description="What every slot (rank x loader worker) of a job would read, from metadata: pieces, bytes "
+                    "per slot, read amplification."))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the sub-command `args` names: 0 done; a `ValueError`/`OSError` for bad input (exit 2)."""
+    return prepare(args) if args.subcommand == "prepare" else plan(args)
+
+
+def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``albert-dist data prepare`` arguments (defaults from albert_dist.data.prepare)."""
     from albert_dist.data import prepare as prep
 
-    p = argparse.ArgumentParser(prog="albert-dist data prepare",
-                                description="Reshard raw corpora into deduplicated parquet shards sized for a "
-                                            "cluster, with a manifest (docs/data.md).")
-    p.add_argument("--input", action="append", metavar="PATH",
-                   help="file, directory or glob (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
+    # several paths per --input (extend): an unquoted glob the shell expanded (`--input /x/*.jsonl.zst`) is
+    # every file it matched, as `tokenizer train --input` takes it, not one input plus "overrides"
+    p.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+                   help="files, directories or globs (txt/jsonl/parquet, optionally .gz/.zst); repeatable")
     p.add_argument("--config", help="a recipe: its data.train sources are the input (and its tokenizer the "
                                     "token estimate's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides (with --config)")
@@ -96,7 +110,6 @@ def prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier prepare output in --output")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars (default: only on a terminal)")
-    return p
 
 
 def summary(manifest: dict, out: str) -> str:
@@ -106,8 +119,8 @@ def summary(manifest: dict, out: str) -> str:
     sizing = manifest["sizing"]
     return "\n".join([
         f"wrote {manifest['num_shards']} shards, {manifest['row_groups']} row groups of ~"
-        f"{mib(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
-        f"  {manifest['documents']:,} documents, {mib(manifest['bytes'])} of text"
+        f"{fmt_bytes(manifest['row_group_bytes'])} to {out} in {manifest['seconds']['total']:.1f} s",
+        f"  {manifest['documents']:,} documents, {fmt_bytes(manifest['bytes'])} of text"
         + (f", ~{tokens:,} tokens" if tokens else "")
         + f"; {dd['duplicates_dropped']:,} duplicates dropped" + ("" if dd["enabled"] else " (dedup off)")
         + f"; skipped {manifest['skipped'] or 'nothing'}",
@@ -118,71 +131,58 @@ def summary(manifest: dict, out: str) -> str:
     ])
 
 
-def prepare_cli(argv: list[str]) -> int:
-    """``albert-dist data prepare ...``: 0 done (or already complete), 2 bad arguments or input."""
+def prepare(args: argparse.Namespace) -> int:
+    """``albert-dist data prepare ...``: 0 done (or already complete).
+
+    Raises:
+        ValueError, OSError: bad arguments or input (naming the flag, file or field).
+    """
     from albert_dist.data import prepare as prep
 
-    args = prepare_parser().parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    command = "albert-dist data prepare " + shlex.join(argv)
+    command = "albert-dist " + shlex.join(args.command_line)  # recorded in the manifest
+    sources, tokenizer, max_doc = _sources_from_args(args)
+    opts = prep.PrepareOptions(
+        sources=sources, output=args.output, num_shards=args.num_shards, shard_bytes=args.shard_bytes,
+        row_group_bytes=args.row_group_bytes, target_ranks=args.target_ranks,
+        target_loader_workers=args.target_loader_workers, workers=args.workers, dedup=not args.keep_duplicates,
+        dedup_memory_bytes=args.dedup_memory, max_document_bytes=max_doc,
+        tokenizer_path=None if (tokenizer or "").lower() == "none" else (tokenizer or DataConfig.tokenizer_path),
+        overwrite=args.overwrite, progress=args.progress)
     try:
-        sources, tokenizer, max_doc = _sources_from_args(args)
-        opts = prep.PrepareOptions(
-            sources=sources, output=args.output, num_shards=args.num_shards, shard_bytes=args.shard_bytes,
-            row_group_bytes=args.row_group_bytes, target_ranks=args.target_ranks,
-            target_loader_workers=args.target_loader_workers, workers=args.workers, dedup=not args.keep_duplicates,
-            dedup_memory_bytes=args.dedup_memory, max_document_bytes=max_doc,
-            tokenizer_path=None if (tokenizer or "").lower() == "none" else (tokenizer or DataConfig.tokenizer_path),
-            overwrite=args.overwrite, progress=args.progress)
         manifest = prep.prepare(opts, command)
     except prep.AlreadyComplete as done:
         print(f"albert-dist data prepare: {done}")
         return EXIT_OK
-    except (ValueError, OSError) as err:
-        print(error_line("albert-dist data prepare: error", err), file=sys.stderr)
-        return EXIT_CONFIG_ERROR
     shown = args.output if "://" in args.output else str(Path(args.output).expanduser().resolve())
     print(summary(manifest, shown))
     return EXIT_OK
 
 
-def plan_cli(argv: list[str]) -> int:
-    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.plan`); 0, or 2 with one
-    line naming the file or field for bad input."""
-    from albert_dist.config import load_config
-    from albert_dist.data.plan import format_plan, plan_data
-
-    parser = argparse.ArgumentParser(prog="albert-dist data plan",
-                                     description="What every slot (rank x loader worker) of a job would read, "
-                                                 "from metadata: pieces, bytes per slot, read amplification.")
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``albert-dist data plan`` arguments."""
     parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
     parser.add_argument("--ranks", type=int, required=True, help="world size of the job (GPUs)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader workers per rank (default: the recipe's data.num_workers)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
-    args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        workers = cfg.data.num_workers if args.workers is None else args.workers
-        plans = plan_data(cfg.data, args.ranks, workers)
-    except (ValueError, OSError) as err:
-        print(error_line("albert-dist data plan: error", err), file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+
+
+def plan(args: argparse.Namespace) -> int:
+    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.plan`); 0.
+
+    Raises:
+        ValueError, OSError: naming the file or field of bad input.
+    """
+    from albert_dist.config import load_config
+    from albert_dist.data.plan import format_plan, plan_data
+
+    cfg = load_config(args.config, args.overrides)
+    workers = cfg.data.num_workers if args.workers is None else args.workers
+    plans = plan_data(cfg.data, args.ranks, workers)
     if args.json:
         print(json.dumps({"ranks": args.ranks, "workers": workers, "sources": [p.as_dict() for p in plans]}, indent=2))
     else:
         print(format_plan(plans, args.ranks, workers))
     return EXIT_OK
-
-
-def cli(argv: Optional[list[str]] = None) -> int:
-    """``albert-dist data <prepare|plan> ...``: dispatch to the sub-command (imported lazily)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in SUB_COMMANDS:
-        help_asked = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: albert-dist data {" + ",".join(SUB_COMMANDS) + "} [args]   (--help after each for its "
-              "options)", file=sys.stdout if help_asked else sys.stderr)
-        return EXIT_OK if help_asked else EXIT_CONFIG_ERROR
-    module, func = SUB_COMMANDS[argv[0]].split(":")
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

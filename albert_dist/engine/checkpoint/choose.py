@@ -1,5 +1,6 @@
-"""Where a job resumes from, read from the checkpoint directory alone (no process group): `ResumePoint`,
-`newest_verified`, `plan_resume`.
+"""Which checkpoint a job resumes from, read from the checkpoint directory alone (no process group):
+`choose_checkpoint` (what `checkpoint.resume` names), `newest_verified`, and what they return, a
+`VerifiedCheckpoint` (`checkpoint_at`: one read from its metadata).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ResumePoint:
+class VerifiedCheckpoint:
     """A verified checkpoint to resume from, as read from its `albert_dist.json` (no process group needed)."""
 
     ckpt_dir: str
@@ -42,14 +43,14 @@ class ResumePoint:
         return self.world_size != world_size and self.zero_stage > 0
 
 
-def resume_point(base: Path, tag: str) -> ResumePoint:
-    """The `ResumePoint` of the checkpoint `<base>/<tag>`, read from its metadata (`CheckpointError` when it cannot)."""
+def checkpoint_at(base: Path, tag: str) -> VerifiedCheckpoint:
+    """The `VerifiedCheckpoint` of the checkpoint `<base>/<tag>`, read from its metadata (`CheckpointError` when it cannot)."""
     meta = read_meta(base / tag)
-    return ResumePoint(str(base), tag, int(meta["step"]), int(meta["world_size"]), int(meta["zero_stage"]),
+    return VerifiedCheckpoint(str(base), tag, int(meta["step"]), int(meta["world_size"]), int(meta["zero_stage"]),
                        dict(meta.get("config") or {}))
 
 
-def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[ResumePoint]:
+def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[VerifiedCheckpoint]:
     """The newest `step_<N>` of `ckpt_dir` that verifies, or None when there is no step directory at all.
 
     With `log`, every newer directory skipped is logged as a warning with its reason, and so is a `latest`
@@ -67,7 +68,7 @@ def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[ResumePo
                                ckpt_dir / LATEST, latest,
                                "which does not exist" if not (ckpt_dir / latest).is_dir() else
                                "which is not the newest verified checkpoint", ckpt_dir / tag)
-            return resume_point(ckpt_dir, tag)
+            return checkpoint_at(ckpt_dir, tag)
         skipped.append(f"{tag}: {reason}")
         if log:
             logger.warning("skipping checkpoint %s: %s", ckpt_dir / tag, reason)
@@ -79,8 +80,8 @@ def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[ResumePo
     return None
 
 
-def plan_resume(resume: Optional[str], ckpt_dir: str | Path, log: bool = True) -> Optional[ResumePoint]:
-    """Where to resume from: None (fresh start) or a verified `ResumePoint`.
+def choose_checkpoint(resume: Optional[str], ckpt_dir: str | Path, log: bool = True) -> Optional[VerifiedCheckpoint]:
+    """Where to resume from: None (fresh start) or a verified `VerifiedCheckpoint`.
 
     `resume` None -> None; "auto" -> `newest_verified(ckpt_dir)` (None when there is no checkpoint);
     otherwise a path to a tag directory (`.../step_<N>`), which must verify, or to a checkpoint directory,
@@ -100,7 +101,7 @@ def plan_resume(resume: Optional[str], ckpt_dir: str | Path, log: bool = True) -
         reason = verify(path)
         if reason is not None:
             raise CheckpointError(f"checkpoint.resume={resume!r}: checkpoint {path} does not verify: {reason}")
-        return resume_point(path.parent, path.name)
+        return checkpoint_at(path.parent, path.name)
     if path.is_dir() and ((path / LATEST).is_file() or step_dirs(path)):
         point = newest_verified(path, log)
         if point is not None:

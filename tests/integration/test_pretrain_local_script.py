@@ -20,7 +20,8 @@ DEFAULT = "configs/pretrain/albert-tiny-wikitext.yaml"
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")]
 
 
-def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "",
+         sigint: signal.Handlers = signal.SIG_DFL) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "deepspeed"
@@ -28,11 +29,11 @@ def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "") 
     fake.chmod(0o755)
     # python for the free-port helper comes from this interpreter's directory
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(tmp_path / "run")}
-    # SIGINT at its default, as in a terminal (a background CI runner's children inherit it ignored, and bash
-    # cannot trap a signal ignored when it started)
+    # SIGINT at its default, as in a terminal, unless `sigint` says otherwise (a script's background job, e.g. a
+    # CI runner's children, inherits it ignored, and bash cannot trap a signal ignored when it started)
     return subprocess.run(["bash", str(REPO / "launch/pretrain_local.sh"), *args], capture_output=True, text=True,
                           env=env, timeout=60, start_new_session=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def _launch(tmp_path: Path, *args: str) -> list[str]:
@@ -103,6 +104,20 @@ def test_ctrl_c_or_sigterm_then_a_stop_checkpoint_is_exit_75_with_the_command_to
     assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
     assert f"(SIG{signal_name}: every rank stopped after writing checkpoint step_7; the launcher exited 1)" \
         in proc.stdout
+    assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
+                                              "max_steps=50", "--resume", "auto"]
+
+
+def test_sigint_from_a_script_with_sigint_ignored_is_exit_75_like_a_ctrl_c(tmp_path):
+    """`setsid launch/pretrain_local.sh ... &` from a script, then `kill -INT -PGID`: the script starts with SIGINT
+    ignored (a non-interactive shell's background job) and cannot trap it, the ranks stop on it and checkpoint,
+    the launcher exits 1. It was "pretraining failed (exit 1)"; a scheduler reading the code gave up. Now the
+    stop checkpoint decides: 75 and the command to continue, as after a Ctrl-C."""
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=1, sigint=signal.SIG_IGN,
+                before_exit=f"kill -INT $PPID; sleep 0.5; {_checkpoint(tmp_path / 'run', 'step_7', 'stop')}")
+    assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
+    assert "(a stop signal: every rank stopped after writing checkpoint step_7; the launcher exited 1)" in proc.stdout
+    assert "pretraining failed" not in proc.stdout
     assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
                                               "max_steps=50", "--resume", "auto"]
 
