@@ -8,7 +8,7 @@ scored on both held-out sets (word-masked and character-masked) with the unigram
 Needs the prepared corpus (configs/pretrain/albert-tiny-zhwiki.yaml says how). Each run goes through
 launch/pretrain_local.sh (2 CPU ranks); a variant whose run directory already holds ``final_model`` is not
 trained again. Scores: MLM accuracy over the set's masked positions (``AlbertForPreTraining.logits``, argmax),
-computed here in one process from ``final_model/fp32/model.safetensors``; the sets are the recipe's fixed
+computed here in one process from ``final_model/fp32/model.safetensors`` (``albert_dist.export.load_model``); the sets are the recipe's fixed
 validation set (``albert_dist.data.validation.build_validation_set``) built with each segmentation setting.
 Writes ``bench/convergence/runs/zhwiki-wwm.json`` and prints a markdown table.
 """
@@ -45,12 +45,11 @@ def train_variant(name: str, steps: int, runs: Path) -> Path:
 def score(run_dirs: dict[str, Path]) -> dict:
     """MLM accuracy of every run's final model on each held-out set, and each set's unigram baseline."""
     import torch
-    from safetensors.torch import load_file
 
     from albert_dist.config import load_config
     from albert_dist.data.tokenizer import load_tokenizer
     from albert_dist.data.validation import build_validation_set, token_counts, unigram_baseline
-    from albert_dist.model import AlbertForPreTraining
+    from albert_dist.export import load_model
 
     torch.set_num_threads(1)
     cfg = load_config(RECIPE)
@@ -65,8 +64,7 @@ def score(run_dirs: dict[str, Path]) -> dict:
         result["sets"][set_name] = {"masked_tokens": vset.masked_tokens, "examples": len(vset),
                                     "unigram_mlm_accuracy": base["unigram_mlm_accuracy"]}
     for run_name, run_dir in run_dirs.items():
-        model = AlbertForPreTraining(cfg.model).eval()
-        model.load_state_dict(load_file(str(run_dir / "final_model/fp32/model.safetensors")))
+        model = load_model(run_dir / "final_model/fp32/model.safetensors", cfg.model).eval()  # restores tied keys
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         result["steps"] = max(m.get("step", 0) for m in metrics)
         accs = {}
