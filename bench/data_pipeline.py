@@ -11,8 +11,9 @@ figures are returned too. The two alternate
 repeat by repeat; the process is pinned to one CPU core, with one thread everywhere.
 
 Chinese case (issue 27), when the zhwiki sample is there (``--zh-corpus``; default data/zhwiki/zhwiki.jsonl,
-else ../shared/corpora/zhwiki-sample/zhwiki.jsonl): a tokenizer trained here on it (vocab 8000, coverage
-0.9995; not timed), the same two pipelines on its documents of >= 20 characters, and ours twice, with
+else ../shared/corpora/zhwiki-sample/zhwiki.jsonl): the Chinese recipe's tokenizer (data/zhwiki/spiece.model:
+8000 pieces, coverage 0.9995, full-width forms kept), the same two pipelines on its documents of >= 20
+characters, and ours twice, with
 ``chinese_word_segmentation`` "none" (character-level units) and "jieba" (rjieba words): the cost of
 segmentation is their ratio in one run, and ours with segmentation must still be >= 2x the HF peer.
 
@@ -36,6 +37,7 @@ SEQ = 512
 BATCH = 32
 ROOT = Path(__file__).resolve().parent.parent
 ZH_CORPORA = (ROOT / "data/zhwiki/zhwiki.jsonl", ROOT.parent / "shared/corpora/zhwiki-sample/zhwiki.jsonl")
+ZH_TOKENIZER = ROOT / "data/zhwiki/spiece.model"
 
 
 def _pin_one_core() -> None:
@@ -94,16 +96,14 @@ def _hf_peer(model_dir: str):
 def _chinese(repeats: int, corpus: Path) -> dict:
     """The zhwiki case: ours without and with jieba words, and the HF peer, alternating repeat by repeat."""
     from albert_dist.data.config import DataConfig, SourceConfig
-    from albert_dist.data.tokenizer import train_tokenizer
 
     with corpus.open(encoding="utf-8") as f:
         texts = [t for t in (json.loads(line)["text"] for line in f) if len(t) >= 20]
     with tempfile.TemporaryDirectory() as tmp:
         docs = Path(tmp) / "zhwiki.jsonl"  # the same documents the peer gets (>= 20 characters)
         docs.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
-        model = train_tokenizer([str(docs)], tmp, vocab_size=8000, character_coverage=0.9995)
-        tokenizer, collator = _hf_peer(tmp)
-        cfgs = {seg: DataConfig(train=[SourceConfig(paths=[str(docs)])], tokenizer_path=str(model), max_seq_length=SEQ,
+        tokenizer, collator = _hf_peer(str(ZH_TOKENIZER.parent))
+        cfgs = {seg: DataConfig(train=[SourceConfig(paths=[str(docs)])], tokenizer_path=str(ZH_TOKENIZER), max_seq_length=SEQ,
                                 num_workers=0, chinese_word_segmentation=seg) for seg in ("none", "jieba")}
         base, chars, words = [], [], []
         for _ in range(repeats):
@@ -170,7 +170,7 @@ def main() -> None:
     if "zh_skipped" in res:
         print(f"Chinese case skipped: {res['zh_skipped']}")
         return
-    print(f"Chinese (zhwiki, {res['zh_documents']} documents, {res['zh_characters']:,} characters, vocab 8000):")
+    print(f"Chinese (zhwiki, {res['zh_documents']} documents, {res['zh_characters']:,} characters, data/zhwiki/spiece.model):")
     print(f"  ours, jieba words:       {fmt_stats(res['zh_ours_words_tokens_per_s'], 1e6)} M tokens/CPU-s")
     print(f"  ours, character units:   {fmt_stats(res['zh_ours_chars_tokens_per_s'], 1e6)} M tokens/CPU-s")
     print(f"  HF peer:                 {fmt_stats(res['zh_baseline_tokens_per_s'], 1e6)} M tokens/CPU-s")
