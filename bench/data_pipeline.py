@@ -18,6 +18,7 @@ characters, and ours twice, with
 segmentation is their ratio in one run, and ours with segmentation must still be >= 2x the HF peer.
 
     python bench/data_pipeline.py [--repeats 5] [--zh-corpus PATH]
+    python bench/data_pipeline.py --profile-zh      # where the CPU time of the Chinese case goes (cProfile)
 
 ``run(repeats=...)`` returns per-repeat lists (tokens/s of each, ratio ours/baseline) for bench/run_all.py.
 Targets (issue 3): ratio >= 2 and ours >= 1e6 tokens/s; (issue 27) zh_ratio_words >= 2.
@@ -120,6 +121,38 @@ def _chinese(repeats: int, corpus: Path) -> dict:
             "zh_words_over_chars": [w / c for w, c in zip(words, chars)], "zh_target_ratio_words": 2.0}
 
 
+def profile_chinese(corpus: Path, documents: int = 2500) -> None:
+    """Print the functions that take the CPU time of ``ExampleBuilder.build`` over the first ``documents``
+    zhwiki documents with jieba words (cProfile with ``time.process_time``), and each one's share."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+
+    from albert_dist.data.config import DataConfig
+    from albert_dist.data.pretraining import ExampleBuilder
+    from albert_dist.data.tokenizer import load_tokenizer
+
+    _pin_one_core()
+    with corpus.open(encoding="utf-8") as f:
+        texts = [t for t in (json.loads(line)["text"] for line in f) if len(t) >= 20][:documents]
+    builder = ExampleBuilder(load_tokenizer(str(ZH_TOKENIZER)),
+                             DataConfig(max_seq_length=SEQ, chinese_word_segmentation="jieba"))
+    builder.build(texts[0], np.random.default_rng(0))  # the segmenter's dictionary loads outside the profile
+    rng = np.random.default_rng(0)
+    prof = cProfile.Profile(time.process_time)
+    prof.enable()
+    for text in texts:
+        builder.build(text, rng)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt
+    print(f"ExampleBuilder.build, jieba words, {len(texts)} zhwiki documents: {total:.2f} CPU-s; own / cumulative:")
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]
+    for (file, line, func), (_, _, own, cum, _) in rows:
+        print(f"  {own / total:5.1%} / {cum / total:5.1%}  {func} ({Path(file).name}:{line})")
+
+
 def run(repeats: int = 5, zh_corpus: "str | None" = None) -> dict:
     """Tokens/s of ours and of the HF baseline per repeat, and their ratio (ours / baseline) per repeat; the
     ``zh_*`` keys for the Chinese case when its corpus is there (``zh_skipped`` says why not otherwise)."""
@@ -159,7 +192,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--zh-corpus", default=None, help="zhwiki .jsonl for the Chinese case (default: see above)")
+    parser.add_argument("--profile-zh", action="store_true", help="profile the Chinese case instead (cProfile)")
     args = parser.parse_args()
+    if args.profile_zh:
+        corpora = [Path(args.zh_corpus)] if args.zh_corpus else [p for p in ZH_CORPORA if p.is_file()]
+        profile_chinese(corpora[0])
+        return
     res = run(args.repeats, args.zh_corpus)
     print(f"data pipeline, one core, seq {SEQ}, batch {BATCH}, {args.repeats} repeats (min / median / max)")
     print(f"  ours (stream+sentences+SOP+n-gram masking): {fmt_stats(res['ours_tokens_per_s'], 1e6)} M tokens/CPU-s")
