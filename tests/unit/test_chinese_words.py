@@ -20,7 +20,7 @@ from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
 from albert_dist.data.pretraining import ExampleBuilder
 from albert_dist.data.text import has_cjk, load_chinese_segmenter, segmented_word_starts, split_sentences
-from albert_dist.data.tokenizer import load_tokenizer, train_tokenizer
+from albert_dist.data.tokenizer import UNK_ID, load_tokenizer, train_tokenizer
 
 ZHWIKI = Path("/work/shared/corpora/zhwiki-sample/zhwiki.jsonl")
 pytestmark = pytest.mark.skipif(not ZHWIKI.is_file(), reason="the zhwiki sample corpus is not on this machine")
@@ -162,3 +162,16 @@ def test_exact_resume_with_segmentation_in_workers(zh):
 def test_an_unknown_segmenter_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"data.chinese_word_segmentation must be one of \('none', 'jieba'\), got 'ltp'"):
         DataConfig(chinese_word_segmentation="ltp")
+
+
+def test_segmentation_changes_word_starts_not_ids(zh):
+    """The segmented path reads ids from piece strings (one encode): the same ids and sentence offsets as the
+    plain path on every document, unknown characters included; only the word starts differ."""
+    _, sp, _ = zh
+    words, chars = (ExampleBuilder(sp, DataConfig(chinese_word_segmentation=s)) for s in ("jieba", "none"))
+    differ = 0
+    for doc in _docs(4000, 4100) + ["英文 mixed 㚟𠀀 text", "no Chinese at all."]:
+        (t1, o1, s1), (t2, o2, s2) = words.encode_document(doc), chars.encode_document(doc)
+        assert np.array_equal(t1, t2) and np.array_equal(o1, o2)
+        differ += int((s1 != s2).sum())
+    assert differ > 1000 and UNK_ID in sp.encode("㚟𠀀")  # unknown characters were in the text
