@@ -16,7 +16,7 @@ from albert_dist.exit_codes import EXIT_OK
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``train`` and its sentencepiece options (defaults from `albert_dist.data.tokenizer`)."""
-    from albert_dist.data.tokenizer import BYTE_FALLBACK_DEFAULT, DEFAULT_SAMPLE_BYTES
+    from albert_dist.data.tokenizer import BYTE_FALLBACK_DEFAULT, DEFAULT_SAMPLE_BYTES, NORMALIZATIONS
 
     sub = parser.add_subparsers(dest="subcommand", metavar="{train}")
     train = sub.add_parser("train", help="train spiece.model with ALBERT's special ids")
@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--input-sentence-size", type=int, default=0,
                        help="optional extra cap on the sampled sentences (sentencepiece's reservoir); 0 = none")
     train.add_argument("--character-coverage", type=float, default=0.9995)
+    train.add_argument("--normalization", choices=NORMALIZATIONS, default="nmt_nfkc",
+                       help="nmt_nfkc (default: NFKC, full-width ，：？ become ASCII) or whitespace_only (text as "
+                            "written, only Unicode spaces mapped to a space: the Chinese recipe's choice, docs/data.md)")
     train.add_argument("--text-field", default="text", help="JSON/parquet text column")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--num-threads", type=int, default=1)
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     model = train_tokenizer(
         args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,
         args.character_coverage, args.seed, text_field=args.text_field, num_threads=args.num_threads,
-        byte_fallback=args.byte_fallback, sample_bytes=args.sample_bytes,
+        byte_fallback=args.byte_fallback, sample_bytes=args.sample_bytes, normalization=args.normalization,
     )
     # the peak resident memory of this process (sentencepiece trains in-process)
     peak_mib = peak_rss_bytes() / 2**20

@@ -18,6 +18,9 @@ FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.
 TxtDocuments = Literal["blank_line", "file"]
 TXT_DOCUMENTS: tuple[str, ...] = get_args(TxtDocuments)
+#: where Chinese words come from for whole-word masking (albert_dist.data.text.load_chinese_segmenter).
+ChineseSegmentation = Literal["none", "jieba"]
+CHINESE_SEGMENTATIONS: tuple[str, ...] = get_args(ChineseSegmentation)
 
 
 @dataclass
@@ -116,6 +119,11 @@ class DataConfig:
     """Longest masked n-gram in whole words; p(n) proportional to 1/n (ALBERT paper, section 4.1)."""
     whole_word_masking: bool = field(default=True, metadata=on_resume(RESTART_STREAMS))
     """Mask units are whole words (ALBERT); false: single pieces, as transformers' DataCollatorForLanguageModeling."""
+    chinese_word_segmentation: ChineseSegmentation = field(default="none", metadata=on_resume(RESTART_STREAMS))
+    """Whole words of Chinese text: "none" = every piece holding a CJK character is a word (character-level
+    masking); "jieba" = words from the jieba segmenter (rjieba where installed), so a masked word masks all its
+    pieces and ``max_ngram`` counts words (albert_zh, Chinese-BERT-wwm). Runs in the loader workers; see
+    docs/data.md "Chinese"."""
     random_token_prob: float = field(default=0.1, metadata=on_resume(RESTART_STREAMS))
     """Of the selected tokens: this fraction gets a random token, as many are kept, the rest become [MASK]."""
     num_workers: int = field(default=2, metadata=on_resume(RESTART_STREAMS))
@@ -194,6 +202,9 @@ class DataConfig:
             raise ValueError(f"data.max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         if self.max_ngram < 1:
             raise ValueError(f"data.max_ngram must be >= 1, got {self.max_ngram}")
+        if self.chinese_word_segmentation not in CHINESE_SEGMENTATIONS:
+            raise ValueError(f"data.chinese_word_segmentation must be one of {CHINESE_SEGMENTATIONS}, "
+                             f"got {self.chinese_word_segmentation!r}")
         if not 0.0 <= self.random_token_prob <= 0.5:
             raise ValueError(f"data.random_token_prob must be in [0, 0.5], got {self.random_token_prob}")
         if self.num_workers < 0:

@@ -14,7 +14,10 @@ Follows google-research/albert ``create_pretraining_data.py`` (itself BERT's), w
   front or the back with probability 1/2 (BERT's ``truncate_seq_pair``, in closed form).
 * Masking (ALBERT paper, section 4.1, ``max_ngram`` = 3): whole words are the units (a word starts at a piece
   beginning with "▁"; a piece holding a CJK/kana character is a word of its own, so text without spaces falls
-  back to pieces; ``whole_word_masking=False`` makes every piece a unit). The word sequence is tiled into
+  back to pieces unless ``chinese_word_segmentation`` names a segmenter: then a Chinese word starts at a piece
+  where a segmenter word begins, so a masked word masks all its pieces and n-grams count words, see
+  :func:`albert_dist.data.text.segmented_word_starts`; ``whole_word_masking=False`` makes every piece a unit).
+  The word sequence is tiled into
   n-grams with n drawn from p(n) ∝ 1/n; tiles are visited in a random order and taken when they fit ``num_to_predict = min(max_predictions_per_seq, max(1, round(n_tokens x
   masked_lm_prob)))`` tokens. Of the chosen tokens 80% become [MASK], 10% a random ordinary token, 10% stay.
   [CLS], [SEP] and padding are never candidates. Tiling makes the chosen n-grams non-overlapping without a
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from albert_dist.data.config import DataConfig, masking_budget
-from albert_dist.data.text import split_sentences, word_start_table
+from albert_dist.data.text import has_cjk, load_chinese_segmenter, segmented_word_starts, split_sentences, word_start_table
 from albert_dist.data.tokenizer import CLS_ID, FIRST_NORMAL_ID, MASK_ID, PAD_ID, SEP_ID
 from albert_dist.model.config import IGNORE_INDEX
 
@@ -71,6 +74,7 @@ class ExampleBuilder:
         self.cfg = cfg
         self.vocab_size = sp.get_piece_size()
         self.word_start = word_start_table(sp)
+        self.segment = load_chinese_segmenter(cfg.chinese_word_segmentation)  # None: CJK pieces are words
         self.max_num_tokens = cfg.max_seq_length - 3
         ngrams = np.arange(1, cfg.max_ngram + 1)
         self.ngram_p = (1.0 / ngrams) / (1.0 / ngrams).sum()
@@ -81,17 +85,29 @@ class ExampleBuilder:
         self._sep = np.array([SEP_ID], dtype=np.int32)
 
     # -- documents -> token arrays ----------------------------------------------------------------------------
-    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens (T,) int32, sentence offsets (n+1,) int64) of the document's non-empty sentences."""
-        pieces = self.sp.encode(split_sentences(text), num_threads=1)
+    def encode_document(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens (T,) int32, sentence offsets (n+1,) int64, word starts (T,) bool) of the document's non-empty
+        sentences. Word starts come from the vocabulary table, or from the Chinese segmenter when one is set and
+        the document holds a CJK character (the segmenter runs here, in the loader worker that builds examples)."""
+        sentences = split_sentences(text)
+        segment = self.segment is not None and has_cjk(text)
+        # the segmenter needs the pieces' text; their ids then come from the same strings (one encode, not two)
+        pieces = self.sp.encode(sentences, out_type=str if segment else int, num_threads=1)
         lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
+        if segment:
+            flat = list(chain.from_iterable(pieces))
+            tokens = np.asarray(self.sp.piece_to_id(flat), dtype=np.int32)
+            starts = segmented_word_starts(flat, self.segment)
+        else:
+            tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
+            starts = self.word_start[tokens]
         lengths = lengths[lengths > 0]
-        return tokens, np.concatenate(([0], np.cumsum(lengths)))
+        return tokens, np.concatenate(([0], np.cumsum(lengths))), starts
 
     def build(self, text: str, rng: np.random.Generator) -> list[Example]:
         """All examples of one document, in order (ALBERT's ``create_instances_from_document`` for SOP)."""
-        tokens, offsets = self.encode_document(text)
+        tokens, offsets, starts = self.encode_document(text)
+        positions = np.arange(len(tokens))  # pairs are cut as positions, then gathered with their word starts
         n_sent = len(offsets) - 1
         target = self.max_num_tokens
         if rng.random() < self.cfg.short_seq_prob:
@@ -100,21 +116,22 @@ class ExampleBuilder:
         first = 0
         for i in range(n_sent):
             if i == n_sent - 1 or offsets[i + 1] - offsets[first] >= target:
-                pair = self._pair(tokens, offsets, first, i + 1, rng)
+                pair = self._pair(positions, starts, offsets, first, i + 1, rng)
                 if pair is not None:
                     pairs.append(pair)
                 first = i + 1
-        return self._mask(pairs, rng) if pairs else []
+        return self._mask(pairs, tokens, starts, rng) if pairs else []
 
-    def _pair(self, tokens, offsets, first: int, stop: int, rng) -> "tuple[np.ndarray, np.ndarray, int] | None":
-        """(A, B, sop_label) from sentences [first, stop) of the document, truncated; None if too short."""
+    def _pair(self, tokens, starts, offsets, first: int, stop: int, rng) -> "tuple[np.ndarray, np.ndarray, int] | None":
+        """(A, B, sop_label) from sentences [first, stop) of the document, truncated; None if too short.
+        ``tokens`` (T,): what A and B are cut from (the builder passes positions); ``starts`` (T,) bool word starts."""
         if stop - first >= 2:
             cut = offsets[int(rng.integers(first + 1, stop))]
         else:
             sent = tokens[offsets[first] : offsets[stop]]
             if len(sent) < 2:
                 return None
-            inner = np.flatnonzero(self.word_start[sent[1:]]) + 1  # word starts after the first piece
+            inner = np.flatnonzero(starts[sent[1:]]) + 1  # word starts after the first piece
             cut_in = int(rng.choice(inner)) if len(inner) else int(rng.integers(1, len(sent)))
             cut = offsets[first] + cut_in
         a = tokens[offsets[first] : cut]
@@ -202,19 +219,22 @@ class ExampleBuilder:
             order = order[~take]
         return tile_end - tile_start, tile_tokens, tile_example, chosen
 
-    def _mask(self, pairs: list[tuple[np.ndarray, np.ndarray, int]], rng) -> list[Example]:
+    def _mask(self, pairs: list[tuple[np.ndarray, np.ndarray, int]], tokens: np.ndarray, word_start: np.ndarray,
+              rng) -> list[Example]:
         """``[CLS] A [SEP] B [SEP]`` for every pair of a document with whole-word n-gram masking, vectorised over
-        the document's examples (see the module docstring for the rules)."""
+        the document's examples (see the module docstring for the rules). A and B hold positions into the
+        document's ``tokens`` (T,) int32 and ``word_start`` (T,) bool."""
         n_ex = len(pairs)
         la = np.fromiter((len(p[0]) for p in pairs), dtype=np.int64, count=n_ex)
         lb = np.fromiter((len(p[1]) for p in pairs), dtype=np.int64, count=n_ex)
         sop = [p[2] for p in pairs]
         cand = la + lb  # (E,) candidates per example: every token but [CLS]/[SEP]
-        flat = np.concatenate([seg for a, b, _ in pairs for seg in (a, b)])  # (N,)
+        flat_pos = np.concatenate([seg for a, b, _ in pairs for seg in (a, b)])  # (N,)
+        flat = tokens[flat_pos]
         off = cand.cumsum() - cand  # (E,) flat offset of each example
         ex_of = np.repeat(np.arange(n_ex), cand)  # (N,)
         # whole_word_masking false: every piece is a unit of its own (n-grams of pieces)
-        starts = self.word_start[flat] if self.cfg.whole_word_masking else np.ones(len(flat), dtype=bool)
+        starts = word_start[flat_pos] if self.cfg.whole_word_masking else np.ones(len(flat), dtype=bool)
         starts[off] = True
         starts[(off + la)[lb > 0]] = True  # B's first piece starts a word even when the cut fell inside one
         word_starts = starts.nonzero()[0]

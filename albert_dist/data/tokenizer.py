@@ -18,6 +18,8 @@ pieces as their literal names): an exported model would see other ids than it wa
 from __future__ import annotations
 
 import logging
+import tempfile
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -37,6 +39,16 @@ FIRST_NORMAL_ID = 5
 DEFAULT_SAMPLE_BYTES = 64 * 2**20
 #: ``albert-dist tokenizer train`` default for byte fallback: off while transformers' AlbertTokenizer ignores it.
 BYTE_FALLBACK_DEFAULT = False
+#: sentencepiece normalisation rules ``tokenizer train --normalization`` offers: "nmt_nfkc" (sentencepiece's
+#: default: NFKC, whitespace collapsed; full-width ，：？ become ASCII) or "whitespace_only" (the text as written,
+#: but for every Unicode whitespace character mapped to a space: what the Chinese recipe uses to keep full-width
+#: forms, as Chinese BERT vocabularies do; docs/data.md "Chinese"). Plain "identity" is not offered: it keeps
+#: U+3000 and tabs as pieces, where transformers' ALBERT tokenizer splits on them (WhitespaceSplit), so an
+#: exported model would get other ids.
+NORMALIZATIONS = ("nmt_nfkc", "whitespace_only")
+#: Unicode White_Space (what transformers' WhitespaceSplit splits on) but the ASCII space itself.
+_WHITESPACE = (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F,
+               0x205F, 0x3000)
 
 
 def _sentences(texts: Iterator[str], max_sentence_bytes: int) -> Iterator[str]:
@@ -63,6 +75,7 @@ def train_tokenizer(
     num_threads: int = 1,
     byte_fallback: bool = BYTE_FALLBACK_DEFAULT,
     sample_bytes: int = DEFAULT_SAMPLE_BYTES,
+    normalization: str = "nmt_nfkc",
 ) -> Path:
     """Train ``<output_dir>/spiece.model`` (+ ``spiece.vocab``, and the transformers files of
     `write_transformers_config`) from local files, directories or globs.
@@ -73,7 +86,8 @@ def train_tokenizer(
     budget, not by the corpus: sentencepiece's unigram trainer needs ~22 bytes of RSS per byte of sample
     (docs/data.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
     sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC
-    (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``. ``byte_fallback``: characters outside the vocabulary become byte
+    (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``, or only whitespace mapped to
+    spaces with ``normalization`` "whitespace_only" (see `NORMALIZATIONS`). ``byte_fallback``: characters outside the vocabulary become byte
     pieces instead of ``<unk>`` (see the module docstring for why it is off by default). Raises ValueError for a bad argument, inputs that match no file or
     hold no text, or a vocab_size larger than the corpus supports (sentencepiece's own limit, in the message).
     Returns the model path.
@@ -83,6 +97,10 @@ def train_tokenizer(
 
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if lowercase and normalization != "nmt_nfkc":
+        raise ValueError(f"lowercase needs normalization 'nmt_nfkc' (sentencepiece's nmt_nfkc_cf), got {normalization!r}")
     if vocab_size <= FIRST_NORMAL_ID:
         raise ValueError(f"vocab_size must be > {FIRST_NORMAL_ID}, got {vocab_size}")
     if not inputs:
@@ -98,7 +116,8 @@ def train_tokenizer(
     out.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
     try:
-        _train_sentencepiece(iter(sample), out, vocab_size, model_type, lowercase, character_coverage,
+        rule = "nmt_nfkc_cf" if lowercase else normalization
+        _train_sentencepiece(iter(sample), out, vocab_size, model_type, rule, character_coverage,
                              input_sentence_size, max_sentence_bytes, num_threads, byte_fallback)
     except RuntimeError as err:  # sentencepiece's C++ checks: too large a vocabulary, no sentences at all
         detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -149,30 +168,36 @@ def write_transformers_config(model_dir: str | Path, model_max_length: Optional[
     return paths
 
 
-def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, lowercase: bool,
+def _train_sentencepiece(texts, out: Path, vocab_size: int, model_type: str, normalization_rule_name: str,
                          character_coverage: float, input_sentence_size: int, max_sentence_bytes: int,
                          num_threads: int, byte_fallback: bool) -> None:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=_sentences(texts, max_sentence_bytes),
-        model_prefix=str(out / "spiece"),
-        vocab_size=vocab_size,
-        model_type=model_type,
-        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-        character_coverage=character_coverage,
-        input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=True,
-        max_sentence_length=max_sentence_bytes,
-        pad_id=PAD_ID,
-        unk_id=UNK_ID,
-        bos_id=-1,
-        eos_id=-1,
-        pad_piece="<pad>",
-        unk_piece="<unk>",
-        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        num_threads=num_threads,
-        byte_fallback=byte_fallback,
-        minloglevel=2,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        rule: dict[str, str] = {"normalization_rule_name": normalization_rule_name}
+        if normalization_rule_name == "whitespace_only":  # a custom rule table (sentencepiece's TSV, hex code points)
+            tsv = Path(tmp) / "whitespace_only.tsv"
+            tsv.write_text("".join(f"{c:X}\t20\n" for c in _WHITESPACE))
+            rule = {"normalization_rule_tsv": str(tsv)}
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_sentences(texts, max_sentence_bytes),
+            model_prefix=str(out / "spiece"),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            **rule,
+            character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            max_sentence_length=max_sentence_bytes,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            eos_id=-1,
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+            num_threads=num_threads,
+            byte_fallback=byte_fallback,
+            minloglevel=2,
+        )
 
 
 def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
