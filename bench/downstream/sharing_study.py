@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--finetune-args", default="--max-train-samples 8000 --learning-rate 1e-3",
                    help="more `albert-dist finetune` flags, one string")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides for every cell")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may come after the options
     if args.phase == "overrides":
         if len(args.modes) != 1:
             p.error("overrides: give exactly one --modes MODE")

@@ -26,7 +26,7 @@ TEXTS = [
 
 def test_auto_tokenizer_on_the_export_gives_sentencepiece_ids(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from albert_dist.export import cli as export_cli
+    from albert_dist.cli import main as cli_main
     from albert_dist.model import AlbertConfig, AlbertForPreTraining
 
     sp = tok.load_tokenizer(ZH_TOKENIZER)
@@ -36,7 +36,7 @@ def test_auto_tokenizer_on_the_export_gives_sentencepiece_ids(tmp_path):
                intermediate_size=16, max_position_embeddings=64)
     torch.save(AlbertForPreTraining(AlbertConfig(**cfg)).state_dict(), tmp_path / "model.pt")
     (tmp_path / "model.yaml").write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
-    assert export_cli([str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
+    assert cli_main(["export", str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
                        str(tmp_path / "hf"), "--tokenizer", str(resolve_path(ZH_TOKENIZER))]) == 0
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     texts = list(TEXTS)
