@@ -135,7 +135,7 @@ def _apply_layer(merged, layer: dict, source: str):
     `warmup_ratio`) replaces the other form of earlier layers; both in one layer is an error (OptimConfig).
     """
     try:
-        layer = _source_shorthand(layer)
+        layer = _source_shorthand(_fold_rare_zero_options(layer))
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
     if _INDEXED in layer:
@@ -162,6 +162,28 @@ _SOURCE_LISTS = ("train", "validation")
 #: a list entry that is no section: OmegaConf's own words list its internal container types
 _NOT_A_SECTION = "expected a mapping of fields (a data source may also be a path or URL string), got {} {!r}"
 _SOURCE_ITEM_RE = re.compile(r"^data\.(train|validation)\[\d+\]$")
+
+
+def _fold_rare_zero_options(layer: dict) -> dict:
+    """`layer` with DeepSpeed's rarely set ZeRO options written as direct `engine.zero_optimization` fields (as
+    every run's config.yaml held them before they moved into `engine.zero_optimization.extra`) moved into
+    `extra`, and dropped where unset (None): a run written before the move still loads, resumes, exports and
+    fine-tunes with its settings."""
+    from albert_dist.engine.config import EXTRA_ZERO_OPTIONS
+
+    zero = (layer.get("engine") or {}).get("zero_optimization") if isinstance(layer.get("engine"), dict) else None
+    if not isinstance(zero, dict) or not set(zero) & set(EXTRA_ZERO_OPTIONS):
+        return layer
+    zero = dict(zero)
+    extra = dict(zero.get("extra") or {})
+    for name in EXTRA_ZERO_OPTIONS:
+        if name in zero:
+            value = zero.pop(name)
+            if value is not None:
+                extra[name] = value
+    if extra:
+        zero["extra"] = extra
+    return {**layer, "engine": {**layer["engine"], "zero_optimization": zero}}
 
 
 def _source_shorthand(layer: dict) -> dict:

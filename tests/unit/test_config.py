@@ -313,3 +313,18 @@ def test_rare_zero_options_pass_through_extra_checked_by_name_and_type():
                       ("{allgather_bucket_size: 0}", "extra.allgather_bucket_size must be >= 1, got 0")]:
         with pytest.raises(ValueError, match=re.escape(says)):
             load_config(None, [f"engine.zero_optimization.extra={bad}"])
+
+
+def test_a_run_written_before_the_rare_zero_options_moved_into_extra_still_loads(tmp_path):
+    """A config.yaml of an earlier version holds contiguous_gradients & co. as direct zero_optimization fields
+    (None when unset): it loads, with a set value carried into `extra` and the unset ones dropped."""
+    from albert_dist.config import load_config, to_yaml
+
+    cfg = load_config(QUICKSTART)
+    text = to_yaml(cfg).replace("zero_optimization:\n", "zero_optimization:\n    contiguous_gradients: null\n"
+                                "    reduce_scatter: false\n", 1)
+    assert "reduce_scatter: false" in text
+    (tmp_path / "config.yaml").write_text(text)
+    old = load_config(tmp_path / "config.yaml")
+    assert old.engine.zero_optimization.extra == {"reduce_scatter": False}
+    assert old.model == cfg.model and old.data == cfg.data
