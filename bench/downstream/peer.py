@@ -6,7 +6,7 @@ the recipe's job on ``--ranks`` ranks (``train_micro_batch_size_per_gpu x gradie
 sequences per step); run_mlm's objective (lines grouped into full blocks, 15% of single tokens masked, MLM only).
 The training loop is `bench/convergence/convergence.py`'s `train_peer_model` (single process).
 
-    python bench/downstream/peer.py --recipe configs/pretrain/albert-tiny-wikitext.yaml --ranks 2 --out runs/peer
+    python bench/downstream/peer.py --recipe configs/pretrain/albert-tiny-wikitext2.yaml --ranks 2 --out runs/peer
     albert-dist finetune runs/peer --task sst2 --data-dir ../shared/corpora/glue-sst2
 """
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,8 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("none", "ffn", "attention", "all")
-#: The corpus and recipe every cell shares: the README's main job (full WikiText-2 train split, bundled).
-RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
+#: The corpus and recipe every cell shares: the README's main job on WikiText-2's whole train split (bundled).
+RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext2.yaml"
+START, END = "<!-- sharing figures start -->", "<!-- sharing figures end -->"
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -111,6 +113,13 @@ def report(args: argparse.Namespace) -> None:
             cells.append("-" if d is None else f"{d['median']:.3f} [{d['min']:.3f}-{d['max']:.3f}]")
         lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
+    if args.doc:
+        doc = Path(args.doc)
+        block = f"{START}\n" + "\n".join(lines) + f"\n{END}"
+        body, n = re.subn(re.escape(START) + ".*?" + re.escape(END), lambda _: block, doc.read_text(), flags=re.S)
+        if n != 1:
+            raise SystemExit(f"{doc}: expected one {START} ... {END} block, found {n}")
+        doc.write_text(body)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": sys.argv[1:]}, indent=1) + "\n")
     import matplotlib
@@ -152,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--experiment", default="sharing-study")
+    p.add_argument("--doc", default=None, help="report: write the table into this markdown file between the markers")
     p.add_argument("--glue-dir", default=str(ROOT.parent / "shared" / "corpora"), help="GLUE task folders")
     p.add_argument("--tasks", nargs="+", default=["sst2", "stsb"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])

@@ -2,7 +2,7 @@
 run_mlm peer pretrained at the same budget, each fine-tuned with `albert-dist finetune` on the same tasks, seeds
 and hyper-parameters; one table of dev scores (median, min-max over the seeds).
 
-    python bench/downstream/peer.py --recipe configs/pretrain/albert-tiny-wikitext.yaml --ranks 2 --out runs/peer
+    python bench/downstream/peer.py --recipe configs/pretrain/albert-tiny-wikitext2.yaml --ranks 2 --out runs/peer
     python bench/downstream/what_pretraining_buys.py --run runs/<quickstart run> --peer runs/peer \
         --glue-dir ../shared/corpora -- --max-train-samples 8000 --learning-rate 1e-3
 

@@ -327,7 +327,7 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
     rank (its one slot reads the good file too) passes."""
     import numpy as np
 
-    from albert_dist import train
+    from albert_dist import preflight
     from albert_dist.config import load_config
 
     good = tmp_path / "a-good.jsonl"
@@ -336,7 +336,7 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
     bad.write_bytes(np.random.default_rng(0).integers(0, 256, 3 * 65536, dtype=np.uint8).tobytes())
     cfg = load_config(None, [f"data.train=[{tmp_path}]", "data.validation=[]", "data.num_workers=0",
                              "data.shard_piece_bytes=1048576"])
-    train.check_inputs(cfg, world_size=1)
+    preflight.check_inputs(cfg, world_size=1)
     with pytest.raises(ValueError, match=r"data\.train\[0\]: slot 0 of 2 .* only unusable records from "
                                          + re.escape(str(bad))):
-        train.check_inputs(cfg, world_size=2)
+        preflight.check_inputs(cfg, world_size=2)
