@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--glue-dir", default=str(ROOT.parent / "shared" / "corpora"), help="GLUE task folders")
     p.add_argument("--tasks", nargs="+", default=["sst2", "stsb"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--finetune-args", default="--max-train-samples 8000 --learning-rate 1e-3",
-                   help="more `albert-dist finetune` flags, one string")
+    p.add_argument("--finetune-args", default="--max-train-samples 2000 --learning-rate 1e-3 --batch-size 32 "
+                   "--max-seq-length 64", help="more `albert-dist finetune` flags, one string (default: docs/sharing.md's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides for every cell")
     args = p.parse_intermixed_args(argv)  # overrides may come after the options
     if args.phase == "overrides":

@@ -61,6 +61,12 @@ CONTROL_CELLS = gm.control_cells()
 #: Tolerances on `grad_matrix_worker.scaled_errors` (per tensor, worst tensor of the cell).
 FP32_TOL = 1e-5
 FP32_UPDATE_TOL = 1e-4
+#: Parameters after a step of DeepSpeed's CPU-offloaded LAMB (its C++ op, compiled for the host's SIMD width) against
+#: the PyTorch LAMB reference: the trust ratio (a quotient of two norms) amplifies the op's different summation
+#: order. Measured on an Intel Xeon host (AVX-512): 1.48e-5 after step 1, 1.33e-5 after step 2, on one attention
+#: tensor of the ZeRO-3 x GA 3 cell (identical at the base commit 387b2b0: the host, not a change); within 1e-5 on
+#: the AMD EPYC hosts of earlier runs. Gradients keep FP32_TOL: a summing error of a shared tensor is ~1e-1.
+OFFLOAD_LAMB_PARAM_TOL = 3e-5
 #: The bf16 floor: the largest per-tensor gradient error of plain PyTorch bf16 on the shared model against the
 #: unrolled bf16 reference with exact fp32 sums, over all sharing x GA x 2/4-rank configurations. Measured
 #: 6.55e-3 (sharing "all"; "none" is 0: nothing is summed); master weights after the step 4.7e-3. Re-measured in
@@ -129,9 +135,10 @@ def _check_common(result: dict, cell) -> None:
 
 def check_fp32(result: dict, cell) -> None:
     _check_common(result, cell)
+    param_tol = OFFLOAD_LAMB_PARAM_TOL if cell.offload and cell.optimizer == "lamb" else FP32_TOL
     problems = _problems(result, [(f"{step}{kind}_error", tol) for step in ("", "step2_")
-                                  for kind, tol in (("param", FP32_TOL), ("update", FP32_UPDATE_TOL),
-                                                    ("master_param", FP32_TOL), ("master_update", FP32_UPDATE_TOL))])
+                                  for kind, tol in (("param", param_tol), ("update", FP32_UPDATE_TOL),
+                                                    ("master_param", param_tol), ("master_update", FP32_UPDATE_TOL))])
     problems += _problems(result, [("grad_error", FP32_TOL)])
     assert not problems, "; ".join(problems)
 

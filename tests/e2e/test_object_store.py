@@ -247,14 +247,13 @@ def test_exact_resume_from_the_bucket(workers, local_corpus, s3_server):
 def test_tokenizer_train_and_data_plan_take_urls(local_corpus, s3_server, tmp_path, capsys):
     """`tokenizer train --input s3://...` trains the same vocabulary as on the local files; `data plan` on a
     recipe whose source is a URL prints the same plan as on the local folder."""
-    from albert_dist.data import tokenizer as tok
     from albert_dist.cli import main as cli_main
 
     s3_server.bucket("raw")
     s3_server.upload(local_corpus["jsonl.zst"], "s3://raw/j")
     vocabs = []
     for i, src in enumerate([str(local_corpus["jsonl.zst"] / "*.jsonl.zst"), "s3://raw/j/*.jsonl.zst"]):
-        assert tok.cli(["train", "--input", src, "--vocab-size", "150", "--output", str(tmp_path / f"t{i}")]) == 0
+        assert cli_main(["tokenizer", "train", "--input", src, "--vocab-size", "150", "--output", str(tmp_path / f"t{i}")]) == 0
         vocabs.append((tmp_path / f"t{i}" / "spiece.vocab").read_text())
     assert vocabs[0] == vocabs[1]
     recipe = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
