@@ -81,7 +81,7 @@ class Located:
     """Where `model` (and `tokenizer`) came from, for messages."""
 
 
-def _run_config(run_dir: Path) -> Optional[dict]:
+def read_run_config(run_dir: Path) -> Optional[dict]:
     """The resolved TrainConfig of a run directory as plain dicts (its config.yaml), or None."""
     path = run_dir / RUN_CONFIG
     if not path.is_file():
@@ -114,7 +114,7 @@ def locate(source: str | Path) -> Located:
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such run, checkpoint or file")
-    run_config = _run_config(path) if path.is_dir() else None
+    run_config = read_run_config(path) if path.is_dir() else None
     if run_config is not None:  # a run directory
         ckpt_dir = (run_config.get("checkpoint") or {}).get("dir") or str(path / "checkpoints")
         point = newest_verified(ckpt_dir, log=True) if Path(ckpt_dir).is_dir() else None
@@ -129,13 +129,13 @@ def locate(source: str | Path) -> Located:
     if _is_deepspeed_checkpoint(path):
         if (path / META_FILE).is_file() and read_meta(path).get("config"):
             return _from_train_config(path, read_meta(path)["config"], str(path / META_FILE))
-        run_config = _run_config(path.parent.parent)
+        run_config = read_run_config(path.parent.parent)
         if run_config is not None:
             return _from_train_config(path, run_config, str(path.parent.parent / RUN_CONFIG))
         return Located(path, None, None, "")
     beside = (path if path.is_dir() else path.parent) / MODEL_CONFIG
     for run_dir in list(path.parents)[:3]:
-        run_config = _run_config(run_dir)
+        run_config = read_run_config(run_dir)
         if run_config is not None:
             found = _from_train_config(path, run_config, str(run_dir / RUN_CONFIG))
             if beside.is_file():

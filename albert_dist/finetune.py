@@ -55,15 +55,22 @@ GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
 def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
     """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
     asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
+    from albert_dist.downstream.tasks import TaskError, glue_task
+
+    glue_task(task)  # an unknown name is named as such, before any folder is looked for
     if data_dir is None:
         return None
     root = Path(data_dir)
     if (root / "train.tsv").is_file() and not several:
         return str(root)
-    for name in (task, f"glue-{task}", GLUE_DIR_NAMES.get(task, task)):
+    names = (task, f"glue-{task}", GLUE_DIR_NAMES.get(task, task))
+    for name in names:
         if (root / name / "train.tsv").is_file():
             return str(root / name)
-    return str(root)  # load_glue names the missing file
+    if root.is_dir() and not (root / "train.tsv").is_file():  # a parent of task folders without this task's
+        raise TaskError(f"--data-dir {data_dir}: no {task} task in it (looked for "
+                        f"{', '.join(f'{n}/train.tsv' for n in dict.fromkeys(names))})")
+    return str(root)  # load_glue names the missing file or directory
 
 
 def load_tasks(args: argparse.Namespace) -> list:
@@ -247,7 +254,8 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
     total = sum(steps_per_run(len(tr), cfg, world) * len(args.seeds) for _, cfg, tr, _ in prepared)
     entries, status, tracking_error = [], "FAILED", None
     try:
-        with tqdm(total=total, unit="step", disable=not main, desc="finetune") as bar:
+        # only the other ranks pass `disable`: on the main one tqdm's own TQDM_* environment (TQDM_DISABLE=1) applies
+        with tqdm(total=total, unit="step", desc="finetune", **({} if main else {"disable": True})) as bar:
             for task, cfg, train, dev in prepared:
                 per_seed: dict[int, dict[str, float]] = {}
                 children: dict[int, str] = {}
@@ -264,7 +272,7 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
                                   "checkpoint_step": step, "init": args.init, "model": source.description,
                                   "train_examples": len(train), "dev_examples": len(dev), "data": task.source}
                         tracking_error = _tracked(lambda: children.__setitem__(seed, runs.log_child(
-                            f"{task.name}-step{step}-seed{seed}-{args.init}", params, scores)))
+                            f"{task.name}-{'' if step is None else f'step{step}-'}seed{seed}-{args.init}", params, scores)))
                 summary = summarize(per_seed, task.metrics)
                 if runs is not None and tracking_error is None:
                     tracking_error = _tracked(lambda: runs.log_summary(

@@ -122,10 +122,10 @@ def from_run_dir(run_dir: Path, step: Optional[int]) -> ModelSource:
             tokenizer, a config that is not a model config.
     """
     from albert_dist.engine.checkpoint.layout import CheckpointError, step_of, tag_for
-    from albert_dist.export import _run_config, load_state_dict, locate
+    from albert_dist.export import read_run_config, load_state_dict, locate
     from albert_dist.tracking.tracker import read_state
 
-    config = _run_config(run_dir) or {}
+    config = read_run_config(run_dir) or {}
     ckpt_dir = Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
     try:
         if step is not None:

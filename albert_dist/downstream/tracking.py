@@ -4,7 +4,8 @@ Layout::
 
     <pretraining run>                     metrics downstream/<task>/<metric> = median over seeds, at step =
       |                                   the checkpoint's optimizer step (several checkpoints draw a curve)
-      +- <task>-step<N>-seed<S>  (child: tag mlflow.parentRunId)  params task, seed, lr, epochs, batch,
+      +- <task>-step<N>-seed<S>-<init>  (child: tag mlflow.parentRunId; no step<N>- for a model without one, e.g. a
+      |                                   transformers directory)  params task, seed, lr, epochs, batch,
                                            max_len, checkpoint_step, init, model; metrics: the dev scores
 
 A fine-tune from random init, or of a model with no pretraining run (a transformers directory, a run never

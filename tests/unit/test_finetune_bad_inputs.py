@@ -103,3 +103,12 @@ def test_hub_unreachable_asks_for_data_dir(world, capsys, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     line = _bad(capsys, str(world[1]), "--task", "rte")
     assert "rte: could not load nyu-mll/glue from the hub" in line and "pass --data-dir" in line
+
+
+
+def test_a_data_dir_without_the_task_names_the_task_and_the_folders_looked_for(world, capsys):
+    """A parent of GLUE task folders that lacks one asked task: exit 2 naming the task and every folder name tried
+    (not a `train.tsv` of the parent, which never was a task folder)."""
+    root, run = world
+    msg = _bad(capsys, str(run), "--task", "sst2", "stsb", "--data-dir", str(root))
+    assert "no stsb task in it (looked for stsb/train.tsv, glue-stsb/train.tsv, STS-B/train.tsv)" in msg, msg
