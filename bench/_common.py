@@ -1,13 +1,16 @@
 """What the benchmarks share: a synthetic ALBERT pretraining batch, min / median / max of repeats, local gloo
-ranks, and CPU-time measurement of a code snippet with ``torch.utils.benchmark``.
+ranks, CPU-time measurement of a code snippet with ``torch.utils.benchmark``, and the one way a script writes its
+figures into a doc (`write_block`).
 
 Not a benchmark (the leading underscore keeps bench/run_all.py from running it); import it as ``_common``
 (bench/ is on the path of a benchmark the suite runs, and of ``python bench/<name>.py``).
 """
 from __future__ import annotations
 
+import re
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from albert_dist.engine.local_ranks import local_rank_env, spawn_local_ranks
@@ -16,7 +19,8 @@ if TYPE_CHECKING:
     import torch
 
 # torch is imported where it is used: a benchmark that pins its threads (data_pipeline) imports this first.
-__all__ = ["cpu_seconds", "fmt_stats", "local_rank_env", "spawn_local_ranks", "stats", "synthetic_batch"]
+__all__ = ["cpu_seconds", "fmt_stats", "local_rank_env", "spawn_local_ranks", "stats", "synthetic_batch",
+           "write_block"]
 
 
 def synthetic_batch(vocab_size: int, batch: int, seq: int, predictions: int, seed: int = 0,
@@ -83,3 +87,19 @@ def cpu_seconds(stmt: Callable[[], Any], min_run_time: float = 1.0, threads: Opt
     timer = benchmark.Timer(stmt="stmt()", globals={"stmt": stmt}, timer=time.process_time,
                             num_threads=threads or torch.get_num_threads())
     return min(timer.blocked_autorange(min_run_time=min_run_time).times)
+
+
+def write_block(doc: str | Path, name: str, body: str) -> None:
+    """Replace what stands between ``<!-- {name} start -->`` and ``<!-- {name} end -->`` in the markdown file `doc`
+    with `body` (the figures a script measured; the rest of the page is prose written by hand).
+
+    Raises:
+        ValueError: `doc` holds no such pair of markers, or more than one.
+    """
+    start, end = f"<!-- {name} start -->", f"<!-- {name} end -->"
+    doc = Path(doc)
+    text, n = re.subn(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{body}\n{end}",
+                      doc.read_text(), flags=re.S)
+    if n != 1:
+        raise ValueError(f"{doc}: expected one {start} ... {end} section, found {n}")
+    doc.write_text(text)

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "bench"))
 import convergence as conv  # noqa: E402
+from _common import write_block  # noqa: E402
 DEFAULT = ROOT / "docs" / "quickstart-reference" / "metrics.jsonl"
-START, END = "<!-- quickstart figures start -->", "<!-- quickstart figures end -->"
 
 
 def read(path: Path) -> tuple[list[dict], list[dict], Optional[dict]]:
@@ -114,13 +114,6 @@ def render(fig: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str) -> str:
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no {START} ... {END} section")
-    return pattern.sub(lambda _: f"{START}\n{block}\n{END}", text)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", nargs="?", default=str(DEFAULT))
@@ -133,7 +126,7 @@ def main(argv=None) -> int:
     print(json.dumps(fig, indent=1) if args.json else block)
     for target in (args.readme, args.doc):
         if target:
-            Path(target).write_text(replace_block(Path(target).read_text(), block))
+            write_block(target, "quickstart figures", block)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -30,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MODES = ("none", "ffn", "attention", "all")
 #: The corpus and recipe every cell shares: the README's main job on WikiText-2's whole train split (bundled).
 RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext2.yaml"
-START, END = "<!-- sharing figures start -->", "<!-- sharing figures end -->"
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import write_block  # noqa: E402
 
 
 def cell_overrides(args: argparse.Namespace, mode: str) -> list[str]:
@@ -114,12 +114,7 @@ def report(args: argparse.Namespace) -> None:
         lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.doc:
-        doc = Path(args.doc)
-        block = f"{START}\n" + "\n".join(lines) + f"\n{END}"
-        body, n = re.subn(re.escape(START) + ".*?" + re.escape(END), lambda _: block, doc.read_text(), flags=re.S)
-        if n != 1:
-            raise SystemExit(f"{doc}: expected one {START} ... {END} block, found {n}")
-        doc.write_text(body)
+        write_block(args.doc, "sharing figures", "\n".join(lines))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": sys.argv[1:]}, indent=1) + "\n")
     import matplotlib

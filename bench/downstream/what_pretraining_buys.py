@@ -9,21 +9,21 @@ and hyper-parameters; one table of dev scores (median, min-max over the seeds).
 The run's fine-tunes are child runs of its MLflow run (scores on it as ``downstream/<task>/<metric>``); the random
 init and the peer log standalone runs. Results: ``<out>/<model>/downstream.json`` per model (the run's in its own
 directory), the table on stdout and in ``bench/results/what_pretraining_buys.json``; ``--doc FILE`` writes the
-table between ``<!-- downstream figures start -->`` and ``<!-- downstream figures end -->`` in FILE.
+table between the ``downstream figures`` markers of FILE (`_common.write_block`).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-START, END = "<!-- downstream figures start -->", "<!-- downstream figures end -->"
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import write_block  # noqa: E402
 
 
 def finetune(source: str, output: str | None, tasks: list[str], glue_dir: str, seeds: list[int],
@@ -106,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     "train_examples": r["train_examples"], "model": r["model"]} for t, r in per.items()}
          for name, per in rows.items()}, indent=1) + "\n")
     if args.doc:
-        doc = Path(args.doc)
-        body = doc.read_text()
-        block = f"{START}\n{text}\n{END}"
-        body, n = re.subn(re.escape(START) + ".*?" + re.escape(END), lambda _: block, body, flags=re.S)
-        if n != 1:
-            raise SystemExit(f"{doc}: expected one {START} ... {END} block, found {n}")
-        doc.write_text(body)
+        write_block(args.doc, "downstream figures", text)
     return 0
 
 

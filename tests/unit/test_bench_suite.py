@@ -211,3 +211,13 @@ def test_child_benchmark_can_spawn_processes(tmp_path):
     entry = run_all.run_one("spawner", {"repeats": 3}, timeout_s=120, bench_dir=tmp_path)
     assert entry["status"] == "ok", entry.get("error")
     assert entry["result"]["squares"] == [1, 4, 9]
+
+
+def test_write_block_replaces_only_between_its_markers_and_refuses_a_doc_without_them(tmp_path):
+    """The one way a bench script writes figures into a doc: the hand-written prose around the markers stays."""
+    doc = tmp_path / "d.md"
+    doc.write_text("intro\n<!-- x figures start -->\nold\n<!-- x figures end -->\nprose\n")
+    common.write_block(doc, "x figures", "| a |\n| 1 |")
+    assert doc.read_text() == "intro\n<!-- x figures start -->\n| a |\n| 1 |\n<!-- x figures end -->\nprose\n"
+    with pytest.raises(ValueError, match="expected one <!-- y figures start -->"):
+        common.write_block(doc, "y figures", "z")
