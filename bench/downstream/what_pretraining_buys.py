@@ -8,7 +8,8 @@ and hyper-parameters; one table of dev scores (median, min-max over the seeds).
 
 The run's fine-tunes are child runs of its MLflow run (scores on it as ``downstream/<task>/<metric>``); the random
 init and the peer log standalone runs. Results: ``<out>/<model>/downstream.json`` per model (the run's in its own
-directory), the table on stdout and in ``bench/results/what_pretraining_buys.json``; ``--doc FILE`` writes the
+directory), the table on stdout and in ``bench/results/what_pretraining_buys.json`` (``-<block>.json`` for another
+``--block``); ``--doc FILE`` writes the
 table between the ``downstream figures`` markers of FILE (`_common.write_block`).
 """
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / "downstream"), help="downstream.json of random/peer")
     p.add_argument("--report-only", action="store_true", help="only read the downstream.json files")
     p.add_argument("--doc", default=None, help="write the table into this markdown file between the markers")
+    p.add_argument("--block", default="downstream figures", help="the markers' name (<!-- NAME start/end -->)")
     p.add_argument("extra", nargs="*", help="more `albert-dist finetune` flags (after --)")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -101,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / "what_pretraining_buys.json").write_text(json.dumps(
+    # one record per table: the default block's, else one named after the block
+    name = "what_pretraining_buys" + ("" if args.block == "downstream figures" else "-" + args.block.replace(" ", "-"))
+    (results / f"{name}.json").write_text(json.dumps(
         {name: {t: {"primary_metric": r["primary_metric"], "seeds": r["seeds"], "finetune": r["finetune"],
                     "train_examples": r["train_examples"], "model": r["model"]} for t, r in per.items()}
          for name, per in rows.items()}, indent=1) + "\n")
     if args.doc:
-        write_block(args.doc, "downstream figures", text)
+        write_block(args.doc, args.block, text)
     return 0
 
 
