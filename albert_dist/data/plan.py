@@ -313,5 +313,5 @@ def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
     if total:
         amp = sum(p.bytes * p.amplification for p in plans if not p.hub) / total
         out.append("")
-        out.append(f"all local sources: {fmt_bytes(total)}, read amplification {amp:.2f}")
+        out.append(f"all file sources (local or object store; hub datasets aside): {fmt_bytes(total)}, read amplification {amp:.2f}")
     return "\n".join(out)
