@@ -210,10 +210,14 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
 
     from albert_dist.export import load_state_dict, locate
     from albert_dist.tracking.checkpoints import download_checkpoint
-    from albert_dist.tracking.tracker import parse_run_ref, resolve_tracking_uri
+    from albert_dist.tracking.tracker import parse_run_ref, require_existing_store, resolve_tracking_uri
 
     run_id = parse_run_ref(ref)
     uri = resolve_tracking_uri(tracking_uri)
+    try:
+        require_existing_store(uri, f"MLflow run {run_id}")
+    except ValueError as exc:
+        raise SourceError(str(exc)) from exc
     client = MlflowClient(uri)
     try:
         run = client.get_run(run_id)
@@ -228,7 +232,9 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
             max_steps = run.data.params.get("max_steps")
             at, what = (int(max_steps) if max_steps and max_steps.isdigit() else None), "final model"
     except (MlflowException, FileNotFoundError, RuntimeError) as exc:
-        raise SourceError(f"MLflow run {run_id} ({uri}): {exc}") from exc
+        hint = ("; is this the store the pretraining job logged to? (--tracking-uri or MLFLOW_TRACKING_URI)"
+                if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST" and "Run" in str(exc) else "")
+        raise SourceError(f"MLflow run {run_id} ({uri}): {exc}{hint}") from exc
     found = locate(tag_dir)
     if found.model is None:
         raise SourceError(f"MLflow run {run_id}: the {what} carries no config")

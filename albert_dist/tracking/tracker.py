@@ -83,6 +83,29 @@ def resolve_tracking_uri(uri: Optional[str] = None) -> str:
                         or f"sqlite:///{default_store_dir() / DEFAULT_STORE_NAME}")
 
 
+def local_store_path(uri: str) -> Optional[Path]:
+    """The file or directory an absolute local store URI (``sqlite:////x.db``, ``file:///dir``) names; None for a
+    server or any other URI."""
+    if uri.startswith("sqlite:////"):
+        return Path(uri[len("sqlite:///"):])
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):])
+    return None
+
+
+def require_existing_store(uri: str, what: str) -> None:
+    """Refuse to read runs from a local store that does not exist: MLflow would create an empty one there (a
+    stray ``mlruns.db``) and then answer "Run ... not found".
+
+    Raises:
+        ValueError: naming the store's path and ``what`` was looked up in it.
+    """
+    path = local_store_path(uri)
+    if path is not None and not path.exists():
+        raise ValueError(f"{what}: no MLflow store at {path} (tracking URI {uri}); pass the store the run logged "
+                         "to with --tracking-uri or MLFLOW_TRACKING_URI")
+
+
 def parse_run_ref(ref: str) -> str:
     """A run id from ``<run_id>`` or ``runs:/<run_id>[/path]``.
 

@@ -112,3 +112,14 @@ def test_a_data_dir_without_the_task_names_the_task_and_the_folders_looked_for(w
     root, run = world
     msg = _bad(capsys, str(run), "--task", "sst2", "stsb", "--data-dir", str(root))
     assert "no stsb task in it (looked for stsb/train.tsv, glue-stsb/train.tsv, STS-B/train.tsv)" in msg, msg
+
+
+def test_run_id_in_a_store_that_does_not_exist(world, capsys, tmp_path):
+    """A run id looked up in a missing SQLite store is refused naming the store, and no empty store is left
+    behind (MLflow would create one and answer "Run ... not found")."""
+    root, _ = world
+    store = tmp_path / "moved" / "mlruns.db"
+    line = _bad(capsys, "0123456789abcdef0123456789abcdef", "--task", "sst2", "--data-dir", str(root / "sst2"),
+                "--tracking-uri", f"sqlite:///{store}", "--output", str(tmp_path / "o"))
+    assert f"no MLflow store at {store}" in line and "--tracking-uri" in line
+    assert not store.exists() and not store.parent.exists()
