@@ -171,10 +171,13 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
         FileNotFoundError: the run has no complete checkpoint (at ``step``).
         RuntimeError: the downloaded files do not match the marker (sizes) after all attempts.
     """
-    candidates = [c for c in complete_checkpoints(client, run_id) if step is None or c[0] == step]
+    complete = complete_checkpoints(client, run_id)
+    candidates = [c for c in complete if step is None or c[0] == step]
     if not candidates:
+        held = f"; it holds steps {', '.join(str(c[0]) for c in sorted(complete))}" if complete else ""
         raise FileNotFoundError(f"MLflow run {run_id} has no complete checkpoint "
-                                f"({'any' if step is None else f'step {step}'}) under {CHECKPOINTS_ARTIFACT_DIR}/")
+                                f"({'any' if step is None else f'step {step}'}) under {CHECKPOINTS_ARTIFACT_DIR}/"
+                                + held)
     step, marker = candidates[0]
     os.makedirs(save_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".mlflow_download_", dir=save_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from types import SimpleNamespace
@@ -535,3 +536,40 @@ def test_object_store_credentials_are_masked(monkeypatch):
         assert leaked not in out, leaked
     assert "X-Goog-Date=20261202" in out and "endpoint http://127.0.0.1:9000" in out
     assert redact({"env": {"AWS_ACCESS_KEY_ID": "x"}})["env"]["AWS_ACCESS_KEY_ID"] == MASK
+
+
+class DirArtifactClient:
+    """An MLflow client as far as checkpoint reading goes: artifacts are the files under ``root``."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def list_artifacts(self, run_id, path):
+        from mlflow.entities import FileInfo
+
+        base = self.root / path
+        return [FileInfo(f"{path}/{p.name}", p.is_dir(), None if p.is_dir() else p.stat().st_size)
+                for p in sorted(base.iterdir())] if base.is_dir() else []
+
+    def download_artifacts(self, run_id, path, dst):
+        src, out = self.root / path, os.path.join(dst, os.path.basename(path))
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, out)
+        return out
+
+
+def test_download_of_a_missing_step_lists_the_steps_the_run_holds(tmp_path):
+    """``--step N`` of a run that lacks it names the retained steps (docs/finetune.md says so); an incomplete
+    upload (its marker names a missing file) is not one of them."""
+    from albert_dist.tracking.checkpoints import CHECKPOINTS_ARTIFACT_DIR, MARKER_NAME, download_checkpoint
+
+    for step, complete in ((250, True), (500, True), (750, False)):
+        d = tmp_path / "store" / CHECKPOINTS_ARTIFACT_DIR / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "model.pt").write_bytes(b"x" * step)
+        files = {"model.pt": step} if complete else {"model.pt": step, "optim.pt": 1}
+        (d / MARKER_NAME).write_text(json.dumps({"files": files, "tag": f"global_step{step}"}))
+    client = DirArtifactClient(tmp_path / "store")
+    with pytest.raises(FileNotFoundError, match=r"\(step 300\) .*it holds steps 250, 500$"):
+        download_checkpoint(client, "r", str(tmp_path / "dl"), 300)
+    step, tag_dir = download_checkpoint(client, "r", str(tmp_path / "dl"), None)
+    assert step == 500 and os.path.getsize(os.path.join(tag_dir, "model.pt")) == 500
