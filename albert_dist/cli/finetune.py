@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--label-column", default="label")
     g.add_argument("--task-type", choices=("auto", "classification", "regression"), default="auto",
                    help="auto: regression when the labels are non-integer numbers")
-    g.add_argument("--task-name", default=None, help="name of a file task (default: the train file's stem)")
+    g.add_argument("--task-name", default=None, help="name of a file task (default: the train file's stem; its folder's name for train.*)")
     h = p.add_argument_group("fine-tuning (defaults per task)")
     h.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="one fine-tune per seed (default 1 2 3)")
     h.add_argument("--learning-rate", "--lr", type=float, default=None,

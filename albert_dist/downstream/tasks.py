@@ -202,10 +202,16 @@ def _floats(values: list, where: str) -> list[float]:
 def _check_same_label_set(train: list, dev: list, train_where: str, dev_where: str) -> tuple[str, ...]:
     """The sorted class set, after checking that train and dev have the same one (numbers in numeric order)."""
     train_set, dev_set = {_label_key(v) for v in train}, {_label_key(v) for v in dev}
+    for values, where in ((train, train_where), (dev, dev_where)):
+        empty = [i + 1 for i, v in enumerate(values) if v is None or _label_key(v).strip() == ""]
+        if empty:
+            raise TaskError(f"{where}: {len(empty)} rows with an empty label (data rows {empty[:5]}; "
+                            "--label-column)")
+    numeric = all(_as_float(k) is not None for k in train_set | dev_set)
     if train_set != dev_set:
+        hint = "; the labels are numbers: for scores pass --task-type regression" if numeric else ""
         raise TaskError(f"label sets differ: {train_where} has {sorted(train_set)[:10]}, {dev_where} has "
-                        f"{sorted(dev_set)[:10]} (--label-column)")
-    numeric = all(_as_float(k) is not None for k in train_set)
+                        f"{sorted(dev_set)[:10]} (--label-column){hint}")
     return tuple(sorted(train_set, key=lambda k: (float(k), k) if numeric else (0.0, k)))
 
 
@@ -303,9 +309,16 @@ def load_files(train_file: str, validation_file: str, text_column: str, text_pai
     if task_type == "regression":
         train = Split(list(map(str, ttext)), None if tpair is None else list(map(str, tpair)), _floats(tlab, str(tpath)))
         dev = Split(list(map(str, dtext)), None if dpair is None else list(map(str, dpair)), _floats(dlab, str(dpath)))
-        return TaskData(name or Path(train_file).stem, train, dev, None, ("pearson", "spearmanr"), str(tpath))
+        return TaskData(name or _file_task_name(tpath), train, dev, None, ("pearson", "spearmanr"), str(tpath))
     names = _check_same_label_set(tlab, dlab, str(tpath), str(dpath))
     train = Split(list(map(str, ttext)), None if tpair is None else list(map(str, tpair)), _class_ids(tlab, names, str(tpath)))
     dev = Split(list(map(str, dtext)), None if dpair is None else list(map(str, dpair)), _class_ids(dlab, names, str(dpath)))
     metrics = ("accuracy", "f1") if len(names) == 2 else ("accuracy",)
-    return TaskData(name or Path(train_file).stem, train, dev, names, metrics, str(tpath))
+    return TaskData(name or _file_task_name(tpath), train, dev, names, metrics, str(tpath))
+
+
+def _file_task_name(train_file: Path) -> str:
+    """A file task's name when none is given: the train file's stem, or its folder's name when the stem only
+    says "train" (``mytask/train.tsv`` is task ``mytask``, not ``train``)."""
+    stem = train_file.name.split(".")[0]
+    return train_file.resolve().parent.name if stem.lower() in ("train", "training") else stem

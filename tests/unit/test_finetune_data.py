@@ -98,7 +98,7 @@ def test_csv_jsonl_and_parquet_tasks(tmp_path):
     task = load_files(str(tmp_path / "train.csv"), str(tmp_path / "dev.jsonl"), "text", "other", "y")
     assert task.label_names == ("neg", "pos") and task.train.labels == [1, 0] and task.dev.labels == [0, 1]
     assert task.train.texts == ["hello, world", "bye"] and task.train.pairs == ["x", "z"]
-    assert task.metrics == ("accuracy", "f1") and task.name == "train"
+    assert task.metrics == ("accuracy", "f1") and task.name == tmp_path.name  # <task>/train.csv is task <task>
 
     pq.write_table(pa.table({"s": ["a", "b", "c"], "score": [0.5, 1.0, 2.25]}), tmp_path / "train.parquet")
     pq.write_table(pa.table({"s": ["d"], "score": [1.5]}), tmp_path / "dev.parquet")
@@ -107,6 +107,24 @@ def test_csv_jsonl_and_parquet_tasks(tmp_path):
     ints = load_files(str(tmp_path / "train.parquet"), str(tmp_path / "train.parquet"), "s", None, "score",
                       task_type="classification")
     assert ints.label_names == ("0.5", "1", "2.25")
+
+
+def test_label_mistakes_say_what_to_change(tmp_path):
+    """Whole-number train scores with fractional dev scores suggest --task-type regression; an empty label
+    cell is counted with its data rows instead of becoming a class ''; a file task is named after its file
+    (its folder when the file is train.*)."""
+    write_glue_tsv(tmp_path / "t/train.tsv", ["text", "score"], [["a", "1"], ["b", "4"]])
+    write_glue_tsv(tmp_path / "t/dev.tsv", ["text", "score"], [["c", "2.5"], ["d", "4"]])
+    with pytest.raises(TaskError, match="label sets differ.*pass --task-type regression"):
+        load_files(str(tmp_path / "t/train.tsv"), str(tmp_path / "t/dev.tsv"), "text", None, "score")
+    assert load_files(str(tmp_path / "t/train.tsv"), str(tmp_path / "t/dev.tsv"), "text", None, "score",
+                      task_type="regression").dev.labels == [2.5, 4.0]
+    write_glue_tsv(tmp_path / "e/reviews.tsv", ["text", "y"], [["a", "pos"], ["b", ""], ["c", "neg"], ["d", ""]])
+    write_glue_tsv(tmp_path / "e/dev.tsv", ["text", "y"], [["a", "pos"], ["c", "neg"]])
+    with pytest.raises(TaskError, match=r"reviews.tsv: 2 rows with an empty label \(data rows \[2, 4\]"):
+        load_files(str(tmp_path / "e/reviews.tsv"), str(tmp_path / "e/dev.tsv"), "text", None, "y")
+    write_glue_tsv(tmp_path / "e/reviews.tsv", ["text", "y"], [["a", "pos"], ["c", "neg"]])
+    assert load_files(str(tmp_path / "e/reviews.tsv"), str(tmp_path / "e/dev.tsv"), "text", None, "y").name == "reviews"
 
 
 @pytest.mark.parametrize("case, match", [
