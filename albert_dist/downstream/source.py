@@ -189,11 +189,16 @@ def from_transformers_dir(path: Path) -> ModelSource:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()  # "Loading weights" would sit above finetune's own bar
         try:
-            hf = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa")
+            hf, info = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa",
+                                                                          output_loading_info=True)
         finally:
             hf_logging.set_verbosity(verbosity)
             if bar:
                 hf_logging.enable_progress_bar()
+        fresh = sorted({k.rsplit(".", 1)[0] for k in info.get("missing_keys", ())})
+        if fresh:  # said once, since the pooler feeds the classifier: a fresh one is a different model
+            log.warning("%s: no weights for %s in the directory; they start from random init", path,
+                        ", ".join(fresh))
         return from_transformers(hf).state_dict()
 
     return ModelSource("hf", str(path), config, tokenizer, None, load)

@@ -123,3 +123,29 @@ def test_run_id_in_a_store_that_does_not_exist(world, capsys, tmp_path):
                 "--tracking-uri", f"sqlite:///{store}", "--output", str(tmp_path / "o"))
     assert f"no MLflow store at {store}" in line and "--tracking-uri" in line
     assert not store.exists() and not store.parent.exists()
+
+
+def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_path):
+    """run_mlm's AlbertForMaskedLM saves no pooler and no SOP head: they start fresh (as in transformers) and
+    the log names them; the run's own full export loads without that warning."""
+    import logging
+
+    import transformers
+
+    from albert_dist.downstream.source import from_transformers_dir
+
+    _, run = world
+    full = run / "final_model" / "hf"
+    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+        from_transformers_dir(full).encoder_state()
+    assert not [r for r in caplog.records if "random init" in r.getMessage()]
+    mlm = tmp_path / "mlm"
+    transformers.AlbertForMaskedLM.from_pretrained(full).save_pretrained(mlm)
+    for f in full.iterdir():
+        if not (mlm / f.name).exists():
+            shutil.copy(f, mlm / f.name)
+    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+        state = from_transformers_dir(mlm).encoder_state()
+    said = [r.getMessage() for r in caplog.records if "random init" in r.getMessage()]
+    assert len(said) == 1 and "albert.pooler" in said[0] and "sop_classifier" in said[0], said
+    assert state  # the encoder still loads
