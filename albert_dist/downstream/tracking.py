@@ -97,7 +97,9 @@ class DownstreamRuns:
 
     def log_child(self, name: str, params: dict[str, Any], metrics: dict[str, float]) -> str:
         """A finished child run of the scored run with `params` (scrubbed of secrets) and `metrics` (step 0);
-        returns its id."""
+        returns its id. An earlier child of the same name and params but for ``model`` (the same checkpoint
+        named by its run directory or by its run id) is replaced: deleted, as the run's downstream.json entry is."""
+        self._delete_same_children(name, params)
         run = self.client.create_run(self.experiment_id, tags={
             "mlflow.parentRunId": self.run_id, "mlflow.runName": name, "mlflow.source.name": "albert-dist finetune"})
         from mlflow.entities import Metric
@@ -106,6 +108,18 @@ class DownstreamRuns:
         self._log_params(run.info.run_id, params)
         self.client.set_terminated(run.info.run_id, "FINISHED")
         return run.info.run_id
+
+    def _delete_same_children(self, name: str, params: dict[str, Any]) -> None:
+        def comparable(p: dict[str, Any]) -> dict[str, str]:
+            return {k: str(redact(v)) if isinstance(v, str) else str(v) for k, v in p.items() if k != "model"}
+
+        want = comparable(params)
+        escaped = name.replace("'", "\\'")
+        for old in self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}' "
+                                           f"and tags.mlflow.runName = '{escaped}'"):
+            if comparable(old.data.params) == want:
+                self.client.delete_run(old.info.run_id)
+                log.info("child run %s (%s) replaced by this fine-tune's", old.info.run_id, name)
 
     def log_summary(self, task: str, summary: dict[str, float], step: int) -> None:
         """``downstream/<task>/<metric>`` = the median per metric, on the scored run at `step`."""
