@@ -56,6 +56,9 @@ class DownstreamRuns:
                  standalone_params: Optional[dict[str, Any]] = None):
         from mlflow import MlflowClient
 
+        from albert_dist.tracking.tracker import create_local_store
+
+        create_local_store(tracking_uri)
         self.client = MlflowClient(tracking_uri)
         self.tracking_uri = tracking_uri
         parent = self.client.get_run(parent_run_id) if parent_run_id else None

@@ -106,6 +106,29 @@ def require_existing_store(uri: str, what: str) -> None:
                          "to with --tracking-uri or MLFLOW_TRACKING_URI")
 
 
+def create_local_store(uri: str) -> None:
+    """Create a local SQLite store's tables (if they are not there) under an OS lock on its directory.
+
+    Two jobs starting at once on a new store (e.g. the cells of a job array) otherwise both run MLflow's schema
+    creation and the second fails ("table ... already exists"); with the lock the second finds the tables made.
+    A no-op for a server or any other URI.
+    """
+    import fcntl
+
+    path = local_store_path(uri)
+    if path is None or not uri.startswith("sqlite:"):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)  # the directory: no lock file left beside the store
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        from mlflow import MlflowClient
+
+        MlflowClient(uri).search_experiments(max_results=1)
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def parse_run_ref(ref: str) -> str:
     """A run id from ``<run_id>`` or ``runs:/<run_id>[/path]``.
 
@@ -219,6 +242,7 @@ class MLflowTracker(Tracker):
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_STATE
 
+        create_local_store(self.tracking_uri)
         tags = dict(self._state["tags"])
         if self._state["run_id"] is not None:
             run = client.get_run(self._state["run_id"])
