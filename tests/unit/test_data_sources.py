@@ -340,3 +340,27 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
     with pytest.raises(ValueError, match=r"data\.train\[0\]: slot 0 of 2 .* only unusable records from "
                                          + re.escape(str(bad))):
         preflight.check_inputs(cfg, world_size=2)
+
+
+def test_the_preflight_hands_the_loader_the_plan_it_would_make(tmp_path):
+    """`JobPlan.train_pieces` (the preflight's plan, one metadata pass per rank before the process group) is the
+    plan the loader makes itself for the same world size x workers: same pieces, same stream fingerprint (so a
+    checkpoint saved either way resumes either way); the validation source is checked too."""
+    from albert_dist import preflight
+    from albert_dist.config import load_config
+
+    for name, n in (("a.jsonl", 300), ("b.txt", 200)):
+        rows = (json.dumps({"text": f"doc {name} {i} " * 30}) if name.endswith("jsonl") else f"doc {name} {i} " * 30
+                for i in range(n))
+        (tmp_path / name).write_text(("\n" if name.endswith("jsonl") else "\n\n").join(rows) + "\n")
+    cfg = load_config(None, [f"data.train=[{{paths: ['{tmp_path}/a.jsonl']}}, {{paths: ['{tmp_path}/b.txt']}}]",
+                             f"data.validation=[{tmp_path}/b.txt]", "data.num_workers=2",
+                             "data.shard_piece_bytes=8192"])
+    handed = preflight.check_inputs(cfg, world_size=3, probe=False)
+    own = PretrainingStream(cfg.data, "train", 4, 1, 3)
+    assert handed == own.plans and all(len(p) >= 6 for p in handed)  # several pieces per source at 6 slots
+    assert PretrainingStream(cfg.data, "train", 4, 1, 3, handed).fingerprint == own.fingerprint
+    assert preflight.check_inputs(cfg) is None  # no world size: checked only
+    bad = load_config(None, [f"data.train=[{tmp_path}/a.jsonl]", f"data.validation=[{tmp_path}/none-*.txt]"])
+    with pytest.raises(ValueError, match=r"data\.validation\[0\].*matches no file"):
+        preflight.check_inputs(bad, world_size=3)
