@@ -364,3 +364,21 @@ def test_the_preflight_hands_the_loader_the_plan_it_would_make(tmp_path):
     bad = load_config(None, [f"data.train=[{tmp_path}/a.jsonl]", f"data.validation=[{tmp_path}/none-*.txt]"])
     with pytest.raises(ValueError, match=r"data\.validation\[0\].*matches no file"):
         preflight.check_inputs(bad, world_size=3)
+
+
+def test_hub_config_and_hub_split_pick_one_configuration_and_split(tmp_path):
+    """`hub_config` and `hub_split` reach ``datasets.load_dataset(path, name=, split=, streaming=True)``: a dataset
+    folder laid out as a hub repository (a README whose ``configs:`` metadata names two configurations, each with
+    a train and a validation split; read offline) streams exactly the records of the file the pair names."""
+    card = ["---", "configs:"]
+    for config in ("small", "large"):
+        card += [f"- config_name: {config}", "  data_files:"]
+        for split in ("train", "validation"):
+            rows = [json.dumps({"text": f"{config} {split} {i} text"}) for i in range(4)]
+            (tmp_path / f"{config}-{split}.jsonl").write_text("\n".join(rows) + "\n")
+            card += [f"  - split: {split}", f"    path: {config}-{split}.jsonl"]
+    (tmp_path / "README.md").write_text("\n".join(card + ["---", ""]))
+    for config, split in (("large", "validation"), ("small", "train")):
+        src = SourceConfig(paths=[str(tmp_path)], format="hub", hub_config=config, hub_split=split)
+        stream = SourceStream(src, "t", None, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
+        assert [stream.next_document()[0] for _ in range(4)] == [f"{config} {split} {i} text" for i in range(4)]
