@@ -268,7 +268,7 @@ def check_memory(cfg: TrainConfig, world_size: int, device: Optional[tuple[str, 
               if found else "no change this check knows fits: use more ranks (ZeRO-3 partitions the model states) "
                             "or a device with more memory")
     message = (f"{line}; this exceeds {memory.USABLE_FRACTION:.0%} of the {fmt_bytes(total)} of "
-               f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale.md has the measured figures)")
+               f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale-memory.md has the measured figures)")
     if os.environ.get(CHECK_ENV, "").lower() == "warn":
         if log:
             logger.warning(message)

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prepare_arguments(sub.add_parser(
         "prepare", help="reshard corpora into deduplicated parquet shards with a manifest",
         description="Reshard raw corpora into deduplicated parquet shards sized for a cluster, with a manifest "
-                    "(docs/data.md)."))
+                    "(docs/data-prepare.md)."))
     add_plan_arguments(sub.add_parser(
         "plan", help="what every slot of a job would read, from metadata",
         description="What every slot (rank x loader worker) of a job would read, from metadata: pieces, bytes "
