@@ -3,8 +3,9 @@
 In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `ConfigDriftError`) that the app
 (`albert_dist.train.main`) turns into exit code 2 with one line, nothing started:
 
-1. the input files (`check_inputs`: every local data source found, its text field present, not only empty
-   files; the tokenizer a sentencepiece model with ALBERT's ids that fits `model.vocab_size`;
+1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.plan.plan_source`:
+   found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
+   probed for a usable record; the tokenizer a sentencepiece model with ALBERT's ids that fits `model.vocab_size`;
    `data.max_seq_length` within the position table) and the output directories (`check_output_dirs`: the
    run directory and the checkpoint directory can be created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
@@ -17,9 +18,13 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 
 Every rank runs 1-4 on the same files and config and so reaches the same verdict; the app has the ranks agree
 on it over the rendezvous store (`albert_dist.engine.rendezvous`) before any of them starts the process group.
+Each rank's training-source plan for the job's slots travels to its loader in the `JobPlan`
+(`JobPlan.train_pieces`): planning is metadata alone (file sizes, parquet footers), which every rank's loader
+would otherwise redo after the process group; only rank 0 reads records to probe the slots.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,11 +32,8 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
-from albert_dist.data import store
-from albert_dist.data.files import check_text_field
-from albert_dist.data.paths import discover_files
+from albert_dist.data.plan import check_slots_readable, plan_source
 from albert_dist.data.sizes import fmt_bytes
-from albert_dist.data.stream import check_slots_readable, plan_source
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
@@ -62,6 +64,10 @@ class JobPlan:
     load_plan: LoadPlan = field(default_factory=LoadPlan)
     """Which checkpoint to resume from and how to load it; a fresh start for `--resume-from` (its checkpoint is
     downloaded after the process group starts, and planned then)."""
+    train_pieces: Optional[list[Optional[list[dict]]]] = None
+    """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
+    (`albert_dist.data.plan.plan_source`; None for a hub source), which the loader then reads instead of
+    planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
 
 
 def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None) -> tuple[JobPlan, list[RunDirLock]]:
@@ -72,43 +78,48 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None)
         ValueError, FileNotFoundError, CheckpointError, ConfigDriftError: a job that must not start, the
             message naming the field, file or flag and the value (exit code 2).
     """
-    check_inputs(cfg, env.world_size if env.rank == 0 else 0)
+    train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
-    plan = plan_job(cfg, env.world_size, env.rank, resume_from)
+    plan = dataclasses.replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces)
     check_memory(cfg, env.world_size, memory.device_memory(env.local_rank), log=env.rank == 0)
     return plan, lock_run_dirs(cfg) if env.rank == 0 else []
 
 
-def check_inputs(cfg: TrainConfig, world_size: int = 0) -> None:
+def check_inputs(cfg: TrainConfig, world_size: int = 0,
+                 probe: bool = True) -> Optional[list[Optional[list[dict]]]]:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Checks every local data source (paths exist, globs match, formats known, not only 0-byte files,
-    jsonl/parquet records hold `text_field`; `albert_dist.data.paths.discover_files`,
-    `albert_dist.data.files.check_text_field`), the
+    Plans every local data source (`albert_dist.data.plan.plan_source`: paths exist, globs match, formats
+    known, jsonl/parquet records hold `text_field`, not only empty or damaged files), checks the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    Sources may be object-store URLs (`albert_dist.data.store`). With ``world_size`` (rank 0 passes it; 0 skips
-    this), every training slot's share is probed for one usable record
-    (`albert_dist.data.stream.check_slots_readable`).
+    Sources may be object-store URLs (`albert_dist.data.store`). With ``world_size`` (0: a one-slot plan, as
+    the validation set's), the training sources are planned for the job's world_size x max(1,
+    data.num_workers) slots and, with ``probe`` (rank 0), every slot's share is probed for one usable record
+    (`albert_dist.data.plan.check_slots_readable`).
+
+    Returns the training sources' pieces for the job's slots (`JobPlan.train_pieces`: None for a hub source),
+    or None without ``world_size``.
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
             data.max_seq_length).
     """
+    train_pieces: list[Optional[list[dict]]] = []
     for split in ("train", "validation"):
         for i, src in enumerate(getattr(cfg.data, split)):
-            if src.format != "hub":  # hub datasets are resolved (and fail) when streamed
-                where = f"data.{split}[{i}]"
-                files = discover_files(src, where)
-                check_text_field(src, where, files)
-                if all(store.file_size(f) == 0 for f in files):
-                    raise ValueError(f"{where}: {src.paths!r} holds only empty files ({len(files)} files)")
-                if split == "train" and world_size:
-                    slots = world_size * max(1, cfg.data.num_workers)
-                    pieces = plan_source(src, where, cfg.data.shard_piece_bytes, slots, require_pieces=False)
-                    check_slots_readable(src, where, pieces, slots, cfg.data.max_document_bytes)
+            if src.format == "hub":  # hub datasets are resolved (and fail) when streamed
+                train_pieces += [None] if split == "train" else []
+                continue
+            where = f"data.{split}[{i}]"
+            slots = world_size * max(1, cfg.data.num_workers) if split == "train" and world_size else 1
+            planned = plan_source(src, where, cfg.data.shard_piece_bytes, slots)
+            if split == "train":
+                train_pieces.append(planned)
+                if world_size and probe:
+                    check_slots_readable(src, where, planned, slots, cfg.data.max_document_bytes)
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
@@ -119,6 +130,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0) -> None:
     if pieces > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
+    return train_pieces if world_size else None
 
 
 def output_dirs(cfg: TrainConfig) -> list[tuple[str, Path]]:
@@ -256,7 +268,7 @@ def check_memory(cfg: TrainConfig, world_size: int, device: Optional[tuple[str, 
               if found else "no change this check knows fits: use more ranks (ZeRO-3 partitions the model states) "
                             "or a device with more memory")
     message = (f"{line}; this exceeds {memory.USABLE_FRACTION:.0%} of the {fmt_bytes(total)} of "
-               f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale.md has the measured figures)")
+               f"{name}: {advice}. ({CHECK_ENV}=warn starts anyway; docs/scale-memory.md has the measured figures)")
     if os.environ.get(CHECK_ENV, "").lower() == "warn":
         if log:
             logger.warning(message)

@@ -88,6 +88,7 @@ class Trainer:
         # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
         plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
+        self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
@@ -185,9 +186,11 @@ class Trainer:
         return engine
 
     def _build_loader(self, base_rank: int, base_world: int) -> Any:
-        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`)."""
+        """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`);
+        its sources' pieces are the preflight's when planned for this world size, else planned for `base_world`."""
+        pieces = self.train_pieces if base_world == self.dist_env.world_size else None
         loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
-                                    base_world)
+                                    base_world, pieces)
         # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
         # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
         loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)

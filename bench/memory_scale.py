@@ -592,7 +592,7 @@ PRESET_ORDER = {"albert-tiny": 0, "albert-base": 1, "albert-large": 2, "albert-x
 
 
 def report(res: dict[str, Any]) -> str:
-    """The figures as Markdown tables (what docs/scale.md quotes)."""
+    """The figures as Markdown tables (what docs/scale-memory.md quotes)."""
     lines = ["| preset | ZeRO | precision | ranks | parameters | gradients | optimizer | model states (peak) | "
              "DeepSpeed's estimate | measured / DeepSpeed | ours | measured / ours | buckets | ZeRO-3 gathered |",
              "|" + "---|" * 14]

@@ -54,7 +54,7 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     "compile_step": {"repeats": 5},
     # read amplification on 40 MB corpora, one slot's throughput 128 MB vs 16 MB, 1-step runs over 2,000 files,
     # a 1,024 x 8-slot plan, tokenizer peak RSS on 100 MB (ours and the old reservoir), prepare of 64 MB .jsonl.zst
-    # (~5 min on idle cores, hence its SUITE_TIMEOUT_S); --full sizes in docs/data.md
+    # (~5 min on idle cores, hence its SUITE_TIMEOUT_S); --full sizes in docs/data-scale.md
     "data_scale": {"repeats": 1, "full": False},
     # albert-base, bf16 (the like-with-like cells of DeepSpeed's estimators), ZeRO-2/3 on 1 and 4 ranks, and its
     # activations at S=512, with the 5e7-element bucket the memory check proposes (DeepSpeed's 5e8 has each of 4

@@ -1,4 +1,4 @@
-"""docs/scale.md's sizing tables for 8, 64 and 512 GPUs, from measured figures (not a suite benchmark).
+"""docs/scale-*.md's sizing tables for 8, 64 and 512 GPUs, from measured figures (not a suite benchmark).
 
 Prints Markdown tables; every number comes from a measurement named beside it or from a formula those
 measurements check:

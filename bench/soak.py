@@ -323,7 +323,7 @@ def _wait_for_checkpoint(run_dir: Path, step: int, proc: subprocess.Popen, timeo
 
 
 def report(res: dict[str, Any]) -> str:
-    """The soak's figures as Markdown (docs/scale.md)."""
+    """The soak's figures as Markdown (docs/scale-mlflow.md)."""
     a = res["analysis"]
     t = a["targets"]
     done = res.get("steps_done", res["steps"])

@@ -3,8 +3,8 @@
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
     albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
-The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`); this front end sits above
-the app because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
+The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`; the plan's printed report,
+`format_plan`, is here, away from the training path); this front end sits above the app because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
 Bad input (a `ValueError` or `OSError` from the work) is `albert_dist.cli`'s one error line and exit code 2.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_prepare_arguments(sub.add_parser(
         "prepare", help="reshard corpora into deduplicated parquet shards with a manifest",
         description="Reshard raw corpora into deduplicated parquet shards sized for a cluster, with a manifest "
-                    "(docs/data.md)."))
+                    "(docs/data-prepare.md)."))
     add_plan_arguments(sub.add_parser(
         "plan", help="what every slot of a job would read, from metadata",
         description="What every slot (rank x loader worker) of a job would read, from metadata: pieces, bytes "
@@ -176,7 +176,7 @@ def plan(args: argparse.Namespace) -> int:
         ValueError, OSError: naming the file or field of bad input.
     """
     from albert_dist.config import load_config
-    from albert_dist.data.plan import format_plan, plan_data
+    from albert_dist.data.plan import plan_data
 
     cfg = load_config(args.config, args.overrides)
     workers = cfg.data.num_workers if args.workers is None else args.workers
@@ -186,3 +186,48 @@ def plan(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plans, args.ranks, workers))
     return EXIT_OK
+
+
+def format_plan(plans: list, ranks: int, workers: int) -> str:
+    """The human-readable report ``albert-dist data plan`` prints for ``plans`` (`albert_dist.data.plan.SourcePlan`
+    of each training source at ``ranks`` x max(1, ``workers``) slots)."""
+    from albert_dist.data.plan import AMPLIFICATION_LIMIT, advice
+
+    slots = ranks * max(1, workers)
+    out = [f"{ranks} ranks x {max(1, workers)} workers = {slots} slots (slot = rank x workers + worker)"]
+    for p in plans:
+        out.append("")
+        if p.hub:
+            out.append(f"{p.where}: hub dataset {p.paths[0]}: streamed, its shards split by datasets over "
+                       f"{slots} slots (no local metadata to plan)")
+            continue
+        skipped = ", ".join(s for s in (f"{p.empty_files} empty" if p.empty_files else "",
+                                        f"{p.damaged_files} damaged (skipped)" if p.damaged_files else "") if s)
+        out.append(f"{p.where}: {' '.join(p.paths)}: {p.files} files{f' ({skipped})' if skipped else ''}, "
+                   f"{fmt_bytes(p.bytes)}, {p.compressed_files} compressed")
+        how = (f"byte ranges of {fmt_bytes(p.piece_bytes)} for uncompressed txt/jsonl"
+               if p.pieces > p.compressed_files else "one per compressed file")
+        out.append(f"  pieces: {p.pieces} ({how}; parquet: one per row group)")
+        if p.pieces and p.pieces < slots:
+            out.append(f"  fewer pieces than slots: each piece is read whole by {p.readers_per_piece[0]}-"
+                       f"{p.readers_per_piece[1]} slots, each keeping its share of the records")
+        lo, mean, hi = p.pieces_per_slot
+        out.append(f"  pieces per slot: min {lo} / mean {mean:.2f} / max {hi}")
+        lo, mean, hi = p.bytes_per_slot
+        out.append(f"  bytes read per slot per epoch: min {fmt_bytes(lo)} / mean {fmt_bytes(mean)} / max {fmt_bytes(hi)}")
+        out.append(f"  read amplification: {p.amplification:.2f}"
+                   + ("" if p.amplification <= AMPLIFICATION_LIMIT else
+                      f" (above {AMPLIFICATION_LIMIT}: the loader says so at start)"))
+        if p.documents is not None:
+            tokens = f", about {p.tokens:,} tokens" if p.tokens is not None else ""
+            out.append(f"  per epoch: {p.documents:,} documents{tokens} (from {p.manifest})")
+        else:
+            out.append(f"  documents per epoch: unknown ({p.manifest})")
+        if p.amplified:
+            out.append(f"  {advice(p)}")
+    total = sum(p.bytes for p in plans if not p.hub)
+    if total:
+        amp = sum(p.bytes * p.amplification for p in plans if not p.hub) / total
+        out.append("")
+        out.append(f"all file sources (local or object store; hub datasets aside): {fmt_bytes(total)}, read amplification {amp:.2f}")
+    return "\n".join(out)

@@ -30,19 +30,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lowercase", action="store_true", help="case-fold (ALBERT's uncased models)")
     train.add_argument("--sample-bytes", type=parse_byte_size, default=DEFAULT_SAMPLE_BYTES,
                        help="bytes of text to train on, drawn from every input file (e.g. 64M, 1G; default "
-                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~22 bytes of peak memory per byte, see docs/data.md)")
+                            f"{DEFAULT_SAMPLE_BYTES // 2**20}M: ~22 bytes of peak memory per byte, see docs/data-tokenizer.md)")
     train.add_argument("--input-sentence-size", type=int, default=0,
                        help="optional extra cap on the sampled sentences (sentencepiece's reservoir); 0 = none")
     train.add_argument("--character-coverage", type=float, default=0.9995)
     train.add_argument("--normalization", choices=NORMALIZATIONS, default="nmt_nfkc",
                        help="nmt_nfkc (default: NFKC, full-width ，：？ become ASCII) or whitespace_only (text as "
-                            "written, only Unicode spaces mapped to a space: the Chinese recipe's choice, docs/data.md)")
+                            "written, only Unicode spaces mapped to a space: the Chinese recipe's choice, docs/data-chinese.md)")
     train.add_argument("--text-field", default="text", help="JSON/parquet text column")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--num-threads", type=int, default=1)
     train.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=BYTE_FALLBACK_DEFAULT,
                        help="encode characters outside the vocabulary as UTF-8 byte pieces, not <unk> (off: "
-                            "transformers' AlbertTokenizer ignores byte fallback; see docs/data.md)")
+                            "transformers' AlbertTokenizer ignores byte fallback; see docs/data-tokenizer.md)")
 
 
 def run(args: argparse.Namespace) -> int:

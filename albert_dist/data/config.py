@@ -123,7 +123,7 @@ class DataConfig:
     """Whole words of Chinese text: "none" = every piece holding a CJK character is a word (character-level
     masking); "jieba" = words from the jieba segmenter (rjieba where installed), so a masked word masks all its
     pieces and ``max_ngram`` counts words (albert_zh, Chinese-BERT-wwm). Runs in the loader workers; see
-    docs/data.md "Chinese"."""
+    docs/data-chinese.md."""
     random_token_prob: float = field(default=0.1, metadata=on_resume(RESTART_STREAMS))
     """Of the selected tokens: this fraction gets a random token, as many are kept, the rest become [MASK]."""
     num_workers: int = field(default=2, metadata=on_resume(RESTART_STREAMS))

@@ -31,9 +31,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from albert_dist.data.config import DataConfig
 from albert_dist.data.paths import slot_shares
-from albert_dist.data.plan import SourcePlan, amplification_warning, summarize_pieces
+from albert_dist.data.plan import SourcePlan, amplification_warning, plan_source, summarize_pieces
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
-from albert_dist.data.stream import SourceStream, plan_source
+from albert_dist.data.stream import SourceStream
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.on_resume import RESTART_STREAMS, RULE_KEY
 
@@ -53,7 +53,8 @@ QUIET_EXTRA_BYTES = 64 << 20
 class PretrainingStream(torch.utils.data.IterableDataset):
     """Batches of one rank: mixes its sources per document (seeded), builds examples, collates.
 
-    Inside a DataLoader worker the slot is ``rank * num_workers + worker``; torchdata's ``StatefulDataLoader``
+    ``pieces``: as for `build_train_loader` (planned here when None). Inside a DataLoader worker the slot is
+    ``rank * num_workers + worker``; torchdata's ``StatefulDataLoader``
     calls ``state_dict()`` in the worker after each batch and ``load_state_dict()`` before iterating.
 
     Examples are drawn from a *window* of ``cfg.shuffle_documents`` consecutive documents, shuffled together
@@ -64,7 +65,8 @@ class PretrainingStream(torch.utils.data.IterableDataset):
     regenerated (the per-document RNG is seeded by the document key), and the consumed ones skipped.
     """
 
-    def __init__(self, cfg: DataConfig, split: str, micro_batch_size: int, rank: int, world_size: int) -> None:
+    def __init__(self, cfg: DataConfig, split: str, micro_batch_size: int, rank: int, world_size: int,
+                 pieces: Optional[list[Optional[list[dict]]]] = None) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if not 0 <= rank < world_size:
@@ -75,10 +77,13 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         if not self.sources:
             raise ValueError(f"data.{split} lists no source")
         self.shuffle = cfg.shuffle and split == "train"
-        # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts.
-        # Pieces are sized for this stream's slots (albert_dist.data.paths.piece_bytes_for).
+        # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts,
+        # unless the app's preflight planned these slots already (`pieces`). Pieces are sized for this stream's
+        # slots (albert_dist.data.paths.piece_bytes_for).
         self.num_slots = world_size * max(1, cfg.num_workers)
-        self.plans: list[Optional[list[dict]]] = [
+        if pieces is not None and len(pieces) != len(self.sources):
+            raise ValueError(f"pieces: {len(pieces)} plans for the {len(self.sources)} sources of data.{split}")
+        self.plans: list[Optional[list[dict]]] = pieces if pieces is not None else [
             None if src.format == "hub" else plan_source(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
                                                          self.num_slots)
             for i, src in enumerate(self.sources)
@@ -260,14 +265,18 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             yield collate(batch, self.cfg.max_seq_length)
 
 
-def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int) -> StatefulDataLoader:
+def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int,
+                       pieces: Optional[list[Optional[list[dict]]]] = None) -> StatefulDataLoader:
     """Infinite, resumable training loader of one rank.
 
     Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
     int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
-    torchdata's StatefulDataLoader. Raises ValueError at once for missing paths, empty globs, bad arguments.
+    torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
+    max(1, num_workers) slots (`albert_dist.data.plan.plan_source`; None for a hub source), as the app's
+    preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
+    Raises ValueError at once for missing paths, empty globs, bad arguments.
     """
-    stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size)
+    stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size, pieces)
     stream.log_plan(cfg.num_workers)
     return StatefulDataLoader(
         stream,

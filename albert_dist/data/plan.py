@@ -1,19 +1,20 @@
-"""`albert-dist data plan`: what every slot of a job would read, from metadata alone, and the read amplification.
+"""Piece planning, once for every caller: which pieces a source is cut into for a job's slots, and what that costs.
 
-    albert-dist data plan --config configs/pretrain/<recipe>.yaml --ranks 1024 [--workers 8] [key=value ...] [--json]
+The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.preflight.check_inputs`) and
+``albert-dist data plan`` (front end and report: `albert_dist.cli.data`) all plan a local source through
+`plan_source_pieces`: discover its files (`albert_dist.data.paths.discover_files`) -> check its text field
+(`albert_dist.data.files.check_text_field`) -> plan its pieces (`albert_dist.data.paths.plan_pieces`) -> refuse a
+source of only empty or damaged files. The preflight then probes each slot's share for a usable record
+(`check_slots_readable`) and hands the plan to the loader (`albert_dist.preflight.JobPlan.train_pieces`).
 
-The command line (the recipe, exit codes) is the app's, `albert_dist.cli.data`; this module is the
-work: `plan_data(DataConfig, ranks, workers)` and `format_plan`.
-
-No process group and no reading beyond metadata: file sizes and parquet footers (`albert_dist.data.paths.
-plan_pieces`), plus the first 16 records of one jsonl file per source for the text-field check `albert-dist
-train` makes; and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the figures
-are the job's.
-Per training source it prints the pieces, pieces and bytes read per slot (min / mean / max), the read
-amplification (bytes all slots read in one epoch each over the source's bytes; 1.0 = every byte once), the
+The figures of a plan (`SourcePlan`, `summarize_pieces`, `plan_data`): from metadata alone, no process group and
+no reading beyond file sizes and parquet footers (plus the first 16 records of one jsonl file per source for
+the text-field check); and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the
+figures are the job's. Per training source: the pieces, pieces and bytes read per slot (min / mean / max), the
+read amplification (bytes all slots read in one epoch each over the source's bytes; 1.0 = every byte once), the
 documents (and tokens) per epoch when a ``manifest.json`` of ``albert-dist data prepare`` lies beside the files,
 and, when a source would be read more than `AMPLIFICATION_LIMIT` times per epoch, the ``albert-dist data prepare``
-command that rewrites it into enough pieces.
+command that rewrites it into enough pieces (`advice`).
 
 The same figures feed the one warning the training loader logs before the first step when a job reads a
 corpus more than `AMPLIFICATION_LIMIT` times per epoch (`amplification_warning`): it warns rather than refuses,
@@ -31,22 +32,107 @@ import json
 import os
 import shlex
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.files import check_text_field
+from albert_dist.data.files import check_text_field, read_piece
 from albert_dist.data import store
 from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
-                                    readers_per_piece)
+                                    readers_per_piece, slot_shares)
 from albert_dist.data.sizes import fmt_bytes
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
 MANIFEST_NAME = "manifest.json"
+
+#: `check_slots_readable`: bytes of records a slot's probe reads before it takes the slot for readable (a slot
+#: whose first MiB is all skips is still probably data with long bad stretches, not garbage: it is let through)
+PROBE_BYTES_PER_SLOT = 1 << 20
+#: jobs with more slots than this are not probed (one small read per slot; at 1,024 x 8 slots the reads would
+#: delay the start more than a rare bad slot costs)
+PROBE_MAX_SLOTS = 1024
+
+
+# ---------------------------------------------------------------------------------------------------- planning
+def plan_source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+                       require_pieces: bool = True) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The checked piece plan of a local (or object-store) source for a job of ``slots`` slots (slot = rank x
+    max(1, num_workers) + worker), the one implementation every caller shares: its files found
+    (`albert_dist.data.paths.discover_files`), its text field checked on the first records of one file
+    (`albert_dist.data.files.check_text_field`), its pieces planned from metadata
+    (`albert_dist.data.paths.plan_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
+    ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file).
+
+    Returns ``(pieces, stats)``: the pieces in plan order (dicts of `plan_pieces`: ``path``, ``start``, ``end``,
+    ``row_group``, ``nbytes``, ``kind``, ``compression``, ...) and plan_pieces' counters (``files``, ``bytes``,
+    ``empty_files``, ``damaged_files``, ``piece_bytes``).
+
+    Raises:
+        ValueError: naming ``where`` for a missing path, an empty glob, a missing text field, an unknown format,
+            or (``require_pieces``) a source that holds only empty or damaged files.
+    """
+    files = discover_files(source, where)
+    check_text_field(source, where, files)
+    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots, files)
+    if not pieces and require_pieces:
+        raise ValueError(f"{where}: {source.paths!r} holds only empty or damaged files "
+                         f"({stats['files']} files: {stats['empty_files']} empty, {stats['damaged_files']} "
+                         "damaged)")
+    return pieces, stats
+
+
+def plan_source(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+                require_pieces: bool = True) -> list[dict[str, Any]]:
+    """The pieces of `plan_source_pieces` (what the loader's streams read). Raises as it does."""
+    return plan_source_pieces(source, where, shard_piece_bytes, slots, require_pieces)[0]
+
+
+def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], slots: int,
+                         max_document_bytes: int) -> None:
+    """Refuse a job in which some slot's share holds only unusable records (a random-bytes ``.jsonl`` whose
+    byte ranges fill one slot beside one good file: that slot would fail its first epoch at the first step, and
+    every resume again), before any process group.
+
+    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record, at most
+    `PROBE_BYTES_PER_SLOT` of records; a healthy slot costs one small read. Skipped when ``slots`` exceeds
+    `PROBE_MAX_SLOTS`. Raises ValueError naming ``where``, the slot and its files, with the skip counts.
+    """
+    if slots > PROBE_MAX_SLOTS or not pieces:
+        return
+    for slot in range(slots):
+        skipped: Counter = Counter()
+        files: list[str] = []
+        seen, usable = 0, False
+        for i, k, j in slot_shares(len(pieces), slots, slot):
+            piece = pieces[i]
+            files += [piece["path"]] if piece["path"] not in files else []
+            records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j))
+            try:
+                for rec in records:
+                    if not rec["skip"]:
+                        usable = True
+                        break
+                    skipped[rec["skip"]] += 1
+                    seen += rec["nbytes"]
+                    if seen >= PROBE_BYTES_PER_SLOT:
+                        usable = True  # undecided: let it through (the stream counts and logs its skips)
+                        break
+            finally:
+                records.close()
+            if usable:
+                break
+        if not usable:
+            raise ValueError(
+                f"{where}: slot {slot} of {slots} (ranks x loader workers) would read only unusable records "
+                f"from {', '.join(files[:3])}{', ...' if len(files) > 3 else ''} (skipped {dict(skipped)}); "
+                "remove or fix the file, or run albert-dist data prepare, which drops unusable records")
+
+
+# ---------------------------------------------------------------------------------------------------- figures
 
 
 def slot_table(nbytes: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,18 +230,12 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 
 
 def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
-    """Plan one source for ``slots`` slots from metadata (file sizes, parquet footers) and the text-field check
-    of `albert_dist.data.files.check_text_field` (the first records of one file). Raises ValueError as
-    `albert_dist.data.stream.plan_source` does (missing paths, wrong text field, only empty/damaged files)."""
+    """The `SourcePlan` of one source for ``slots`` slots (`plan_source_pieces`, then `summarize_pieces` with the
+    manifest); a hub source gets an empty plan marked ``hub``. Raises ValueError as `plan_source_pieces` does."""
     if source.format == "hub":
         return SourcePlan(where, list(source.paths), slots, hub=True)
     t0 = time.perf_counter()
-    files = discover_files(source, where)
-    check_text_field(source, where, files)  # the first records of one file (a parquet schema): what train checks
-    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots, files)
-    if not pieces:  # the loader refuses it too (albert_dist.data.stream.plan_source)
-        raise ValueError(f"{where}: {source.paths!r} holds only empty or damaged files ({stats['files']} files: "
-                         f"{stats['empty_files']} empty, {stats['damaged_files']} damaged)")
+    pieces, stats = plan_source_pieces(source, where, shard_piece_bytes, slots)
     plan = summarize_pieces(source, where, slots, pieces, stats)
     plan.plan_s = time.perf_counter() - t0
     return plan
@@ -272,46 +352,3 @@ def amplification_warning(plans: list[SourcePlan]) -> Optional[str]:
     lines = [f"{p.where}: every epoch reads its {fmt_bytes(p.bytes)} {p.amplification:.1f} times ({_why(p)}); {advice(p)}"
              for p in plans if p.amplified]
     return "read amplification: " + " | ".join(lines) if lines else None
-
-
-# ---------------------------------------------------------------------------------------------------- report
-def format_plan(plans: list[SourcePlan], ranks: int, workers: int) -> str:
-    """The human-readable report ``albert-dist data plan`` prints."""
-    slots = ranks * max(1, workers)
-    out = [f"{ranks} ranks x {max(1, workers)} workers = {slots} slots (slot = rank x workers + worker)"]
-    for p in plans:
-        out.append("")
-        if p.hub:
-            out.append(f"{p.where}: hub dataset {p.paths[0]}: streamed, its shards split by datasets over "
-                       f"{slots} slots (no local metadata to plan)")
-            continue
-        skipped = ", ".join(s for s in (f"{p.empty_files} empty" if p.empty_files else "",
-                                        f"{p.damaged_files} damaged (skipped)" if p.damaged_files else "") if s)
-        out.append(f"{p.where}: {' '.join(p.paths)}: {p.files} files{f' ({skipped})' if skipped else ''}, "
-                   f"{fmt_bytes(p.bytes)}, {p.compressed_files} compressed")
-        how = (f"byte ranges of {fmt_bytes(p.piece_bytes)} for uncompressed txt/jsonl"
-               if p.pieces > p.compressed_files else "one per compressed file")
-        out.append(f"  pieces: {p.pieces} ({how}; parquet: one per row group)")
-        if p.pieces and p.pieces < slots:
-            out.append(f"  fewer pieces than slots: each piece is read whole by {p.readers_per_piece[0]}-"
-                       f"{p.readers_per_piece[1]} slots, each keeping its share of the records")
-        lo, mean, hi = p.pieces_per_slot
-        out.append(f"  pieces per slot: min {lo} / mean {mean:.2f} / max {hi}")
-        lo, mean, hi = p.bytes_per_slot
-        out.append(f"  bytes read per slot per epoch: min {fmt_bytes(lo)} / mean {fmt_bytes(mean)} / max {fmt_bytes(hi)}")
-        out.append(f"  read amplification: {p.amplification:.2f}"
-                   + ("" if p.amplification <= AMPLIFICATION_LIMIT else
-                      f" (above {AMPLIFICATION_LIMIT}: the loader says so at start)"))
-        if p.documents is not None:
-            tokens = f", about {p.tokens:,} tokens" if p.tokens is not None else ""
-            out.append(f"  per epoch: {p.documents:,} documents{tokens} (from {p.manifest})")
-        else:
-            out.append(f"  documents per epoch: unknown ({p.manifest})")
-        if p.amplified:
-            out.append(f"  {advice(p)}")
-    total = sum(p.bytes for p in plans if not p.hub)
-    if total:
-        amp = sum(p.bytes * p.amplification for p in plans if not p.hub) / total
-        out.append("")
-        out.append(f"all file sources (local or object store; hub datasets aside): {fmt_bytes(total)}, read amplification {amp:.2f}")
-    return "\n".join(out)

@@ -3,7 +3,7 @@
 Why a byte budget: whatever reads the sample holds it in memory, and its cost grows with the *bytes* held, not
 with a line count. sentencepiece's unigram trainer builds a suffix array over every character of its sample
 (``MakeSeedSentencePieces``: the characters as char32 plus int32 index arrays): measured ~22 bytes of peak RSS
-per byte of ASCII sample (docs/data.md). A cap of N sentences (its ``input_sentence_size``) bounds nothing when
+per byte of ASCII sample (docs/data-tokenizer.md). A cap of N sentences (its ``input_sentence_size``) bounds nothing when
 sentences are long; a byte cap bounds the trainer's memory for any corpus.
 
 How the budget is spread: every file gets a quota proportional to its estimated text bytes (its size for

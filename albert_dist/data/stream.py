@@ -1,7 +1,7 @@
 """Documents of a source: the per-slot stream the loader cycles forever, and every document in file order.
 
-Every local source is planned once per job (`plan_source`: discovery, the text-field check, pieces for the
-job's slot count; `albert_dist.data.paths`), and each slot reads its share of the pieces
+Every local source is planned once per job (`albert_dist.data.plan.plan_source`: discovery, the text-field
+check, pieces for the job's slot count), and each slot reads its share of the pieces
 (`albert_dist.data.paths.slot_shares`) through a ``datasets.IterableDataset.from_generator`` over that share
 alone: its ``state_dict()`` records the piece index and the record index inside it, and on resume datasets
 re-reads only the current piece up to that record (bounded by the piece, independent of the position in the
@@ -31,8 +31,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import check_text_field, read_piece, record_location
-from albert_dist.data.paths import discover_files, file_format, plan_pieces, resolve_path, slot_shares
+from albert_dist.data.files import read_piece, record_location
+from albert_dist.data.paths import file_format, resolve_path, slot_shares
+from albert_dist.data.plan import plan_source
 
 logger = logging.getLogger(__name__)
 
@@ -41,25 +42,6 @@ _LOG_EVERY_DOCUMENTS = 100_000
 #: Documents of a piece are shuffled in consecutive blocks of about this many bytes (a byte-range piece is one
 #: block; a compressed file or large row group is several), which bounds the memory of the shuffle.
 SHUFFLE_BLOCK_BYTES = 4 << 20
-
-
-def plan_source(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
-                require_pieces: bool = True) -> list[dict[str, Any]]:
-    """The checked piece plan of a local source for a job of ``slots`` slots: its files found, its text field
-    checked (`albert_dist.data.files.check_text_field`), its pieces planned
-    (`albert_dist.data.paths.plan_pieces`).
-
-    Raises ValueError naming ``where`` for a missing path, an empty glob, a missing text field, an unknown
-    format, or (``require_pieces``) a source that holds only empty or damaged files.
-    """
-    files = discover_files(source, where)
-    check_text_field(source, where, files)
-    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots, files)
-    if not pieces and require_pieces:
-        raise ValueError(f"{where}: {source.paths!r} holds only empty or damaged files "
-                         f"({stats['files']} files: {stats['empty_files']} empty, {stats['damaged_files']} "
-                         "damaged)")
-    return pieces
 
 
 def _generate_records(shares: list[dict], text_field: str, txt_documents: str, max_bytes: int, order_seed: int):
@@ -290,54 +272,3 @@ def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
                     location = record_location(piece["kind"], piece["compression"], piece["path"], rec["pos"],
                                                piece["row_group"])
                     logger.warning("%s[%d]: skipped the rest of %s: %s", where, i, location, rec["detail"])
-
-
-#: `check_slots_readable`: bytes of records a slot's probe reads before it takes the slot for readable (a slot
-#: whose first MiB is all skips is still probably data with long bad stretches, not garbage: it is let through)
-PROBE_BYTES_PER_SLOT = 1 << 20
-#: jobs with more slots than this are not probed (one small read per slot; at 1,024 x 8 slots the reads would
-#: delay the start more than a rare bad slot costs)
-PROBE_MAX_SLOTS = 1024
-
-
-def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], slots: int,
-                         max_document_bytes: int) -> None:
-    """Refuse a job in which some slot's share holds only unusable records (a random-bytes ``.jsonl`` whose
-    byte ranges fill one slot beside one good file: that slot would fail its first epoch at the first step, and
-    every resume again), before any process group.
-
-    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record, at most
-    `PROBE_BYTES_PER_SLOT` of records; a healthy slot costs one small read. Skipped when ``slots`` exceeds
-    `PROBE_MAX_SLOTS`. Raises ValueError naming ``where``, the slot and its files, with the skip counts.
-    """
-    from albert_dist.data.paths import slot_shares
-
-    if slots > PROBE_MAX_SLOTS or not pieces:
-        return
-    for slot in range(slots):
-        skipped: Counter = Counter()
-        files: list[str] = []
-        seen, usable = 0, False
-        for i, k, j in slot_shares(len(pieces), slots, slot):
-            piece = pieces[i]
-            files += [piece["path"]] if piece["path"] not in files else []
-            records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j))
-            try:
-                for rec in records:
-                    if not rec["skip"]:
-                        usable = True
-                        break
-                    skipped[rec["skip"]] += 1
-                    seen += rec["nbytes"]
-                    if seen >= PROBE_BYTES_PER_SLOT:
-                        usable = True  # undecided: let it through (the stream counts and logs its skips)
-                        break
-            finally:
-                records.close()
-            if usable:
-                break
-        if not usable:
-            raise ValueError(
-                f"{where}: slot {slot} of {slots} (ranks x loader workers) would read only unusable records "
-                f"from {', '.join(files[:3])}{', ...' if len(files) > 3 else ''} (skipped {dict(skipped)}); "
-                "remove or fix the file, or run albert-dist data prepare, which drops unusable records")

@@ -34,7 +34,7 @@ SPECIAL_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "[CLS]": CLS_ID, "[SEP]": SE
 #: first id of an ordinary piece; random replacement tokens are drawn from [FIRST_NORMAL_ID, vocab_size)
 FIRST_NORMAL_ID = 5
 #: Bytes of document text sentencepiece trains on by default: the unigram trainer's peak RSS grows by ~22 bytes
-#: per byte of (ASCII) sample (vocab 8000; `bench/data_scale.py --full`, docs/data.md), so 64 MiB peaks at
+#: per byte of (ASCII) sample (vocab 8000; `bench/data_scale.py --full`, docs/data-tokenizer.md), so 64 MiB peaks at
 #: ~1.5 GB, under 2 GB with headroom.
 DEFAULT_SAMPLE_BYTES = 64 * 2**20
 #: ``albert-dist tokenizer train`` default for byte fallback: off while transformers' AlbertTokenizer ignores it.
@@ -42,7 +42,7 @@ BYTE_FALLBACK_DEFAULT = False
 #: sentencepiece normalisation rules ``tokenizer train --normalization`` offers: "nmt_nfkc" (sentencepiece's
 #: default: NFKC, whitespace collapsed; full-width ，：？ become ASCII) or "whitespace_only" (the text as written,
 #: but for every Unicode whitespace character mapped to a space: what the Chinese recipe uses to keep full-width
-#: forms, as Chinese BERT vocabularies do; docs/data.md "Chinese"). Plain "identity" is not offered: it keeps
+#: forms, as Chinese BERT vocabularies do; docs/data-chinese.md). Plain "identity" is not offered: it keeps
 #: U+3000 and tabs as pieces, where transformers' ALBERT tokenizer splits on them (WhitespaceSplit), so an
 #: exported model would get other ids.
 NORMALIZATIONS = ("nmt_nfkc", "whitespace_only")
@@ -84,7 +84,7 @@ def train_tokenizer(
     (:class:`albert_dist.data.sample.ByteBudgetSample`: quotas proportional to each file's size, evenly spaced
     windows in uncompressed files and row groups, a prefix of .gz/.zst files), so peak memory is set by the
     budget, not by the corpus: sentencepiece's unigram trainer needs ~22 bytes of RSS per byte of sample
-    (docs/data.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
+    (docs/data-tokenizer.md), hence the default `DEFAULT_SAMPLE_BYTES`. ``input_sentence_size`` > 0 additionally caps the
     sentences sentencepiece keeps (its reservoir sample); 0 keeps every sampled sentence. Normalisation is NFKC
     (``nmt_nfkc``), with case folding (``nmt_nfkc_cf``) when ``lowercase``, or only whitespace mapped to
     spaces with ``normalization`` "whitespace_only" (see `NORMALIZATIONS`). ``byte_fallback``: characters outside the vocabulary become byte

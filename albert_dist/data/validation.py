@@ -31,7 +31,8 @@ import torch
 from albert_dist.data.config import DataConfig
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
-from albert_dist.data.stream import SourceStream, iter_texts, plan_source
+from albert_dist.data.plan import plan_source
+from albert_dist.data.stream import SourceStream, iter_texts
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer
 from albert_dist.model.config import IGNORE_INDEX
 

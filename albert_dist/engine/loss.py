@@ -68,7 +68,7 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
     count is checked: DeepSpeed steps at its own boundary). Collective (`label_counts`). No host sync of its
-    own: the outputs and the norm stay tensors (DeepSpeed's step may sync inside; docs/training.md lists where).
+    own: the outputs and the norm stay tensors (DeepSpeed's step may sync inside; docs/training-loop.md lists where).
     Returns the detached outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`;
     at fp32 ZeRO-0 the float64 norm of `albert_dist.engine.grad_norm`, from the exact clipping the trainer
     installs or, with clipping off, computed here just before the last `engine.step()`).

@@ -4,7 +4,7 @@ of a job that does not fit, with the smallest change that does, is the preflight
 
 Every byte count below is what DeepSpeed 0.19 allocates for this project's client optimiser (torch AdamW or
 LAMB, two fp32 moments per parameter), as `bench/memory_scale.py` measured it by walking the engine's tensors
-on 1, 2 and 4 ranks (docs/scale.md has the figures), not the textbook ZeRO figures. Bytes per parameter on each
+on 1, 2 and 4 ranks (docs/scale-memory.md has the figures), not the textbook ZeRO figures. Bytes per parameter on each
 of N ranks:
 
 =========  ======  ================================  =======================================  ==============

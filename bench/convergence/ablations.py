@@ -8,7 +8,7 @@ learning-rate schedule). ``peer`` is transformers' run_mlm recipe (`convergence.
 JSON file per (cell, seed) in ``--out``; a cell already there is not rerun, so the grid can be extended.
 
     python bench/convergence/ablations.py run peer shipped sop0 --seeds 1 2 --jobs 2 [--out runs/ablations]
-    python bench/convergence/ablations.py table [--out runs/ablations]        # the markdown table of docs/convergence.md
+    python bench/convergence/ablations.py table [--out runs/ablations]        # the markdown table of docs/convergence-ablations.md
     python bench/convergence/ablations.py list                                # the cells and their overrides
 
 Not a suite benchmark (it has no ``run``): a full grid is hours of CPU.

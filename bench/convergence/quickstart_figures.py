@@ -1,6 +1,6 @@
 """The figures a fresh `make pretrain` should show, read from a reference run's metrics (not typed by hand).
 
-    python bench/convergence/quickstart_figures.py [RUN_DIR_OR_METRICS_JSONL] [--readme README.md] [--doc docs/convergence.md]
+    python bench/convergence/quickstart_figures.py [RUN_DIR_OR_METRICS_JSONL] [--readme README.md] [--doc docs/convergence-quickstart.md]
 
 Default input: ``docs/quickstart-reference/metrics.jsonl`` (the reference run of
 configs/pretrain/albert-tiny-wikitext.yaml, copied from its run directory with the command that made it in
@@ -110,7 +110,7 @@ def render(fig: dict[str, Any]) -> str:
     lines += ["", "Validation MLM accuracy by step: " +
               ", ".join(f"{s}: {a:.3f}" for s, a in fig["curve"]) + ".",
               "(`python bench/convergence/quickstart_figures.py` prints this block from the reference run; "
-              "docs/convergence.md has how it was chosen.)"]
+              "docs/convergence-quickstart.md has how it was chosen.)"]
     return "\n".join(lines)
 
 

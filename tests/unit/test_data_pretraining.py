@@ -271,3 +271,27 @@ def test_the_masking_budget_is_one_formula_for_a_row_and_for_a_batch():
     assert masking_budget(cand, 0.15, 20).tolist() == [masking_budget(int(c), 0.15, 20) for c in cand]
     assert [min(20, max(1, round(c * 0.15))) for c in range(600)] == masking_budget(cand, 0.15, 20).tolist()
     assert (masking_budget(509, 0.15, 20), masking_budget(125, 0.15), masking_budget(2, 0.15)) == (20, 19, 1)
+
+
+@pytest.mark.parametrize("random_token_prob", [0.0, 0.25, 0.5])
+def test_random_token_prob_sets_the_share_of_random_and_kept_tokens(sp, random_token_prob):
+    """`data.random_token_prob` = p generalises BERT's 80/10/10 rule (create_pretraining_data.py: of the chosen
+    tokens 80% [MASK], 10% kept, 10% a random token): 1 - 2p [MASK], p kept, p random, measured here. p = 0 and
+    p = 0.5 are exact (no random token / no [MASK]); a random draw may hit the original token (1 in ~100 ids)."""
+    p = random_token_prob
+    cfg = DataConfig(max_seq_length=48, max_predictions_per_seq=7, random_token_prob=p)
+    _, examples = _examples(sp, cfg, ENGLISH, 300)
+    batch = collate(examples, cfg.max_seq_length)
+    ids, labels = batch["input_ids"].numpy(), batch["mlm_labels"].numpy()
+    chosen = labels != -100
+    masked = ids[chosen] == MASK_ID
+    kept = ids[chosen] == labels[chosen]
+    assert chosen.sum() > 1500
+    if p == 0.0:
+        assert masked.all()
+    elif p == 0.5:
+        assert not masked.any()
+    random_hits_original = p / (sp.get_piece_size() - 5)  # a random id (5 .. vocab-1) equal to the label
+    assert masked.mean() == pytest.approx(1 - 2 * p, abs=0.03)
+    assert kept.mean() == pytest.approx(p + random_hits_original, abs=0.03)
+    assert (~masked & ~kept).mean() == pytest.approx(p - random_hits_original, abs=0.03)

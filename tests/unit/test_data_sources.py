@@ -340,3 +340,45 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
     with pytest.raises(ValueError, match=r"data\.train\[0\]: slot 0 of 2 .* only unusable records from "
                                          + re.escape(str(bad))):
         preflight.check_inputs(cfg, world_size=2)
+
+
+def test_the_preflight_hands_the_loader_the_plan_it_would_make(tmp_path):
+    """`JobPlan.train_pieces` (the preflight's plan, one metadata pass per rank before the process group) is the
+    plan the loader makes itself for the same world size x workers: same pieces, same stream fingerprint (so a
+    checkpoint saved either way resumes either way); the validation source is checked too."""
+    from albert_dist import preflight
+    from albert_dist.config import load_config
+
+    for name, n in (("a.jsonl", 300), ("b.txt", 200)):
+        rows = (json.dumps({"text": f"doc {name} {i} " * 30}) if name.endswith("jsonl") else f"doc {name} {i} " * 30
+                for i in range(n))
+        (tmp_path / name).write_text(("\n" if name.endswith("jsonl") else "\n\n").join(rows) + "\n")
+    cfg = load_config(None, [f"data.train=[{{paths: ['{tmp_path}/a.jsonl']}}, {{paths: ['{tmp_path}/b.txt']}}]",
+                             f"data.validation=[{tmp_path}/b.txt]", "data.num_workers=2",
+                             "data.shard_piece_bytes=8192"])
+    handed = preflight.check_inputs(cfg, world_size=3, probe=False)
+    own = PretrainingStream(cfg.data, "train", 4, 1, 3)
+    assert handed == own.plans and all(len(p) >= 6 for p in handed)  # several pieces per source at 6 slots
+    assert PretrainingStream(cfg.data, "train", 4, 1, 3, handed).fingerprint == own.fingerprint
+    assert preflight.check_inputs(cfg) is None  # no world size: checked only
+    bad = load_config(None, [f"data.train=[{tmp_path}/a.jsonl]", f"data.validation=[{tmp_path}/none-*.txt]"])
+    with pytest.raises(ValueError, match=r"data\.validation\[0\].*matches no file"):
+        preflight.check_inputs(bad, world_size=3)
+
+
+def test_hub_config_and_hub_split_pick_one_configuration_and_split(tmp_path):
+    """`hub_config` and `hub_split` reach ``datasets.load_dataset(path, name=, split=, streaming=True)``: a dataset
+    folder laid out as a hub repository (a README whose ``configs:`` metadata names two configurations, each with
+    a train and a validation split; read offline) streams exactly the records of the file the pair names."""
+    card = ["---", "configs:"]
+    for config in ("small", "large"):
+        card += [f"- config_name: {config}", "  data_files:"]
+        for split in ("train", "validation"):
+            rows = [json.dumps({"text": f"{config} {split} {i} text"}) for i in range(4)]
+            (tmp_path / f"{config}-{split}.jsonl").write_text("\n".join(rows) + "\n")
+            card += [f"  - split: {split}", f"    path: {config}-{split}.jsonl"]
+    (tmp_path / "README.md").write_text("\n".join(card + ["---", ""]))
+    for config, split in (("large", "validation"), ("small", "train")):
+        src = SourceConfig(paths=[str(tmp_path)], format="hub", hub_config=config, hub_split=split)
+        stream = SourceStream(src, "t", None, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
+        assert [stream.next_document()[0] for _ in range(4)] == [f"{config} {split} {i} text" for i in range(4)]

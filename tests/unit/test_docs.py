@@ -92,6 +92,18 @@ def test_docs_exist_and_readme_links_them():
     assert len(readme.splitlines()) <= 150
 
 
+def test_every_doc_page_is_in_the_docs_index():
+    """docs/README.md lists every page of docs/ (a task's page one click away) and the README links it; the
+    split topic pages (data, training, convergence, scale) each list their own pages."""
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert len(pages) > 20 and [p for p in pages if f"]({p})" not in index] == []
+    assert "(docs/README.md)" in (ROOT / "README.md").read_text()
+    for topic in ("data", "training", "convergence", "scale"):
+        text = (ROOT / "docs" / f"{topic}.md").read_text()
+        assert [p for p in pages if p.startswith(f"{topic}-") and f"]({p})" not in text] == [], topic
+
+
 def test_docs_show_commands():
     """The check below has something to check: the README shows all three kinds of command."""
     heads = {_head(cmd) for _, cmd in _all_commands()}

@@ -573,3 +573,28 @@ def test_download_of_a_missing_step_lists_the_steps_the_run_holds(tmp_path):
         download_checkpoint(client, "r", str(tmp_path / "dl"), 300)
     step, tag_dir = download_checkpoint(client, "r", str(tmp_path / "dl"), None)
     assert step == 500 and os.path.getsize(os.path.join(tag_dir, "model.pt")) == 500
+
+
+def test_log_checkpoints_off_keeps_checkpoints_out_of_the_run_and_other_artifacts_in(tmp_path):
+    """`tracking.log_checkpoints=false` (checkpoints stay on the job's file system only): a saved checkpoint is
+    not uploaded under checkpoints/, a config file still is; with the default (true) the same save is uploaded."""
+    from mlflow import MlflowClient
+
+    from albert_dist.tracking.tracker import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    note = tmp_path / "config.yaml"
+    note.write_text("seed: 1\n")
+    uploaded = {}
+    for log_checkpoints in (False, True):
+        cfg = TrackingConfig(tracking_uri=uri, experiment_name="ck", log_system_metrics=False, flush_interval_s=0.05,
+                             log_checkpoints=log_checkpoints)
+        tracker = MLflowTracker(cfg, run_dir=str(tmp_path / f"run-{log_checkpoints}"))
+        root = tmp_path / f"ck-{log_checkpoints}"
+        root.mkdir()
+        tracker.log_checkpoint(fake_checkpoint_dir(root), 3)
+        tracker.log_artifact(str(note), "config")
+        assert tracker.close("FINISHED")["uploads"] == 0
+        client = MlflowClient(uri)
+        uploaded[log_checkpoints] = sorted(a.path for a in client.list_artifacts(tracker.run_id))
+    assert uploaded == {False: ["config"], True: ["checkpoints", "config"]}
