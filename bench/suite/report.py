@@ -96,7 +96,7 @@ HEADLINES: tuple[Headline, ...] = (
              "albert-base.ratio_load", None, None,
              "albert-base.deepspeed_load_s", "albert-base.torch_load_s", "s"),
     Headline("convergence", "val MLM accuracy after 60 steps (suite length, near the floor; 1,000 steps in "
-             "docs/convergence.md): ours (matched) / transformers run_mlm peer",
+             "docs/convergence-peer.md): ours (matched) / transformers run_mlm peer",
              "matched.step_60.ratio_accuracy_over_peer", None, None,
              "matched.step_60.mlm_accuracy", "peer.step_60.mlm_accuracy", "accuracy"),
     Headline("compile_step", "train step albert-tiny B=16 S=128 fp32, 1 thread: eager / compiled block scope "

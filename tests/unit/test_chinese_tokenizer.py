@@ -1,6 +1,6 @@
 """The Chinese recipe's tokenizer (data/zhwiki/spiece.model: identity normalisation, coverage 0.9995) exported
 with a model loads in transformers' AutoTokenizer and gives sentencepiece's ids on Chinese, mixed and full-width
-text; full-width punctuation stays itself (docs/data.md "Chinese")."""
+text; full-width punctuation stays itself (docs/data-chinese.md)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """bench/soak.py's analysis on synthetic samples: a leak, a slow-down and a disk that outgrows keep_last are
-caught; a flat run passes. (The soak itself is not run in CI: docs/scale.md has its figures and command.)"""
+caught; a flat run passes. (The soak itself is not run in CI: docs/scale-mlflow.md has its figures and command.)"""
 from __future__ import annotations
 
 import pytest
