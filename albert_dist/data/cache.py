@@ -237,12 +237,20 @@ class ObjectCache:
             os.close(fd)
 
     def clean(self) -> int:
-        """Delete every ``.part`` file whose download is dead (its entry lock free); returns how many."""
+        """Delete every ``.part`` file whose download is dead (its entry lock free), and the lock files of entries
+        that hold no file (an object that was not cached) and no process holds; returns how many ``.part`` files."""
         removed = 0
+        keys = set()
         for _, path, _ in self.entries():
+            keys.add(os.path.basename(path)[:32])
             if path.endswith(_PART) and self._evict(path):
                 logger.info("cache: removed %s, left by a download that did not finish", path)
                 removed += 1
+        with os.scandir(self.root) as it:
+            orphans = [e.path for e in it if e.name.endswith(_LOCK) and e.name[:32] not in keys
+                       and not e.name.startswith(".")]
+        for lock in orphans:
+            self._evict(lock)  # unlinks the lock file alone, unless a process holds it
         return removed
 
 

@@ -143,7 +143,10 @@ def test_two_processes_racing_on_one_entry_download_it_once_and_both_read_the_ri
     go = tmp_path / "go"
     env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(REPO)}
     clients = [_client(tmp_path / "cache", "s3://val/race.bin", go, 32 << 10, env) for _ in range(2)]
-    time.sleep(0.5)  # let both import; the go file starts them together
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("go.ready.*"))) < 2:  # both imported: the go file starts them together
+        assert all(c.poll() is None for c in clients) and time.monotonic() < deadline
+        time.sleep(0.01)
     go.touch()
     results = []
     for c in clients:
