@@ -184,6 +184,10 @@ class ObjectCache:
                     raise store.StoreError(f"{url}: the object changed while it was downloaded (got {len(data)} "
                                            f"bytes at offset {start} of {size})")
                 f.write(data)
+            # on disk before the rename makes it an entry: after a node crash (not only a killed process) an entry
+            # never holds the zeros of a preallocated file that never got its bytes
+            f.flush()
+            os.fsync(f.fileno())
         logger.info("cache: downloaded %s (%d bytes) in %.2f s", url, size, time.monotonic() - t0)
 
     # -- space ---------------------------------------------------------------------------------------------------
