@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
+from albert_dist.data import cache, store
 from albert_dist.data.plan import check_slots_readable, plan_source
 from albert_dist.data.sizes import fmt_bytes
 from albert_dist.data.tokenizer import load_tokenizer
@@ -135,10 +136,14 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
 
 def output_dirs(cfg: TrainConfig) -> list[tuple[str, Path]]:
     """(field, directory) of what a job writes: `run_dir` (unset: the `runs/` directory the run's is named in,
-    under the working directory, `Trainer.setup`) and `checkpoint.dir` when set."""
+    under the working directory, `Trainer.setup`), `checkpoint.dir` when set, and `data.cache_dir` when an
+    object-store validation source will be cached there (`albert_dist.data.validation`)."""
     dirs = [("run_dir", Path(cfg.run_dir) if cfg.run_dir is not None else Path("runs").absolute())]
     if cfg.checkpoint.dir is not None:
         dirs.append(("checkpoint.dir", Path(cfg.checkpoint.dir)))
+    if cfg.data.cache_max_bytes and any(store.is_url(p) for s in cfg.data.validation if s.format != "hub"
+                                        for p in s.paths):
+        dirs.append(("data.cache_dir", Path(cfg.data.cache_dir or cache.default_dir()).expanduser()))
     return dirs
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, get_args
 
-from albert_dist.on_resume import APPLIES, RESTART_STREAMS, on_resume
+from albert_dist.on_resume import APPLIES, QUIET, RESTART_STREAMS, on_resume
 
 #: source formats understood by :mod:`albert_dist.data.paths`; "auto" picks one from the file suffix.
 SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
@@ -155,6 +155,11 @@ class DataConfig:
     """Uncompressed .txt/.jsonl files are split into byte ranges of about this size (units of split and resume)."""
     max_document_bytes: int = field(default=4194304, metadata=on_resume(RESTART_STREAMS))
     """Documents (and JSON lines) longer than this are skipped and counted, never buffered whole."""
+    cache_dir: Optional[str] = field(default=None, metadata=on_resume(QUIET))
+    """Folder of the node's cache of object-store validation sources (albert_dist.data.cache); None:
+    ``$XDG_CACHE_HOME/albert_dist/objects``, else ``~/.cache/albert_dist/objects``."""
+    cache_max_bytes: int = field(default=1 << 30, metadata=on_resume(QUIET))
+    """Bound of that cache in bytes (least recently used entries evicted); 0 turns it off."""
 
     @property
     def prediction_slots(self) -> int:
@@ -219,3 +224,7 @@ class DataConfig:
             raise ValueError(f"data.shard_piece_bytes must be >= 1024, got {self.shard_piece_bytes}")
         if self.max_document_bytes < 16:
             raise ValueError(f"data.max_document_bytes must be >= 16, got {self.max_document_bytes}")
+        if self.cache_max_bytes < 0:
+            raise ValueError(f"data.cache_max_bytes must be >= 0 (0 turns the cache off), got {self.cache_max_bytes}")
+        if self.cache_dir is not None and not self.cache_dir.strip():
+            raise ValueError(f"data.cache_dir must be a folder or null (the default), got {self.cache_dir!r}")

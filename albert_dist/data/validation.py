@@ -20,6 +20,7 @@ how far above it a model is.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from albert_dist.data import cache, store
 from albert_dist.data.config import DataConfig
+from albert_dist.data.paths import discover_files
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
 from albert_dist.data.plan import plan_source
@@ -106,6 +109,7 @@ def _validation_streams(cfg: DataConfig) -> list[SourceStream]:
 def build_validation_set(cfg: DataConfig, sp=None) -> ValidationSet:
     """Build the fixed validation set of ``cfg`` (every rank alike; no process group needed).
 
+    Object-store sources that fit ``data.cache_max_bytes`` are read through the node's cache (`_local_copies`).
     ``sp``: the sentencepiece processor (loaded from ``cfg.tokenizer_path`` when None). Raises ValueError when
     ``data.validation`` lists no source or holds no example; logs a warning when it yields fewer than
     ``data.eval_examples`` (the whole first pass of the sources is then the set).
@@ -114,7 +118,38 @@ def build_validation_set(cfg: DataConfig, sp=None) -> ValidationSet:
         raise ValueError("data.validation lists no source; there is no validation set to build")
     builder = ExampleBuilder(sp if sp is not None else load_tokenizer(cfg.tokenizer_path),
                              dataclasses.replace(cfg, masked_lm_prob=cfg.eval_masked_lm_prob))
-    streams = _validation_streams(cfg)
+    with _local_copies(cfg):
+        streams = _validation_streams(cfg)
+        return _build(cfg, builder, streams)
+
+
+def _local_copies(cfg: DataConfig):
+    """The validation sources' objects pinned in the node's cache (`albert_dist.data.cache`) and read from there:
+    every rank and every (re)start of a job builds this set, so the store is read once per node, not once per
+    build. A source larger than ``data.cache_max_bytes`` is read from the store (its first ``eval_examples``
+    examples may be a small part of it); local and hub sources are read as they are."""
+    urls = []
+    for i, src in enumerate(cfg.validation):
+        if not cfg.cache_max_bytes or src.format == "hub" or not any(store.is_url(p) for p in src.paths):
+            continue
+        files = [f for f in discover_files(src, f"data.validation[{i}]") if store.is_url(f)]
+        total = sum(store.file_size(f) for f in files)
+        if total > cfg.cache_max_bytes:
+            logger.info("data.validation[%d]: %d bytes of objects > data.cache_max_bytes=%d; read from the store, "
+                        "not cached", i, total, cfg.cache_max_bytes)
+            continue
+        urls += files
+    if not urls:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    with stack:
+        copies = stack.enter_context(cache.ObjectCache(cfg.cache_dir or cache.default_dir(),
+                                                       cfg.cache_max_bytes).pin(urls))
+        stack.enter_context(store.read_locally(copies))
+        return stack.pop_all()
+
+
+def _build(cfg: DataConfig, builder: ExampleBuilder, streams: list[SourceStream]) -> ValidationSet:
     weights = np.array([s.weight for s in cfg.validation], dtype=np.float64)
     weights /= weights.sum()
     mix = np.random.default_rng([cfg.eval_seed, 3])

@@ -65,12 +65,17 @@ def test_prepare_plan_train_and_resume_all_on_s3(s3_server, tmp_path, monkeypatc
     try:
         env = {**s3_server.env(), "MLFLOW_TRACKING_URI": server.uri}
         run_dir = tmp_path / "run"
-        assert _launch(run_dir, tmp_path / "first.log", env, "max_steps=2") == 0, \
+        cache = tmp_path / "cache"  # the node cache of the validation source (albert_dist.data.cache)
+        assert _launch(run_dir, tmp_path / "first.log", env, "max_steps=2", f"data.cache_dir={cache}") == 0, \
             (tmp_path / "first.log").read_text()[-5000:]
-        assert _launch(run_dir, tmp_path / "second.log", env, "max_steps=4", "--resume", "auto") == 0, \
-            (tmp_path / "second.log").read_text()[-5000:]
+        assert _launch(run_dir, tmp_path / "second.log", env, "max_steps=4", "--resume", "auto",
+                       f"data.cache_dir={cache}") == 0, (tmp_path / "second.log").read_text()[-5000:]
         second = (tmp_path / "second.log").read_text()
         assert f"resumed from {run_dir / 'checkpoints'}/step_2 at step 2" in second, second[-5000:]
+        # the two ranks of the first run downloaded the validation object once; the resumed run read it from disk
+        assert [p.name.split("-", 1)[1] for p in cache.iterdir() if not p.name.endswith(".lock")] == [
+            "wikitext-2-validation.txt"]
+        assert "cache: downloaded s3://raw/wiki/wikitext-2-validation.txt" not in second
         assert [r["step"] for r in read_metrics(run_dir) if names.TRAIN_LOSS in r] == [1, 2, 3, 4]
         run_id = read_run_id(run_dir)
         client = MlflowClient(server.uri)

@@ -58,6 +58,7 @@ CHANGED: dict[str, Any] = {
     "checkpoint.dir": "/elsewhere/checkpoints",
     "checkpoint.resume": "auto",
     "run_dir": "/elsewhere/run",
+    "data.cache_dir": "/elsewhere/cache",
     "tracking.tracking_uri": "sqlite:////elsewhere/mlruns.db",
     "tracking.run_name": "renamed",
     "tracking.experiment_name": "other",
