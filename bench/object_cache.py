@@ -167,8 +167,8 @@ def table(r: dict) -> str:
               "corpus larger than the bound would be evicted before that).",
               f"The tokenizer's sample (budget {s['budget_bytes']:,} bytes, one pass per `tokenizer train`): "
               f"{s['bytes_requested']:,} bytes from S3 = {s['over_sample_bytes']:.2f}x the {s['text_bytes']:,} "
-              f"bytes of text sampled ({1 / s['objects_over_requested']:.2f}x the objects: its windows are read "
-              "whole), in one pass per run: a cache would pay only when the same command runs again."]
+              f"bytes of text sampled ({1 / s['objects_over_requested']:.2f}x the objects) in {s['requests']} "
+              "requests, in one pass per run: a cache would pay only when the same command runs again."]
     return "\n".join(lines) + "\n\n" + "\n\n".join(textwrap.fill(p, 115) for p in prose)
 
 
@@ -185,7 +185,7 @@ def main() -> None:
     if args.write_doc:
         from _common import write_block
 
-        write_block(REPO / "docs" / "data.md", "object-cache", table(result))
+        write_block(REPO / "docs" / "data-object-store.md", "object-cache", table(result))
 
 
 if __name__ == "__main__":

@@ -189,7 +189,8 @@ def open_stream(path: str, compression: str, offset: int = 0):
 
 # ---------------------------------------------------------------------------------------------------- records
 def split_records(
-    read: Callable[[int], bytes], separator: str, start: int, end: float, max_bytes: int, offsets: bool = False
+    read: Callable[[int], bytes], separator: str, start: int, end: float, max_bytes: int, offsets: bool = False,
+    block_bytes: int = _BLOCK_BYTES,
 ) -> Iterator[tuple]:
     """Records (between separators) that begin in the byte range [start, end) of a stream.
 
@@ -197,8 +198,9 @@ def split_records(
     ``(record, nbytes)`` (with `offsets`: ``(record, nbytes, offset of the record's first byte)``); ``record`` is
     None when ``nbytes > max_bytes`` (then the record was never held in memory beyond ``max_bytes`` + one
     block). Reads are sized to the range (the first covers it and 2 KB past its end, the later ones double from
-    4 KB), so a range reads little more than itself and the record that straddles its end. Memory:
-    O(max_bytes + 1 MiB).
+    4 KB), so a range reads little more than itself and the record that straddles its end; no read exceeds
+    ``block_bytes`` (a reader that takes only the first records of a wide range, as the tokenizer's sample does,
+    passes a small one so that it reads about what it takes). Memory: O(max_bytes + 1 MiB).
     """
     sep_re, min_sep = _SEPARATORS[separator]
     # Bytes before offset 0 count as newlines, so the file's first record starts a record like any other.
@@ -208,7 +210,7 @@ def split_records(
         nonlocal stream_at
         past = stream_at - end  # bytes already read past the range
         want = end + _OVERREAD_BYTES - stream_at if past < 0 else max(_MIN_READ_BYTES, past)
-        data = read(int(min(_BLOCK_BYTES, want)))
+        data = read(int(min(block_bytes, want)))
         stream_at += len(data)
         return data
 
@@ -369,7 +371,8 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
         return
     try:
         for index, (raw, nbytes, pos) in enumerate(split_records(f.read, separator, start, end, max_bytes,
-                                                                 offsets=True)):
+                                                                 offsets=True,
+                                                                 block_bytes=piece.get("read_bytes", _BLOCK_BYTES))):
             read_to = pos + nbytes
             if index % k != j:
                 continue
@@ -457,7 +460,8 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
         seen = 0
         f = open_stream(path, compression, 0)
         try:
-            for raw, _ in split_records(f.read, "line", 0, float("inf"), 1 << 24):
+            # 64 KiB reads: the probe needs a few records, not the first MiB of every source (over S3 too)
+            for raw, _ in split_records(f.read, "line", 0, float("inf"), 1 << 24, block_bytes=64 << 10):
                 if raw is None or not raw.strip():
                     continue
                 seen += 1

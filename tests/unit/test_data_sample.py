@@ -140,3 +140,30 @@ def test_a_corrupt_parquet_row_group_loses_only_that_row_group(tmp_path, caplog)
         got = list(ByteBudgetSample([SourceConfig(paths=[str(path)])], "--input", 1 << 20))
     assert got == [d.strip() for d in docs[:100] + docs[200:]]
     assert any("row group 1 of" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_uncompressed_files_are_read_about_as_much_as_sampled(tmp_path, monkeypatch):
+    """A 5% sample of uncompressed files reads a small multiple of the text it takes, not the files: its windows
+    span the file but read in blocks sized to their share (reads the size of the window read every file whole:
+    20x the sample here). Bytes are counted at the file stream, independently of the sampler."""
+    from albert_dist.data import files
+
+    for f in range(4):
+        (tmp_path / f"{f}.jsonl").write_text("".join(json.dumps({"text": _doc(f"f{f}", i) * 3}) + "\n"
+                                                     for i in range(4000)))
+        (tmp_path / f"{f}.txt").write_text("\n\n".join(_doc(f"t{f}", i) * 3 for i in range(4000)) + "\n")
+    read = [0]
+    plain_read = files._PlainStream.read
+
+    def counted(self, n):
+        data = plain_read(self, n)
+        read[0] += len(data)
+        return data
+
+    monkeypatch.setattr(files._PlainStream, "read", counted)
+    sample = ByteBudgetSample([SourceConfig(paths=[str(tmp_path / "*.jsonl")]),
+                               SourceConfig(paths=[str(tmp_path / "*.txt")])], "data.train", 400_000)
+    taken = sum(len(t.encode()) for t in sample)
+    assert 0.99 * 400_000 <= taken <= 400_000
+    assert sample.input_bytes > 19 * taken
+    assert read[0] < 2.5 * taken, (read[0], taken)
