@@ -16,10 +16,11 @@ def two_rank_matrix(request) -> dict[str, dict]:
     """``{cell.id: merged result}`` of every 2-rank cell the selected tests need, run in ONE spawned process group
     (`grad_matrix_worker.run_matrix`) instead of one per file, which saves a start-up (two ranks importing torch
     and DeepSpeed, the process group). test_compile.py's cells first, as in a process group of their own: the
-    parent warms inductor's caches before the ranks start (`grad_matrix_worker.warm_compile_caches`), and the
-    ranks find them only so (after the eager matrix they compiled anew: 83 s instead of 11 s for the first cell,
-    measured); then test_grad_matrix.py's cells (eager: compiled engines of earlier cells leave nothing they use);
-    the control cell last. Each cell still builds its own engine and is compared with its own references."""
+    parent warms inductor's caches before the ranks start (`grad_matrix_worker.warm_compile_caches`), the setup in
+    which the ranks are known to find them (tried: after the eager matrix, warmed by a process beside the ranks,
+    the first compiled cell compiled anew, 83 s against 11 s; which of the two lost the cache was not isolated);
+    then test_grad_matrix.py's cells (eager: compiled engines of earlier cells leave nothing they use); the control
+    cell last. Each cell still builds its own engine and is compared with its own references."""
     import grad_matrix_worker as gm
 
     cells: list = []
