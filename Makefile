@@ -34,10 +34,10 @@ install: $(VENV)/.installed
 test: install
 	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
-# tests/unit less the few tests there still marked `integration` (they start a process; tests/integration holds
-# the rest): what to run after every change
+# tests/unit: one process per test run, no subprocess, worker or server (tests/unit/conftest.py fails a test that
+# starts one): what to run after every change
 test-fast: install
-	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not integration" --durations=10 tests/unit $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 tests/unit $(PYTEST_ARGS)
 
 pretrain: install
 	$(RUN_ENV) bash launch/pretrain_local.sh $(NUM_RANKS)

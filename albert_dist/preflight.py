@@ -14,7 +14,8 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 4. the memory fit (`check_memory`: the estimate of `albert_dist.engine.memory` logged, and refused on a GPU it
    exceeds, with the smallest change that fits as dotted overrides, tried through config.py's override path);
 5. last, so that a job refused otherwise leaves nothing behind: rank 0 locks the run directory and a separate
-   checkpoint directory (`lock_run_dirs`, `albert_dist.engine.run_lock`).
+   checkpoint directory (`lock_run_dirs`, `albert_dist.engine.run_lock`); without a fixed `run_dir` it names
+   the run's directory here, the first free `runs/<recipe>-<UTC time>[-<k>]` (`JobPlan.run_dir`).
 
 Every rank runs 1-4 on the same files and config and so reaches the same verdict; the app has the ranks agree
 on it over the rendezvous store (`albert_dist.engine.rendezvous`) before any of them starts the process group.
@@ -24,10 +25,10 @@ would otherwise redo after the process group; only rank 0 reads records to probe
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +41,7 @@ from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import DistEnv
-from albert_dist.engine.run_lock import RunDirLock
+from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,16 @@ class JobPlan:
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
     (`albert_dist.data.plan.plan_source`; None for a hub source), which the loader then reads instead of
     planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
+    run_dir: Optional[str] = None
+    """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
+    receive it from rank 0 once the process group is up (`Trainer.setup`: the ranks' clocks differ)."""
 
 
-def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None) -> tuple[JobPlan, list[RunDirLock]]:
-    """Checks 1-5 of the module docstring for this rank of the job `env` describes; returns the job's plan and
-    rank 0's run-directory locks (the caller releases them when the job ends; [] on other ranks).
+def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
+              recipe_name: str = "run") -> tuple[JobPlan, list[RunDirLock]]:
+    """Checks 1-5 of the module docstring for this rank of the job `env` describes; returns the job's plan (on
+    rank 0 with the auto-named run directory, `recipe_name` its prefix, when `run_dir` is unset) and rank 0's
+    run-directory locks (the caller releases them when the job ends; [] on other ranks).
 
     Raises:
         ValueError, FileNotFoundError, CheckpointError, ConfigDriftError: a job that must not start, the
@@ -83,9 +89,12 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None)
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
-    plan = dataclasses.replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces)
+    plan = replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces)
     check_memory(cfg, env.world_size, memory.device_memory(env.local_rank), log=env.rank == 0)
-    return plan, lock_run_dirs(cfg) if env.rank == 0 else []
+    if env.rank != 0:
+        return plan, []
+    locks = lock_run_dirs(cfg, recipe_name)
+    return (plan if cfg.run_dir is not None else replace(plan, run_dir=str(locks[0].run_dir))), locks
 
 
 def check_inputs(cfg: TrainConfig, world_size: int = 0,
@@ -215,25 +224,26 @@ def load_plan_for(cfg: TrainConfig, resume: Optional[str], ckpt_dir: Optional[st
     return plan_load(resume, ckpt_dir, to_container(cfg), world_size, resume_rules(), log=log)
 
 
-def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
-    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's, and the checkpoint
-    directory's when `checkpoint.dir` puts it elsewhere. None without a fixed `run_dir` (the auto-named one is
-    locked when rank 0 names it, `Trainer.setup`).
+def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock]:
+    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's first (without a fixed
+    `run_dir`, the one `lock_auto_run_dir` names), and the checkpoint directory's when `checkpoint.dir` puts it
+    elsewhere.
 
     Raises:
         RunDirBusy: another job holds one of them (a ValueError: exit code 2, naming the directory and holder).
         ValueError: a directory or its lock file cannot be created (`check_output_dirs` passed, but the file
             system still refused, e.g. a directory where nothing can be made), naming the directory.
     """
-    dirs = []
-    if cfg.run_dir is not None:
-        dirs.append(Path(cfg.run_dir))
-    if cfg.checkpoint.dir is not None:
-        ckpt_dir = Path(cfg.checkpoint.dir)
-        if not dirs or dirs[0].resolve() not in (ckpt_dir.resolve(), *ckpt_dir.resolve().parents):
-            dirs.append(ckpt_dir)
     locks: list[RunDirLock] = []
     try:
+        dirs = [Path(cfg.run_dir)] if cfg.run_dir is not None else []
+        if cfg.run_dir is None:
+            locks.append(lock_auto_run_dir(recipe_name))
+        run_dir = dirs[0] if dirs else locks[0].run_dir
+        if cfg.checkpoint.dir is not None:
+            ckpt_dir = Path(cfg.checkpoint.dir)
+            if run_dir.resolve() not in (ckpt_dir.resolve(), *ckpt_dir.resolve().parents):
+                dirs.append(ckpt_dir)
         for d in dirs:
             try:
                 locks.append(RunDirLock(d).acquire())
@@ -244,6 +254,26 @@ def lock_run_dirs(cfg: TrainConfig) -> list[RunDirLock]:
             lock.release()
         raise
     return locks
+
+
+def lock_auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> RunDirLock:
+    """The lock of a new run directory: the first of `runs/<recipe_name>-<UTC time>[-<k>]` (absolute: ranks
+    of other nodes may start in another working directory) whose lock this process gets, so two jobs started
+    in the same second get two directories.
+
+    Raises:
+        ValueError: no free name after 99 tries, or a directory or its lock file cannot be created.
+    """
+    base = (runs / f"{recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
+    for k in range(1, 100):
+        candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            return RunDirLock(candidate).acquire()
+        except RunDirBusy:
+            continue
+        except OSError as err:
+            raise ValueError(f"cannot lock the run directory {str(candidate)!r}: {err.strerror or err}") from None
+    raise ValueError(f"run_dir: no free run directory {base}[-k] after 99 tries")
 
 
 # ------------------------------------------------------------------------------------------------ memory fit

@@ -10,7 +10,7 @@ and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on
 files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
 before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
 rank 0 also takes the run directory's lock there (`albert_dist.engine.run_lock`: a second job on it is refused
-the same way, naming the holder). The ranks
+the same way, naming the holder), naming the directory first when `run_dir` is unset. The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
 (`albert_dist.engine.rendezvous`), so a refusal on any rank ends every rank at once; then
 `albert_dist.trainer.Trainer` runs the job.
@@ -73,9 +73,8 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         try:
             cfg = load_config(config, overrides)
             # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.preflight)
-            plan, locks = preflight(cfg, env, resume_from)
-            trainer = Trainer(cfg, recipe_name=Path(config).stem, resume_from=resume_from, store=store,
-                              stop=stop, plan=plan)
+            plan, locks = preflight(cfg, env, resume_from, recipe_name=Path(config).stem)
+            trainer = Trainer(cfg, resume_from=resume_from, store=store, stop=stop, plan=plan)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)

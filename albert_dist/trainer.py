@@ -21,7 +21,6 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,7 +47,6 @@ from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
-from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
@@ -77,11 +75,10 @@ class Trainer:
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
     """
 
-    def __init__(self, cfg: TrainConfig, recipe_name: str = "run", resume_from: Optional[str] = None,
+    def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
                  store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
         self.cfg = cfg
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
-        self.recipe_name = recipe_name
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
         world = self.dist_env.world_size
@@ -89,6 +86,10 @@ class Trainer:
         plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size
+        self._named_run_dir = plan.run_dir  # rank 0 without a fixed run_dir: named and locked by the preflight
+        if cfg.run_dir is None and self.dist_env.rank == 0 and plan.run_dir is None:
+            raise ValueError("run_dir is unset and no preflight named one (albert_dist.preflight.preflight names "
+                             "and locks runs/<recipe>-<UTC time> on rank 0): set run_dir")
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
         self.started = False  # the process group is up: errors are no longer a refused config
         self.step = 0
@@ -98,15 +99,13 @@ class Trainer:
         self.tracker: Any = NullTracker()
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
         self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
-        self.run_lock: Optional[RunDirLock] = None  # rank 0, an auto-named run directory's (see setup)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         """Start the process group (over `store`, the rendezvous store the app's preflight used, if given to
         `__init__`), resume (`CheckpointManager.resume`: engine, loaders, RNGs, the open metric interval;
-        fetching the MLflow run's checkpoint first for `resume_from`), open the tracker. Without a fixed `run_dir`, rank 0 also takes the lock of the run
-        directory it names (`albert_dist.engine.run_lock`; the app takes a fixed one's before)."""
+        fetching the MLflow run's checkpoint first for `resume_from`), open the tracker."""
         cfg = self.cfg
         # First: a stop signal during start-up is then a stop after the first step, not a traceback per rank.
         self._stop.install()
@@ -197,25 +196,11 @@ class Trainer:
         return loader
 
     def _agree_run_dir(self) -> str:
-        """cfg.run_dir, or runs/<recipe>-<UTC time>[-<k>] chosen by rank 0 and broadcast (ranks' clocks differ):
-        the first such name whose lock rank 0 gets (two jobs started in the same second get two directories)."""
+        """cfg.run_dir, or the directory rank 0's preflight named and locked (`JobPlan.run_dir`), broadcast: the
+        ranks' clocks differ, so each naming its own would not agree."""
         if self.cfg.run_dir is not None:
             return self.cfg.run_dir
-        name = None
-        if self.dist_env.rank == 0:
-            # Absolute on rank 0: ranks of other nodes may start in another working directory.
-            base = Path(f"runs/{self.recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
-            for k in range(1, 100):
-                candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
-                try:
-                    self.run_lock = RunDirLock(candidate).acquire()
-                except RunDirBusy:
-                    continue
-                name = str(candidate)
-                break
-            else:
-                raise RuntimeError(f"no free run directory {base}[-k] after 99 tries")
-        return broadcast_object(name)
+        return broadcast_object(self._named_run_dir if self.dist_env.rank == 0 else None)
 
     def _build_tracker(self, resumed_step: Optional[int]):
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
@@ -388,8 +373,6 @@ class Trainer:
             finally:
                 if self._own_stop:
                     self._stop.restore()
-                if self.run_lock is not None:
-                    self.run_lock.release()
 
     def _loader_iterators(self) -> list:
         loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)

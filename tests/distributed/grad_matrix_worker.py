@@ -152,20 +152,42 @@ def compile_cells(scope: str, sharings=("all", "none"), stages=STAGES, gas=GAS) 
     return cells
 
 
-def warm_compile_caches(cells: list[Cell]) -> None:
-    """Compile, in this process, the ZeRO 0-2 graphs the compiled `cells` will need (the plain model of each
-    (scope, sharing), the same config, static slots, batch shapes and thread count), so that the spawned ranks
-    load them from inductor's on-disk caches instead of both compiling them on the same two cores. ZeRO-3's
-    graphs (cut by DeepSpeed's hooks) cannot be made without DeepSpeed and are compiled by the ranks."""
+def warm_compile_caches(cells: list[Cell], timeout_s: float = 1200.0) -> None:
+    """Compile the ZeRO 0-2 graphs the compiled `cells` will need (the plain model of each (scope, sharing), the
+    same config, static slots, batch shapes and thread count), so that the spawned ranks load them from
+    inductor's on-disk caches instead of both compiling them on the same two cores. One spawned process per
+    (scope, sharing), all at once: a compile is mostly one busy core, so two run in the time of one. ZeRO-3's
+    graphs (cut by DeepSpeed's hooks) cannot be made without DeepSpeed and are compiled by the ranks.
+
+    Raises:
+        RuntimeError: a compile failed or took more than `timeout_s` (its traceback is on stderr).
+    """
+    ctx = torch.multiprocessing.get_context("spawn")
+    families = sorted({(c.compile, c.sharing) for c in cells if c.compile and c.zero_stage < 3})
+    procs = [ctx.Process(target=_compile_family, args=family, daemon=True) for family in families]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    failed = [(family, p.exitcode) for family, p in zip(families, procs) if p.exitcode != 0]
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    if failed:
+        raise RuntimeError(f"warming the compile caches failed (scope, sharing; exit code): {failed}")
+
+
+def _compile_family(scope: str, sharing: str) -> None:
+    """In a spawned process: compile the plain model of (`scope`, `sharing`) and run one step through it."""
     from albert_dist.engine.compile import compile_model
     from albert_dist.model import AlbertForPreTraining
 
     torch.set_num_threads(1)
-    for scope, sharing in sorted({(c.compile, c.sharing) for c in cells if c.compile and c.zero_stage < 3}):
-        cfg = train_config(Cell(sharing, 0, 1, False)).model
-        model = AlbertForPreTraining(cfg, max_predictions_per_seq=STATIC_SLOTS)
-        compile_model(model, scope)
-        model(**global_batch(cfg, 1, seed=SEED)[0]).loss.backward()
+    cfg = train_config(Cell(sharing, 0, 1, False)).model
+    model = AlbertForPreTraining(cfg, max_predictions_per_seq=STATIC_SLOTS)
+    compile_model(model, scope)
+    model(**global_batch(cfg, 1, seed=SEED)[0]).loss.backward()
 
 
 def control_cells() -> list[Cell]:
@@ -612,6 +634,12 @@ def worker(rank: int, world_size: int, port: int, cells: list[Cell], results: "q
             except Exception as err:  # reported per cell; the control cells expect one
                 results.put(("cell", rank, cell.id, {"error": f"{type(err).__name__}: {err}",
                                                      "traceback": traceback.format_exc()}))
+            # The same after every cell: its garbage collected once, what lives on frozen, so that DeepSpeed's
+            # own full collections of the next cell (BF16_Optimizer's memory reports, ~6 per bf16 ZeRO-1 cell;
+            # ZeRO-3's defragment) walk that cell's objects only, not every earlier cell's (they grew to ~4x the
+            # cost of a bf16 ZeRO-2 cell by the end of the matrix).
+            gc.collect()
+            gc.freeze()
         import torch.distributed as tdist
 
         tdist.barrier()

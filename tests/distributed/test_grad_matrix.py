@@ -38,8 +38,8 @@ DeepSpeed's "Gradient computed twice for this partition"; a reference that takes
 the sum over the reuses must disagree with the gradients of every cell that has shared parameters by far more
 than the tolerance.
 
-The 2-rank cells run in ONE spawned process group (module-scoped fixture), the 4-rank cells in another; each
-cell is its own test.
+The 2-rank cells run in ONE spawned process group, shared with test_compile.py's cells (the session fixture
+`two_rank_matrix` of tests/distributed/conftest.py), the 4-rank cells in another; each cell is its own test.
 """
 from __future__ import annotations
 
@@ -51,13 +51,15 @@ import pytest
 
 import grad_matrix_worker as gm
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(4000)]  # the shared 2-rank run: conftest.TIMEOUT_S
 
 FP32_CELLS = gm.fp32_cells()
 BF16_CELLS = gm.bf16_cells()
 WIDE_CELLS = gm.wide_cells(4)
 OFFLOAD_CELLS = gm.offload_cells()
 CONTROL_CELLS = gm.control_cells()
+#: The regular 2-rank cells (tests/distributed/conftest.py runs them after test_compile.py's, then the control).
+MATRIX_CELLS = FP32_CELLS + BF16_CELLS + OFFLOAD_CELLS
 #: Tolerances on `grad_matrix_worker.scaled_errors` (per tensor, worst tensor of the cell).
 FP32_TOL = 1e-5
 FP32_UPDATE_TOL = 1e-4
@@ -98,10 +100,11 @@ def _keep(results: dict[str, dict], name: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def matrix() -> dict[str, dict]:
-    # Control cells last: an exception inside DeepSpeed's backward leaves nothing behind that a later
-    # deepspeed.initialize would reuse, but keep the regular cells independent of that anyway.
-    return _keep(gm.run_matrix(FP32_CELLS + BF16_CELLS + OFFLOAD_CELLS + CONTROL_CELLS, timeout_s=2000), "matrix2")
+def matrix(two_rank_matrix) -> dict[str, dict]:
+    """This file's 2-rank cells, from the run it shares with test_compile.py (tests/distributed/conftest.py).
+    Control cells last there: an exception inside DeepSpeed's backward leaves nothing behind that a later
+    deepspeed.initialize would reuse, but keep the regular cells independent of that anyway."""
+    return _keep({c.id: two_rank_matrix[c.id] for c in MATRIX_CELLS + CONTROL_CELLS}, "matrix2")
 
 
 @pytest.fixture(scope="module")

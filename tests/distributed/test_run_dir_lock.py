@@ -20,6 +20,7 @@ from albert_dist.engine.checkpoint.layout import read_latest
 from albert_dist.engine.checkpoint.choose import choose_checkpoint
 from albert_dist.engine.run_lock import LOCK_FILE
 from fixtures.ranks import CONFIG, Job
+from helpers import REPO, clean_env, start_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -73,3 +74,28 @@ def test_a_second_job_is_refused_before_any_process_group_and_a_crashed_holder_l
     assert f"resumed from {run_dir / 'checkpoints'}/step_{saved} at step {saved}" in resumed.log_tail()
     assert read_latest(run_dir / "checkpoints") == f"step_{saved + 2}"
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == resumed.procs[0].pid
+
+
+def test_without_run_dir_rank_0_names_and_locks_one_directory_both_ranks_write(tmp_path):
+    """No run_dir: rank 0's preflight names runs/<recipe>-<UTC time> under the working directory and locks it before
+    the process group; rank 1 receives the name, so the one directory holds both ranks' checkpoint shards."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG)
+    logs = [open(tmp_path / f"rank{rank}.log", "wb") for rank in range(2)]
+    overrides = [f"data.train=[{{paths: [{REPO}/data/sample/wikitext-2-train-*.txt]}}]",
+                 f"data.tokenizer_path={REPO}/data/sample/spiece.model", "max_steps=3"]
+    procs = start_ranks([*CLI, "--config", str(config), *overrides], 2, logs=logs, cwd=tmp_path,
+                        env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for log in logs:
+            log.close()
+    assert codes == [0, 0], "\n".join(Path(log.name).read_text()[-2000:] for log in logs)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("tiny-20")
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == procs[0].pid
+    shards = sorted(f.name for f in (run_dir / "checkpoints" / "step_3").glob("zero_pp_rank_*optim_states.pt"))
+    assert [name[:len("zero_pp_rank_0")] for name in shards] == ["zero_pp_rank_0", "zero_pp_rank_1"], shards

@@ -1,7 +1,7 @@
 """The benchmark suite's plumbing (bench/run_all.py, bench/suite/runner.py and report.py, bench/_common.py):
 discovery, summaries, the README table, the shared synthetic batch.
 
-No benchmark is timed here; the child-process test runs a fake benchmark that returns fixed numbers.
+No benchmark is timed here; the runner's child processes: tests/integration/test_bench_runner.py.
 """
 from __future__ import annotations
 
@@ -159,24 +159,6 @@ def test_synthetic_batch_and_stats():
     assert common.fmt_stats([1.0, 2.0, 4.0], scale=2.0, digits=1) == "0.5 / 1.0 / 2.0"
 
 
-@pytest.mark.integration
-def test_discover_and_child_process(tmp_path):
-    (tmp_path / "fake.py").write_text(
-        "def run(repeats=1):\n    return {'ratio_x': [1.0 * i for i in range(1, repeats + 1)], 'summary': {'x': 1}}\n")
-    (tmp_path / "skipme.py").write_text("def main():\n    pass\n")
-    (tmp_path / "_private.py").write_text("def run():\n    pass\n")
-    (tmp_path / "broken.py").write_text("def run(:\n")
-    (tmp_path / "fails.py").write_text("def run(repeats=1):\n    raise RuntimeError('boom')\n")
-    assert run_all.discover(tmp_path) == ["broken", "fails", "fake"]
-    entry = run_all.run_one("fake", {"repeats": 3, "unknown_size": 5}, timeout_s=120, bench_dir=tmp_path)
-    assert entry["status"] == "ok" and entry["kwargs"] == {"repeats": 3}
-    assert entry["summary"]["ratio_x"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
-    assert "summary.x" not in entry["summary"]  # a benchmark's own summary is not summarized again
-    failed = run_all.run_one("fails", {"repeats": 1}, timeout_s=120, bench_dir=tmp_path)
-    assert failed["status"] == "failed" and "boom" in failed["error"]
-    json.dumps(entry)
-
-
 def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -196,21 +178,6 @@ def test_mlflow_one_run_per_suite(tmp_path, monkeypatch):
     assert run.data.params["model_step.repeats"] == "3" and run.data.params["cpu_model"] == "Test CPU"
     assert run.data.tags["status.newbench"] == "ok"
     assert [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(rid)] == ["results.json"]
-
-
-@pytest.mark.integration
-def test_child_benchmark_can_spawn_processes(tmp_path):
-    # lamb.py / zero.py start their ranks with the spawn method, which unpickles the worker function by
-    # its module's name: the runner must import a benchmark under its plain name, importable in the ranks.
-    (tmp_path / "spawner.py").write_text(
-        "import multiprocessing as mp\n"
-        "def square(x):\n    return x * x\n"
-        "def run(repeats=1):\n"
-        "    with mp.get_context('spawn').Pool(1) as pool:\n"
-        "        return {'squares': pool.map(square, range(1, repeats + 1))}\n")
-    entry = run_all.run_one("spawner", {"repeats": 3}, timeout_s=120, bench_dir=tmp_path)
-    assert entry["status"] == "ok", entry.get("error")
-    assert entry["result"]["squares"] == [1, 4, 9]
 
 
 def test_write_block_replaces_only_between_its_markers_and_refuses_a_doc_without_them(tmp_path):

@@ -1,4 +1,5 @@
-"""Loaders: exact resume (0 and 2 workers, twice, no replay), state serialisation, config."""
+"""Loaders: exact resume (0 workers here, 2: tests/integration/test_loader_workers.py; twice, no replay), state
+serialisation, config."""
 from __future__ import annotations
 
 import io
@@ -11,48 +12,15 @@ from omegaconf import OmegaConf
 from albert_dist.data import stream as stream_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
+from fixtures.loader_checks import assert_same as _assert_same
+from fixtures.loader_checks import check_exact_resume_across_shuffle_windows, check_exact_resume_twice_in_a_row
+from fixtures.loader_checks import data_cfg as _cfg
+from fixtures.loader_checks import take as _take
 
 
-def _cfg(workers: int, **kw) -> DataConfig:
-    # The bundled corpus cut into ~32 KB pieces: several pieces per slot, so resumes land mid-shard.
-    return DataConfig(max_seq_length=64, num_workers=workers, shard_piece_bytes=32768, **kw)
-
-
-def _take(it, n):
-    return [next(it) for _ in range(n)]
-
-
-def _assert_same(batches_a, batches_b):
-    assert len(batches_a) == len(batches_b)
-    for a, b in zip(batches_a, batches_b):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert torch.equal(a[k], b[k]), k
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_exact_resume_twice_in_a_row(workers):
-    cfg = _cfg(workers)
-    reference = _take(iter(build_train_loader(cfg, 4, rank=1, world_size=2)), 12)
-
-    first = build_train_loader(cfg, 4, rank=1, world_size=2)
-    it = iter(first)
-    _assert_same(_take(it, 4), reference[:4])
-    state = first.state_dict()
-    json.dumps(state["dataset_state"] if workers == 0 else state["_snapshot"]["_worker_snapshots"])
-    buf = io.BytesIO()
-    torch.save(state, buf)  # what DeepSpeed's client_state does
-    buf.seek(0)
-    state = torch.load(buf, weights_only=False)
-
-    second = build_train_loader(cfg, 4, rank=1, world_size=2)
-    second.load_state_dict(state)
-    it2 = iter(second)
-    _assert_same(_take(it2, 4), reference[4:8])
-
-    third = build_train_loader(cfg, 4, rank=1, world_size=2)
-    third.load_state_dict(second.state_dict())
-    _assert_same(_take(iter(third), 4), reference[8:12])
+def test_exact_resume_twice_in_a_row():
+    """0 workers; 2 worker processes: tests/integration/test_loader_workers.py."""
+    check_exact_resume_twice_in_a_row(0)
 
 
 @pytest.mark.parametrize("window", [1, 3])
@@ -85,17 +53,9 @@ def test_resume_reads_only_the_current_window(monkeypatch, window):
     assert len(records_read) < src_state["records_in_epoch"]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_exact_resume_across_shuffle_windows(workers):
-    """Windows of 2 documents: 12 batches cross several windows; resume mid-way gives the same batches."""
-    cfg = _cfg(workers, shuffle_documents=2)
-    reference = _take(iter(build_train_loader(cfg, 8, rank=0, world_size=2)), 12)
-    first = build_train_loader(cfg, 8, rank=0, world_size=2)
-    it = iter(first)
-    _assert_same(_take(it, 5), reference[:5])
-    second = build_train_loader(cfg, 8, rank=0, world_size=2)
-    second.load_state_dict(first.state_dict())
-    _assert_same(_take(iter(second), 7), reference[5:])
+def test_exact_resume_across_shuffle_windows():
+    """0 workers; 2 worker processes: tests/integration/test_loader_workers.py."""
+    check_exact_resume_across_shuffle_windows(0)
 
 
 def test_batches_mix_documents(monkeypatch):

@@ -17,6 +17,9 @@ from albert_dist.data.pretraining import Example
 from albert_dist.data.files import split_records
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
+from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
+from fixtures.loader_checks import doc_id_examples as _doc_id_examples
+from fixtures.loader_checks import uneven_shards as _uneven_shards
 
 
 def _reference_records(data: bytes, separator: str) -> list[bytes]:
@@ -147,17 +150,6 @@ def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
         assert next(it)["input_ids"].shape == (4, 32)
 
 
-def _uneven_shards(tmp_path, n_docs=40):
-    """5 shards of very different sizes; document i is 'doc <i> ...'."""
-    sizes = [1, 2, 4, 12, 21]
-    i = 0
-    for s, n in enumerate(sizes):
-        docs = [f"doc {i + k} " + "word " * (5 + (i + k) % 7) for k in range(n)]
-        (tmp_path / f"shard-{s}.txt").write_text("\n\n".join(docs) + "\n")
-        i += n
-    return i
-
-
 def _epoch_docs(stream: SourceStream) -> list[int]:
     out = []
     while True:
@@ -185,42 +177,9 @@ def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, 
     assert sum(len(s) for s in seen) == total  # disjoint
 
 
-def _doc_id_examples(monkeypatch):
-    """Replace example building by one example per document carrying its id and the DataLoader worker id."""
-    import torch
-
-    def build(self, text, rng):
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
-        doc = int(text.split()[1])
-        ids = np.array([2, 1000 + doc, 3, 2000 + worker, 3], dtype=np.int32)
-        return [Example(ids, 1, np.zeros(0, np.int64), np.zeros(0, np.int32), 0)]
-
-    monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_ranks_and_real_workers_split_uneven_shards_with_equal_batches(tmp_path, monkeypatch, workers):
-    """5 uneven shards on 2 ranks: disjoint, covering, and every rank keeps yielding (it cycles, never runs dry)."""
-    _doc_id_examples(monkeypatch)
-    total = _uneven_shards(tmp_path)
-    cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "shard-*.txt")])], max_seq_length=16,
-                     num_workers=workers, shard_piece_bytes=1024)
-    per_rank = []
-    steps = 3 * total  # every rank yields this many batches, far more than its share of documents
-    for rank in range(2):
-        it = iter(build_train_loader(cfg, micro_batch_size=2, rank=rank, world_size=2))
-        batches = [next(it) for _ in range(steps)]
-        ids = np.concatenate([b["input_ids"].numpy() for b in batches])
-        per_rank.append(Counter(zip(ids[:, 1] - 1000, ids[:, 3] - 2000)))
-    docs = [{d for d, _ in c} for c in per_rank]
-    assert docs[0].isdisjoint(docs[1]) and docs[0] | docs[1] == set(range(total))
-    for c in per_rank:  # each document is read by exactly one worker of its rank
-        by_doc = {}
-        for d, w in c:
-            by_doc.setdefault(d, set()).add(w)
-        assert all(len(ws) == 1 for ws in by_doc.values())
-        assert {w for _, w in c} == set(range(max(1, workers)))
+def test_ranks_and_workers_split_uneven_shards_with_equal_batches(tmp_path, monkeypatch):
+    """In this process (0 workers); with 2 worker processes: tests/integration/test_loader_workers.py."""
+    check_ranks_and_workers_split_uneven_shards(tmp_path, monkeypatch, 0)
 
 
 def test_epochs_reshuffle_the_same_documents(tmp_path):

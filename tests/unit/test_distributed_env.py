@@ -1,18 +1,16 @@
 """Rank/world discovery (albert_dist.engine.distributed): precedence, Slurm node lists, errors.
 
 References: the variables torchrun (GROUP_RANK, LOCAL_WORLD_SIZE) and deepspeed/launcher/launch.py
-(CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation; and, when Slurm is
-installed, the real ``scontrol show hostnames`` as the reference for the Python expander.
+(CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation (tests/fixtures/slurm_env.py;
+against the real ``scontrol show hostnames``: tests/integration/test_slurm_nodelist.py).
 """
 from __future__ import annotations
-
-import shutil
-import subprocess
 
 import pytest
 
 from albert_dist.engine import distributed as D
 from albert_dist.engine import slurm as S
+from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 
 @pytest.fixture
@@ -21,29 +19,7 @@ def no_scontrol(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
 
 
-def slurm_step(procid, nodeid, localid, ntasks=4, nodelist="gpu[01-02]", tasks_per_node="2(x2)", job_id="4711"):
-    """The variables srun gives one task of a step (names as measured on Slurm 22.05)."""
-    return {
-        "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid), "SLURM_NODEID": str(nodeid),
-        "SLURM_LOCALID": str(localid), "SLURM_NTASKS": str(ntasks), "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_STEP_NODELIST": nodelist, "SLURM_TASKS_PER_NODE": tasks_per_node,
-        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURM_NNODES": str(len(S.expand_nodelist_py(nodelist))),
-    }
-
-
 # ------------------------------------------------------------------------------------------------ node lists
-
-EXPANSIONS = {
-    "gpu[01-03,07]": ["gpu01", "gpu02", "gpu03", "gpu07"],
-    "n[1-2],login5": ["n1", "n2", "login5"],
-    "n[8-11]": ["n8", "n9", "n10", "n11"],
-    "x[098-101]": ["x098", "x099", "x100", "x101"],
-    "r[1-2]n[1-2]": ["r1n1", "r1n2", "r2n1", "r2n2"],
-    "login5": ["login5"],
-    "a[1-2],b,c[07-08]": ["a1", "a2", "b", "c07", "c08"],
-    "n1,,n2": ["n1", "n2"],
-}
-
 
 def test_python_expander_literal_after_bracket():
     # an extension: Slurm 22.05's scontrol calls this an "Invalid hostlist" (prints nothing, exits 0)
@@ -53,15 +29,6 @@ def test_python_expander_literal_after_bracket():
 @pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
 def test_python_expander(nodelist):
     assert S.expand_nodelist_py(nodelist) == EXPANSIONS[nodelist]
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
-@pytest.mark.parametrize("nodelist", sorted(EXPANSIONS))
-def test_python_expander_matches_scontrol(nodelist):
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    assert S.expand_nodelist_py(nodelist) == out.stdout.split()
-    assert S.expand_nodelist(nodelist) == out.stdout.split()
 
 
 @pytest.mark.parametrize("bad", ["", ",", "n[1-2", "n1-2]", "n[3-1]", "n[a-b]", "n[[1-2]]"])
@@ -154,17 +121,6 @@ def test_export_env_round_trip(no_scontrol):
     exported: dict[str, str] = {}
     D.export_env(env, exported)
     assert D.discover(exported) == D.DistEnv(3, 4, 1, 2, 1, "gpu01", env.master_port, 2, "torchrun")
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's scontrol is not installed")
-def test_virtual_node_resolves_to_node_addr():
-    """On the CI cluster (.ci/slurm-cluster.sh) n1 and n2 are virtual: their NodeAddr is 127.0.0.1."""
-    probe = subprocess.run(["scontrol", "show", "node", "n1"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("no Slurm cluster with node n1 running (.ci/slurm-cluster.sh start)")
-    env = D.discover(slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, nodelist="n[1-2]", tasks_per_node="1(x2)"))
-    assert env.master_addr == "127.0.0.1"
 
 
 # ------------------------------------------------------------------------------------------------ errors

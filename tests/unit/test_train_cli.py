@@ -1,11 +1,13 @@
 """`albert-dist train` refuses bad inputs with exit code 2 and one line naming the field, before any process group."""
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from albert_dist import cli
+from albert_dist import cli, preflight
 from albert_dist import train as trainer
 from albert_dist.engine import distributed
+from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -55,3 +57,34 @@ def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypa
     assert cli.main(["train", "--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
     assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
     assert "albert-dist train:" not in capsys.readouterr().err
+
+
+def test_without_run_dir_the_preflight_names_the_run_directory_and_holds_its_lock_for_the_job(tmp_path, monkeypatch):
+    """Rank 0's preflight names runs/<recipe>-<UTC time> (under the working directory) and locks it before the
+    process group; the trainer takes that name; the lock is released when the job ends."""
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def setup(self):
+        self.run_dir = Path(self._agree_run_dir())
+        with pytest.raises(RunDirBusy):  # held by the job (a second open file is refused, as another job's)
+            RunDirLock(self.run_dir).acquire()
+        seen.append(self.run_dir)
+
+    monkeypatch.setattr(trainer.Trainer, "setup", setup)
+    monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
+    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    assert cli.main(["train", "--config", RECIPE, *BASE]) == trainer.EXIT_OK
+    (run_dir,) = seen
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("albert-tiny-wikitext-20")
+    RunDirLock(run_dir).acquire().release()  # free again
+
+
+def test_two_jobs_named_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
+    noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    first = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
+    second = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
+    assert [first.run_dir.name, second.run_dir.name] == ["tiny-20260101-120000", "tiny-20260101-120000-2"]
+    first.release()
+    second.release()

@@ -141,7 +141,6 @@ def test_rjieba_and_jieba_give_the_same_words(zh, monkeypatch):
         assert (segmented_word_starts(pieces, fast) == segmented_word_starts(pieces, slow)).all()
 
 
-@pytest.mark.integration  # a DataLoader worker process: left out of `make test-fast`
 def test_exact_resume_with_segmentation_in_workers(zh):
     """Segmentation runs in the loader workers; resuming mid-stream gives the batches an unbroken run gives."""
     model, _, corpus = zh

@@ -202,7 +202,6 @@ def test_every_format_resumes_exactly_with_two_workers(corpus):
     _same_batches([b for _, b in zip(range(4), third)], reference[8:])
 
 
-@pytest.mark.integration
 def test_train_through_the_cli_on_every_format(corpus, tmp_path):
     """One real `albert-dist train` (1 rank, 2 steps) over a directory holding every format, with a .jsonl.zst
     validation set: the preflight passes, the run trains, validates and checkpoints (the loader-level resume

@@ -1,0 +1,32 @@
+"""The unit tier's rule, enforced: a test here runs in this one process (no subprocess, no forked or spawned
+process: DataLoader workers, pools and ranks included), so `make test-fast` stays the few-minute inner loop.
+
+A test that starts one fails, naming what it started and where such a test belongs (tests/integration). The
+guard patches the three doors every process start in this code base goes through: `subprocess.Popen` (``run``,
+``check_output``... too), `multiprocessing`'s ``Process.start`` (torch's DataLoader workers, pools, spawned
+ranks) and `os.fork`/`os.posix_spawn` (whatever calls them directly).
+"""
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
+
+RULE = "tests/unit runs in one process; a test that starts {what} belongs in tests/integration"
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(RULE.format(what=what))
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch):
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("a subprocess"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process"))
+    monkeypatch.setattr(os, "fork", _refuse("a forked process"))
+    monkeypatch.setattr(os, "posix_spawn", _refuse("a spawned process"))
