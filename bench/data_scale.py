@@ -513,23 +513,24 @@ _DEDUP_DRIVER = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from albert_dist.data import prepare as prep
+from albert_dist.data.prepare.dedup import find_duplicates
+from albert_dist.data.prepare.scan import HASH_DTYPE
 from albert_dist.data.sizes import peak_rss_bytes
 work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 files, counts = [], []
 for t in range(8):  # 8 spool hash files; 1 in 10 documents repeats an earlier hash
-    rows = np.zeros(n // 8, dtype=prep._HASH_DTYPE)
+    rows = np.zeros(n // 8, dtype=HASH_DTYPE)
     rows["hi"], rows["lo"] = rng.integers(0, 2**63, n // 8, dtype=np.uint64), rng.integers(0, 2**63, n // 8, dtype=np.uint64)
     if t:
-        rows[::10] = np.fromfile(files[0], dtype=prep._HASH_DTYPE)[: len(rows[::10])]
+        rows[::10] = np.fromfile(files[0], dtype=HASH_DTYPE)[: len(rows[::10])]
     files.append(work / f"{t}.hash")
     rows.tofile(files[-1])
     counts.append(len(rows))
 del rows
 open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM: measure the search alone
 base = peak_rss_bytes()
-dups = prep.find_duplicates(files, counts, budget, work / "buckets")
+dups = find_duplicates(files, counts, budget, work / "buckets")
 print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "duplicates": int(len(dups))}))
 """
 
@@ -537,7 +538,7 @@ print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "dupli
 def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
     """Peak RSS of `find_duplicates` over ``documents`` hashes: in memory (bytes per document, bound
     DEDUP_ROW_BYTES) and bucketed on disk under a budget of a quarter of that (peak / budget)."""
-    from albert_dist.data.prepare import DEDUP_ROW_BYTES
+    from albert_dist.data.prepare.dedup import DEDUP_ROW_BYTES
 
     out: dict[str, Any] = {"documents": documents}
     for name, budget in (("in_memory", 1 << 40), ("bucketed", documents * DEDUP_ROW_BYTES // 4)):
