@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from albert_dist import cli
-from albert_dist.data.prepare import dedup, lock, options, publish, run, scan
+from albert_dist.data.prepare import dedup, jsonl, lock, options, publish, run, scan
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import iter_texts
@@ -223,6 +223,7 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         raise AssertionError("the resumed run read an input again")
 
     monkeypatch.setattr(files, "read_piece", no_reading)  # the scan must come from the kept spool
+    monkeypatch.setattr(jsonl, "line_blocks", no_reading)  # (JSON lines are read a block at a time)
     assert cli.main(["data", "prepare", *argv]) == 0
     monkeypatch.undo()
     assert "wrote 2 shards" in capsys.readouterr().out

@@ -17,8 +17,10 @@ Pipeline (every stage streams; nothing holds the corpus in memory):
 
 1. *scan*, parallel over input pieces (``--workers`` processes; a compressed file is one piece, an uncompressed
    file is cut into `SCAN_PIECE_BYTES` byte ranges, a parquet file into runs of row groups): read the records
-   with the training readers, count skips by reason (with file and offset), write the usable documents to a
-   spool parquet file and their 128-bit BLAKE2b hashes and byte lengths to a side file (24 bytes/document).
+   as the training readers do (JSON lines a block at a time with pyarrow's JSON reader, the same records:
+   `albert_dist.data.prepare.jsonl`), count skips by reason (with file and offset), write the usable documents
+   to an uncompressed Arrow spool file and their 128-bit xxh3 hashes and byte lengths to a side file (24
+   bytes/document). The work directory needs free space for the kept text, uncompressed (temporary).
 2. *dedup*: exact duplicates (the same text after the reader's strip) are found from the hashes; the first
    occurrence in input order is kept, across all files and workers. Memory: `DEDUP_ROW_BYTES` (48) per
    document while that fits ``--dedup-memory`` (default 1 GiB: 22M documents); beyond that the hashes are
@@ -65,7 +67,7 @@ from albert_dist.data.prepare.lock import LOCK_SUFFIX, OutputLock
 from albert_dist.data.prepare.options import FORMAT_VERSION, PrepareOptions, plan_sizes
 from albert_dist.data.prepare.pool import Workers
 from albert_dist.data.prepare.publish import MANIFEST_NAME, load_manifest, publish, remote_work_root
-from albert_dist.data.prepare.scan import SKIP_EXAMPLES, ScanTask, plan_scan, read_hashes, scan_task
+from albert_dist.data.prepare.scan import SKIP_EXAMPLES, SPOOL_FORMAT, ScanTask, plan_scan, read_hashes, scan_task
 from albert_dist.data.prepare.tokens import estimate_tokens
 from albert_dist.data.prepare.write import shard_slices, write_shard
 from albert_dist.data.sizes import fmt_bytes, peak_rss_bytes
@@ -131,13 +133,14 @@ def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool,
                              f"{existing.get('command')!r}); pass --overwrite to replace it, or choose another "
                              "directory")
     work = out.parent / (out.name + TMP_SUFFIX)
-    state = {"fingerprint": fingerprint, "command": command}
+    state = {"fingerprint": fingerprint, "command": command, "spool_format": SPOOL_FORMAT}
     if work.exists():
         try:
             previous = json.loads((work / "state.json").read_text())
         except (OSError, ValueError):
             previous = {}
-        if previous.get("fingerprint") != fingerprint:
+        # a work directory of another version's spool files (SPOOL_FORMAT) is not resumed either
+        if (previous.get("fingerprint"), previous.get("spool_format")) != (fingerprint, SPOOL_FORMAT):
             logger.info("discarding %s: left by a run of another command (%s)", work, previous.get("command"))
             shutil.rmtree(work)
         else:
@@ -239,7 +242,7 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
                    "target_slots": sizes.target_slots, "row_groups_per_target_slot": round(row_groups / sizes.target_slots, 3),
                    "rule": sizes.rule},
         "files": entries,
-        "dedup": {"enabled": opts.dedup, "hash": "blake2b-128 of the UTF-8 text (after the reader's strip)",
+        "dedup": {"enabled": opts.dedup, "hash": "xxh3-128 of the UTF-8 text (after the reader's strip)",
                   "duplicates_dropped": int(len(dups)), "duplicate_bytes_dropped": dup_bytes,
                   "first_occurrence_kept": True},
         "records_read": int(sum(s["records"] for s in summaries)),

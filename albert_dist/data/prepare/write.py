@@ -14,7 +14,7 @@ from albert_dist.data.prepare.scan import read_hashes
 from albert_dist.data.sizes import peak_rss_bytes
 
 #: zstd level of the output shards.
-SHARD_ZSTD_LEVEL = 3
+SHARD_ZSTD_LEVEL = 1
 
 
 def shard_slices(hash_files: list[Path], drops: list[np.ndarray], total_bytes: int,
@@ -52,6 +52,7 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     """Write shard ``index`` from its spool slices; row group k holds the documents that start in its
     ``[k, k + 1) x row_group_bytes`` of the shard's text. Returns (and writes beside it) its manifest entry."""
     import pyarrow as pa
+    import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
@@ -64,8 +65,9 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     spool = Path(spool_dir)
     schema = pa.schema([("text", pa.string())])
     tmp = out / f".{name}.tmp"
-    # zstd level 3 (the zstd CLI's default; pyarrow's is 1): row groups of 64 KiB lose some ratio against one
-    # stream per file, level 3 wins most of it back for a few % of the write time (bench/data_scale.py)
+    # zstd level 1 (pyarrow's default): on real text in row groups of ~64 KiB it compresses 2.40x against level
+    # 3's 2.50x for ~25 % less CPU, and the output's compression was a third of prepare's CPU at level 3
+    # (bench/data_scale.py, section prepare: block_compression and the profile in docs/scale.md)
     writer = pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
                               write_statistics=False)
     documents = nbytes = row_groups = 0
@@ -89,18 +91,22 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
             keep[first:last] = True
             if task in drop_files:
                 keep[np.load(drop_files[task])] = False
-            pf = pq.ParquetFile(spool / f"{task:06d}.parquet")
-            group_rows = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-            group_start = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
-            for g in range(len(group_rows)):
-                lo, hi = int(group_start[g]), int(group_start[g + 1])
-                if hi <= first or lo >= last:  # only the spool row groups (~8 MiB each) this slice overlaps
+            reader = ipc.open_file(pa.memory_map(str(spool / f"{task:06d}.arrow")))
+            hi = 0
+            for g in range(reader.num_record_batches):  # only the spool batches this slice overlaps
+                if hi >= last:
+                    break
+                batch = reader.get_batch(g)  # memory-mapped: nothing is read until its bytes are used
+                lo, hi = hi, hi + batch.num_rows
+                if hi <= first:
                     continue
-                batch = pf.read_row_group(g, columns=["text"])
                 sel = np.flatnonzero(keep[lo:hi])
                 if len(sel) == 0:
                     continue
-                texts = batch.column(0).combine_chunks().take(pa.array(sel))
+                column = batch.column(0)
+                # a run without a dropped document is a slice (no copy until the row group is assembled)
+                texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
+                         else column.take(pa.array(sel)))
                 sizes = lens[lo:hi][sel]
                 starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
                 groups = starts // row_group_bytes
