@@ -106,6 +106,19 @@ class _DecodedStream:
         del self._out[:n]
         return out
 
+    def read_chunk(self, n: int) -> bytearray:
+        """Like `read`, but all that the decoder gave while filling to ``n`` bytes (maybe more than ``n``),
+        without copying it out (a bulk reader's 4 MiB reads: albert_dist.data.prepare.jsonl)."""
+        if self._error is None and len(self._out) < n:
+            try:
+                self._fill(n)
+            except DamagedInput as err:
+                self._error = err
+        if not self._out and self._error is not None:
+            raise self._error
+        out, self._out = self._out, bytearray()
+        return out
+
 
 class _GzipStream(_DecodedStream):
     """gzip.GzipFile (every member of a concatenated file), read one input block at a time (``read1``), its

@@ -307,7 +307,8 @@ def _scan_blocks(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> di
     spool = _Spool(spool_dir, task.index)
     stream = open_stream(task.path, task.compression, max(0, task.start - 1))
     try:
-        for block in line_blocks(stream.read, task.start, end, max_document_bytes):
+        read = getattr(stream, "read_chunk", stream.read)  # a decoded stream's, without a copy
+        for block in line_blocks(read, task.start, end, max_document_bytes):
             progress.read(block.nbytes)
             if block.data is None:
                 counts.counts["records"] += 1
