@@ -146,18 +146,22 @@ def parse_block(block: Block, text_field: str, max_bytes: int) -> Optional[Parse
         return None
     if table.num_rows != len(starts):
         return None
-    col = table.column(0).combine_chunks()
-    missing = col.is_null()
-    texts = _strip(pc.fill_null(col, ""))
-    empty = pc.and_(pc.equal(pc.binary_length(texts), 0), pc.invert(missing))
-    bad = pc.or_(missing, empty)
+    chunks = table.column(0).chunks
+    col = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+    missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(len(col), dtype=bool)
+    texts = _strip(pc.fill_null(col, "") if col.null_count else col)
+    bad = missing | (np.diff(_offsets(texts)) == 0)  # missing, or empty once stripped
     skipped: list[tuple[str, int]] = []
-    if pc.any(bad).as_py():
-        miss, emp = missing.to_numpy(zero_copy_only=False), empty.to_numpy(zero_copy_only=False)
-        for row in np.flatnonzero(miss | emp):
-            skipped.append(("missing_field" if miss[row] else "empty", block.offset + int(starts[row])))
-        texts = texts.filter(pc.invert(bad))
+    if bad.any():
+        for row in np.flatnonzero(bad):
+            skipped.append(("missing_field" if missing[row] else "empty", block.offset + int(starts[row])))
+        texts = texts.filter(pa.array(~bad))
     return Parsed(texts, len(starts), skipped)
+
+
+def _offsets(texts) -> np.ndarray:
+    """The ``len + 1`` int32 offsets of a string array into its data buffer (no copy)."""
+    return np.frombuffer(texts.buffers()[1], dtype=np.int32, count=len(texts) + 1, offset=texts.offset * 4)
 
 
 def _strip(texts):
@@ -168,7 +172,7 @@ def _strip(texts):
 
     if len(texts) == 0:
         return texts
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32, count=len(texts) + 1, offset=texts.offset * 4)
+    offsets = _offsets(texts)
     raw = texts.buffers()[2]
     byte = np.frombuffer(raw, dtype=np.uint8) if raw is not None and raw.size else np.zeros(1, np.uint8)
     lengths = np.diff(offsets)
