@@ -243,6 +243,29 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         capsys.readouterr().err
 
 
+def test_a_work_directory_of_another_spool_format_is_scanned_again(tmp_path, monkeypatch):
+    """An interrupted run's spool, left by a version whose spool files differ (state.json's spool_format), is
+    not resumed: the rerun scans the inputs again and writes the right output."""
+    src = _write(tmp_path / "c", DOCS, "jsonl", ".zst")
+    opts = _opts([src], tmp_path / "out", num_shards=2, tokenizer_path=None)
+    real_write = run.write_shard
+
+    def crash(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "write_shard", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run.prepare(opts, "c")
+    monkeypatch.setattr(run, "write_shard", real_write)
+    state = tmp_path / ("out" + run.TMP_SUFFIX) / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "spool_format": scan.SPOOL_FORMAT - 1}))
+    scanned = []  # blocks read from the input
+    real_blocks = jsonl.line_blocks
+    monkeypatch.setattr(jsonl, "line_blocks", lambda *a: scanned.append(1) or real_blocks(*a))
+    run.prepare(opts, "c")
+    assert scanned and _read_output(tmp_path / "out") == EXPECTED
+
+
 def test_config_sources_and_cli_errors(tmp_path, capsys):
     src = _write(tmp_path / "c", BASE[:50], "txt", ".zst")
     recipe = tmp_path / "r.yaml"

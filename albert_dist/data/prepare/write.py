@@ -65,9 +65,9 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     spool = Path(spool_dir)
     schema = pa.schema([("text", pa.string())])
     tmp = out / f".{name}.tmp"
-    # zstd level 1 (pyarrow's default): on real text in row groups of ~64 KiB it compresses 2.40x against level
-    # 3's 2.50x for ~25 % less CPU, and the output's compression was a third of prepare's CPU at level 3
-    # (bench/data_scale.py, section prepare: block_compression and the profile in docs/scale.md)
+    # zstd level 1 (pyarrow's default): real text in 64 KiB blocks compresses 2.50x against level 3's 2.63x
+    # (bench/data_scale.py, section prepare) for about a third less compression CPU, and at level 3 the shards'
+    # compression was a third of all of prepare's CPU (docs/data.md)
     writer = pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
                               write_statistics=False)
     documents = nbytes = row_groups = 0
