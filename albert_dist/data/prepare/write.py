@@ -78,7 +78,7 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     def flush() -> None:
         nonlocal buf, buf_bytes, row_groups
         if buf:
-            table = pa.Table.from_arrays([pa.concat_arrays(buf)], schema=schema)
+            table = pa.Table.from_arrays([pa.chunked_array(buf, pa.string())], schema=schema)  # no concatenated copy
             writer.write_table(table, row_group_size=len(table))
             row_groups += 1
             advance(buf_bytes)
