@@ -54,6 +54,8 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need);
   and the zstd ratio of real text in row-group-sized blocks against one stream (what the output costs on disk
   against a .zst corpus; the generated corpora repeat paragraphs across documents, so their ratios are not real).
+  With the suite's S3 server: the same prepare reading the corpus from ``s3://`` (moto's server in its own
+  process, tests/fixtures/s3_server.py) against the peer reading the local files, MB per CPU-second in one run.
 
 ``run`` calls every section in `SECTIONS`.
 """
@@ -485,10 +487,10 @@ print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.
 """
 
 
-def _driver(code: str, args: list[str]) -> dict[str, Any]:
+def _driver(code: str, args: list[str], env: Optional[dict] = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
+                          env={**os.environ, "HF_DATASETS_OFFLINE": "1", **(env or {})})
     wall = time.perf_counter() - t0
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RUSAGE ")), None)
     if proc.returncode != 0 or line is None or json.loads(line[len("RUSAGE "):])["rc"] != 0:
@@ -513,23 +515,24 @@ _DEDUP_DRIVER = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from albert_dist.data import prepare as prep
+from albert_dist.data.prepare.dedup import find_duplicates
+from albert_dist.data.prepare.scan import HASH_DTYPE
 from albert_dist.data.sizes import peak_rss_bytes
 work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 files, counts = [], []
 for t in range(8):  # 8 spool hash files; 1 in 10 documents repeats an earlier hash
-    rows = np.zeros(n // 8, dtype=prep._HASH_DTYPE)
+    rows = np.zeros(n // 8, dtype=HASH_DTYPE)
     rows["hi"], rows["lo"] = rng.integers(0, 2**63, n // 8, dtype=np.uint64), rng.integers(0, 2**63, n // 8, dtype=np.uint64)
     if t:
-        rows[::10] = np.fromfile(files[0], dtype=prep._HASH_DTYPE)[: len(rows[::10])]
+        rows[::10] = np.fromfile(files[0], dtype=HASH_DTYPE)[: len(rows[::10])]
     files.append(work / f"{t}.hash")
     rows.tofile(files[-1])
     counts.append(len(rows))
 del rows
 open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM: measure the search alone
 base = peak_rss_bytes()
-dups = prep.find_duplicates(files, counts, budget, work / "buckets")
+dups = find_duplicates(files, counts, budget, work / "buckets")
 print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "duplicates": int(len(dups))}))
 """
 
@@ -537,7 +540,7 @@ print("RESULT " + json.dumps({"extra_rss_bytes": peak_rss_bytes() - base, "dupli
 def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
     """Peak RSS of `find_duplicates` over ``documents`` hashes: in memory (bytes per document, bound
     DEDUP_ROW_BYTES) and bucketed on disk under a budget of a quarter of that (peak / budget)."""
-    from albert_dist.data.prepare import DEDUP_ROW_BYTES
+    from albert_dist.data.prepare.dedup import DEDUP_ROW_BYTES
 
     out: dict[str, Any] = {"documents": documents}
     for name, budget in (("in_memory", 1 << 40), ("bucketed", documents * DEDUP_ROW_BYTES // 4)):
@@ -558,24 +561,52 @@ def dedup_memory(work: Path, documents: int = 4_000_000) -> dict[str, Any]:
 
 def block_compression() -> dict[str, float]:
     """Compression ratio of real text (WikiText-2 test + validation, Shakespeare: 3.5 MB) cut in row-group-sized
-    blocks (zstd level 3, as prepare writes them) against one zstd level-3 stream (a .zst file)."""
+    blocks, at the zstd level prepare writes (`SHARD_ZSTD_LEVEL`) and at level 3, against one zstd level-3
+    stream (a .zst file)."""
     import zstandard
+
+    from albert_dist.data.prepare.write import SHARD_ZSTD_LEVEL
 
     paths = [CORPORA / "wikitext-2" / "test.txt", CORPORA / "wikitext-2" / "valid.txt",
              CORPORA / "tinyshakespeare" / "input.txt"]
     data = b"".join(p.read_bytes() for p in paths if p.exists())
     c = zstandard.ZstdCompressor(level=3)
-    out = {"text_bytes": len(data), "one_stream": len(data) / len(c.compress(data))}
-    for kib in (64, 256, 1024):
-        step = kib << 10
-        out[f"blocks_{kib}k"] = len(data) / sum(len(c.compress(data[i:i + step])) for i in range(0, len(data), step))
+    out = {"text_bytes": len(data), "one_stream": len(data) / len(c.compress(data)), "level": SHARD_ZSTD_LEVEL}
+    for level, prefix in ((SHARD_ZSTD_LEVEL, "blocks"), (3, "level3_blocks")):
+        c = zstandard.ZstdCompressor(level=level)
+        for kib in (64, 256, 1024):
+            step = kib << 10
+            out[f"{prefix}_{kib}k"] = len(data) / sum(len(c.compress(data[i:i + step]))
+                                                      for i in range(0, len(data), step))
     return out
 
 
+def _prepare_from_s3(corpus: Path, work: Path, raw: int, local: dict[str, Any]) -> dict[str, Any]:
+    """`data prepare --workers 1` of the same corpus uploaded to a real S3 endpoint on localhost (moto's server
+    in its own process, tests/fixtures/s3_server.py: its CPU is the store's, not counted), into a local output:
+    MB per CPU-second of the prepare process, and whether the shards equal the local run's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fixtures.s3_server import S3Server
+
+    server = S3Server(process=True)
+    try:
+        server.bucket("raw")
+        server.upload(corpus, "s3://raw/prepare")
+        out = work / "prepared-s3"
+        m = _driver(_PREPARE_DRIVER, ["--input", "s3://raw/prepare/*", "--output", str(out), "--workers", "1",
+                                      "--no-progress", "--tokenizer", "none"], env=server.env())
+        manifest = json.loads((out / "manifest.json").read_text())
+        shutil.rmtree(out)
+    finally:
+        server.stop()
+    return {"mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "mb_per_wall_s": raw / 1e6 / m["wall_s"], "cpu_s": m["cpu_s"],
+            "wall_s": m["wall_s"], "same_shards_as_local": [f["sha256"] for f in manifest["files"]] == local["sha256"]}
+
+
 def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = (1, 2),
-                    peer: bool = True) -> dict[str, Any]:
+                    peer: bool = True, s3: bool = True) -> dict[str, Any]:
     """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus at each ``workers``: throughput and peak RSS; the HF
-    datasets peer."""
+    datasets peer; with ``s3``, also ours reading the corpus from an S3 server against the peer's local read."""
     corpus = work / "prepare-zst"
     files = make_corpus(corpus, corpus_mb * 10**6, 16, "jsonl", ".zst", seed=9)
     raw = _text_bytes(files)
@@ -599,7 +630,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
     first = result[f"workers_{workers[0]}"]
     result["same_output_at_any_workers"] = all(result[f"workers_{w}"].pop("sha256") == first["sha256"]
                                                for w in workers[1:])
-    first.pop("sha256", None)
+    local = {"sha256": first.pop("sha256", None)}
     if peer:
         m = _driver(_PEER_DRIVER, [str(corpus / "*"), str(work / "peer.parquet"), str(work / "hf-cache")])
         result["peer_datasets_json_to_parquet"] = {
@@ -609,6 +640,10 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
             "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
         shutil.rmtree(work / "hf-cache", ignore_errors=True)
         (work / "peer.parquet").unlink(missing_ok=True)
+        if s3:
+            result["from_s3"] = _prepare_from_s3(corpus, work, raw, local)
+            result["ratio_mb_per_cpu_s_ours_from_s3_over_peer"] = result["from_s3"]["mb_per_cpu_s"] / result[
+                "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
     shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
     shutil.rmtree(corpus, ignore_errors=True)
     result["dedup_memory"] = dedup_memory(work)
@@ -718,10 +753,18 @@ def _print(res: dict[str, Any]) -> None:
             p = prep["peer_datasets_json_to_parquet"]
             print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
                   f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
+        if "from_s3" in prep:
+            s = prep["from_s3"]
+            print(f"  ours from S3 (moto server, local output): {s['mb_per_cpu_s']:.1f} MB/CPU-s, "
+                  f"{s['mb_per_wall_s']:.1f} MB/s wall; ours from S3 / peer from local disk (MB per CPU-s) "
+                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_peer']:.2f}; same shards as local: "
+                  f"{s['same_shards_as_local']}")
         print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
         bc = prep["block_compression"]
-        print(f"  zstd-3 ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one stream {bc['one_stream']:.2f}x, blocks "
-              f"of 64 KiB {bc['blocks_64k']:.2f}x, 256 KiB {bc['blocks_256k']:.2f}x, 1 MiB {bc['blocks_1024k']:.2f}x")
+        print(f"  zstd ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one level-3 stream {bc['one_stream']:.2f}x; "
+              f"blocks of 64 KiB / 256 KiB / 1 MiB at level {bc['level']} (prepare's) {bc['blocks_64k']:.2f}x / "
+              f"{bc['blocks_256k']:.2f}x / {bc['blocks_1024k']:.2f}x, at level 3 {bc['level3_blocks_64k']:.2f}x / "
+              f"{bc['level3_blocks_256k']:.2f}x / {bc['level3_blocks_1024k']:.2f}x")
         dd = prep["dedup_memory"]
         print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
               f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "

@@ -78,7 +78,8 @@ def run(repeats: int = 1, mb: int = 40) -> dict:
     import data_scale
     from fixtures.s3_server import S3Server
 
-    from albert_dist.data import prepare as prep
+    from albert_dist.data.prepare.options import PrepareOptions
+    from albert_dist.data.prepare.run import prepare
     from albert_dist.data.config import SourceConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
@@ -93,16 +94,16 @@ def run(repeats: int = 1, mb: int = 40) -> dict:
         server.upload(raw, "s3://raw/corpus")
         _reset_caches()
 
-        def opts(src: str, out: str) -> prep.PrepareOptions:
-            return prep.PrepareOptions(sources=[SourceConfig(paths=[src])], output=out, tokenizer_path=None,
-                                       target_ranks=TARGET_RANKS, target_loader_workers=TARGET_WORKERS,
-                                       progress=False)
+        def opts(src: str, out: str) -> PrepareOptions:
+            return PrepareOptions(sources=[SourceConfig(paths=[src])], output=out, tokenizer_path=None,
+                                  target_ranks=TARGET_RANKS, target_loader_workers=TARGET_WORKERS,
+                                  progress=False)
 
         t0 = time.perf_counter()
-        local_manifest = prep.prepare(opts(str(raw), str(work / "prepared")), "bench local")
+        local_manifest = prepare(opts(str(raw), str(work / "prepared")), "bench local")
         local_prepare_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        s3_manifest = prep.prepare(opts("s3://raw/corpus", "s3://prepared/corpus"), "bench s3")
+        s3_manifest = prepare(opts("s3://raw/corpus", "s3://prepared/corpus"), "bench s3")
         s3_prepare_s = time.perf_counter() - t0
         identical = ([e["sha256"] for e in local_manifest["files"]] == [e["sha256"] for e in s3_manifest["files"]])
         result: dict = {"corpus_mb": mb, "text_bytes": s3_manifest["bytes"], "row_groups": s3_manifest["row_groups"],

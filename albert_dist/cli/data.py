@@ -3,8 +3,9 @@
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
     albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
-The work lives in the data layer (`albert_dist.data.prepare`, `albert_dist.data.plan`; the plan's printed report,
-`format_plan`, is here, away from the training path); this front end sits above the app because ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
+The work lives in the data layer (`albert_dist.data.prepare.run`, `albert_dist.data.plan`; the plan's printed
+report, `format_plan`, is here, away from the training path); this front end sits above the app because
+``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
 Bad input (a `ValueError` or `OSError` from the work) is `albert_dist.cli`'s one error line and exit code 2.
 """
 from __future__ import annotations
@@ -73,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``albert-dist data prepare`` arguments (defaults from albert_dist.data.prepare)."""
-    from albert_dist.data import prepare as prep
+    """The ``albert-dist data prepare`` arguments (defaults from albert_dist.data.prepare.options)."""
+    from albert_dist.data.prepare import options
 
     # several paths per --input (extend): an unquoted glob the shell expanded (`--input /x/*.jsonl.zst`) is
     # every file it matched, as `tokenizer train --input` takes it, not one input plus "overrides"
@@ -94,14 +95,14 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--shard-bytes", type=parse_byte_size, help="text bytes per output file (e.g. 256M)")
     p.add_argument("--row-group-bytes", type=parse_byte_size,
                    help="text bytes per row group (default: from --target-ranks x --target-loader-workers)")
-    p.add_argument("--target-ranks", type=int, default=prep.DEFAULT_TARGET_RANKS,
-                   help=f"largest job (ranks) the output is sized for (default {prep.DEFAULT_TARGET_RANKS})")
-    p.add_argument("--target-loader-workers", type=int, default=prep.DEFAULT_TARGET_LOADER_WORKERS,
-                   help=f"its data.num_workers (default {prep.DEFAULT_TARGET_LOADER_WORKERS})")
+    p.add_argument("--target-ranks", type=int, default=options.DEFAULT_TARGET_RANKS,
+                   help=f"largest job (ranks) the output is sized for (default {options.DEFAULT_TARGET_RANKS})")
+    p.add_argument("--target-loader-workers", type=int, default=options.DEFAULT_TARGET_LOADER_WORKERS,
+                   help=f"its data.num_workers (default {options.DEFAULT_TARGET_LOADER_WORKERS})")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     p.add_argument("--workers", type=int, default=max(1, cores), help="processes (default: the usable CPU cores)")
     p.add_argument("--keep-duplicates", action="store_true", help="keep exact-duplicate documents")
-    p.add_argument("--dedup-memory", type=parse_byte_size, default=prep.DEFAULT_DEDUP_MEMORY_BYTES,
+    p.add_argument("--dedup-memory", type=parse_byte_size, default=options.DEFAULT_DEDUP_MEMORY_BYTES,
                    help="memory for the duplicate search (default 1G; above it hashes are bucketed on disk)")
     p.add_argument("--max-document-bytes", type=parse_byte_size, default=None,
                    help="longer documents are skipped and counted (default: the recipe's, else 4M)")
@@ -137,12 +138,13 @@ def prepare(args: argparse.Namespace) -> int:
     Raises:
         ValueError, OSError: bad arguments or input (naming the flag, file or field).
     """
-    from albert_dist.data import prepare as prep
+    from albert_dist.data.prepare.options import PrepareOptions
+    from albert_dist.data.prepare.run import AlreadyComplete, prepare as run_prepare
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     command = "albert-dist " + shlex.join(args.command_line)  # recorded in the manifest
     sources, tokenizer, max_doc = _sources_from_args(args)
-    opts = prep.PrepareOptions(
+    opts = PrepareOptions(
         sources=sources, output=args.output, num_shards=args.num_shards, shard_bytes=args.shard_bytes,
         row_group_bytes=args.row_group_bytes, target_ranks=args.target_ranks,
         target_loader_workers=args.target_loader_workers, workers=args.workers, dedup=not args.keep_duplicates,
@@ -150,8 +152,8 @@ def prepare(args: argparse.Namespace) -> int:
         tokenizer_path=None if (tokenizer or "").lower() == "none" else (tokenizer or DataConfig.tokenizer_path),
         overwrite=args.overwrite, progress=args.progress)
     try:
-        manifest = prep.prepare(opts, command)
-    except prep.AlreadyComplete as done:
+        manifest = run_prepare(opts, command)
+    except AlreadyComplete as done:
         print(f"albert-dist data prepare: {done}")
         return EXIT_OK
     shown = args.output if "://" in args.output else str(Path(args.output).expanduser().resolve())

@@ -94,7 +94,8 @@ class _DecodedStream:
     def _fill(self, n: int) -> None:
         raise NotImplementedError
 
-    def read(self, n: int) -> bytes:
+    def _decode(self, n: int) -> None:
+        """Decode toward ``n`` bytes held; raise the stored error once nothing decoded before it is left."""
         if self._error is None and len(self._out) < n:
             try:
                 self._fill(n)
@@ -102,8 +103,18 @@ class _DecodedStream:
                 self._error = err
         if not self._out and self._error is not None:
             raise self._error
+
+    def read(self, n: int) -> bytes:
+        self._decode(n)
         out = bytes(self._out[:n])
         del self._out[:n]
+        return out
+
+    def read_chunk(self, n: int) -> bytearray:
+        """Like `read`, but all that the decoder gave while filling to ``n`` bytes (maybe more than ``n``),
+        without copying it out (a bulk reader's 4 MiB reads: albert_dist.data.prepare.jsonl)."""
+        self._decode(n)
+        out, self._out = self._out, bytearray()
         return out
 
 

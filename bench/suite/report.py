@@ -128,6 +128,9 @@ HEADLINES: tuple[Headline, ...] = (
     Headline("data_scale", "data prepare of .jsonl.zst, MB per CPU-second: ours (1 worker, dedup, sized row groups) / "
              "datasets load_dataset('json').to_parquet()", "prepare.ratio_mb_per_cpu_s_ours_over_peer", None, None,
              "prepare.workers_1.mb_per_cpu_s", "prepare.peer_datasets_json_to_parquet.mb_per_cpu_s", "MB/CPU-s"),
+    Headline("data_scale", "the same, ours reading the corpus from an S3 server (moto) / the peer reading the local "
+             "files", "prepare.ratio_mb_per_cpu_s_ours_from_s3_over_peer", None, None, "prepare.from_s3.mb_per_cpu_s",
+             "prepare.peer_datasets_json_to_parquet.mb_per_cpu_s", "MB/CPU-s"),
     Headline("memory_scale", "model states per rank of albert-base (ZeRO-2/3, 1 and 4 ranks, bf16): DeepSpeed's "
              "tensors / our estimate (albert_dist.engine.memory), lowest cell", "headline.states_vs_ours_min", ">=", 0.8),
     Headline("memory_scale", "the same, highest cell", "headline.states_vs_ours_max", "<=", 1.25),

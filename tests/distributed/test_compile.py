@@ -21,7 +21,7 @@ MLM gather, not compiled) in the same process group, and must
 Compiling on 2 CPU cores is the cost: the cells run in one spawned process group (the gradient matrix's, shared:
 tests/distributed/conftest.py) and compile once per process
 (dynamo reuses a graph for every later model of the same structure), so only the first cell of each graph pays
-(measured durations in docs/training.md).
+(measured durations in docs/training-loop.md).
 """
 from __future__ import annotations
 

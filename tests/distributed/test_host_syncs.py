@@ -6,7 +6,7 @@
 both with clipping on and gradient accumulation 2, 6 steps logged every 3. Between log steps albert_dist reads
 nothing from the device but the documented stop flag (one read per optimiser step, `Trainer._agree_stop`); at a
 log step `_log_train` reads the interval's sums. DeepSpeed's own reads inside `engine.step` are counted and
-reported (docs/training.md), not asserted: they are upstream's.
+reported (docs/training-loop.md), not asserted: they are upstream's.
 
 Control: the same counter sees the dynamic MLM gather's host read (``int(counts.max())``) in a plain forward, and
 none in the static gather's.

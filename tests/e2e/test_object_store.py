@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.data import prepare as prep
+from albert_dist.data.prepare import options, publish, run
 from albert_dist.data import store
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import read_piece
@@ -106,21 +106,21 @@ def test_prepare_s3_to_s3_then_plan_and_read_back(local_corpus, s3_server, tmp_p
     s3_server.bucket("prepared")
     s3_server.upload(local_corpus["jsonl.zst"], "s3://raw/pile")
 
-    def opts(inputs: str, output: str) -> prep.PrepareOptions:
-        return prep.PrepareOptions(sources=[SourceConfig(paths=[inputs])], output=output, num_shards=2,
+    def opts(inputs: str, output: str) -> options.PrepareOptions:
+        return options.PrepareOptions(sources=[SourceConfig(paths=[inputs])], output=output, num_shards=2,
                                    row_group_bytes=64 << 10, tokenizer_path=None, progress=False)
 
-    ref = prep.prepare(opts(str(local_corpus["jsonl.zst"] / "*.jsonl.zst"), str(tmp_path / "local-out")), "ref")
-    got = prep.prepare(opts("s3://raw/pile/*.jsonl.zst", "s3://prepared/train"), "s3")
+    ref = run.prepare(opts(str(local_corpus["jsonl.zst"] / "*.jsonl.zst"), str(tmp_path / "local-out")), "ref")
+    got = run.prepare(opts("s3://raw/pile/*.jsonl.zst", "s3://prepared/train"), "s3")
     # the same shards, byte for byte, and the manifest in the bucket is the one returned
     assert [(e["path"], e["sha256"]) for e in got["files"]] == [(e["path"], e["sha256"]) for e in ref["files"]]
-    assert prep.load_manifest("s3://prepared/train") == json.loads(json.dumps(got))
+    assert publish.load_manifest("s3://prepared/train") == json.loads(json.dumps(got))
     keys = sorted(o["Key"] for o in s3_server.client().list_objects_v2(Bucket="prepared")["Contents"])
     assert keys == sorted(["train/manifest.json"] + [f"train/{e['path']}" for e in got["files"]])
     assert [p.suffix for p in (tmp_path / "work").iterdir()] == [".lock"]  # local work removed, the lock kept
     # a rerun is a no-op
-    with pytest.raises(prep.AlreadyComplete):
-        prep.prepare(opts("s3://raw/pile/*.jsonl.zst", "s3://prepared/train"), "s3")
+    with pytest.raises(run.AlreadyComplete):
+        run.prepare(opts("s3://raw/pile/*.jsonl.zst", "s3://prepared/train"), "s3")
     # `data plan` from metadata, with the source given as a plain URL in an override
     cfg = load_config(None, ["data.train=[s3://prepared/train]", "data.validation=[]", "tracking.enabled=false"])
     assert cfg.data.train[0].paths == ["s3://prepared/train"]
@@ -136,7 +136,7 @@ def test_reads_are_ranged_and_counted(local_corpus, s3_server, tmp_path, monkeyp
     """A slot of 16 reads only its row groups' text chunks, not the objects (footers: parsed once by planning)."""
     monkeypatch.setenv("ALBERT_DIST_PREPARE_TMP", str(tmp_path / "work"))
     s3_server.bucket("prepared")
-    prep.prepare(prep.PrepareOptions(sources=[SourceConfig(paths=[str(local_corpus["txt"])])],
+    run.prepare(options.PrepareOptions(sources=[SourceConfig(paths=[str(local_corpus["txt"])])],
                                      output="s3://prepared/wt", num_shards=2, row_group_bytes=16 << 10,
                                      tokenizer_path=None, progress=False), "t")
     source = SourceConfig(paths=["s3://prepared/wt"])
@@ -279,14 +279,14 @@ def test_gs_urls_read_and_prepare_like_local_files(local_corpus, gcs_server, tmp
         assert _slot_documents(SourceConfig(paths=[f"gs://raw/{kind}"]), 4) == \
             _slot_documents(SourceConfig(paths=[str(folder)]), 4)
 
-    def opts(src: str, out: str) -> prep.PrepareOptions:
-        return prep.PrepareOptions(sources=[SourceConfig(paths=[src])], output=out, num_shards=2,
+    def opts(src: str, out: str) -> options.PrepareOptions:
+        return options.PrepareOptions(sources=[SourceConfig(paths=[src])], output=out, num_shards=2,
                                    tokenizer_path=None, progress=False)
 
-    ref = prep.prepare(opts(str(local_corpus["parquet"]), str(tmp_path / "local-out")), "ref")
-    got = prep.prepare(opts("gs://raw/parquet", "gs://prepared/p"), "gs")
+    ref = run.prepare(opts(str(local_corpus["parquet"]), str(tmp_path / "local-out")), "ref")
+    got = run.prepare(opts("gs://raw/parquet", "gs://prepared/p"), "gs")
     assert [e["sha256"] for e in got["files"]] == [e["sha256"] for e in ref["files"]]
-    assert prep.load_manifest("gs://prepared/p")["documents"] == ref["documents"]
+    assert publish.load_manifest("gs://prepared/p")["documents"] == ref["documents"]
     assert list(iter_texts([SourceConfig(paths=["gs://prepared/p"])], "t", 1 << 20)) == \
         list(iter_texts([SourceConfig(paths=[str(tmp_path / "local-out")])], "t", 1 << 20))
 

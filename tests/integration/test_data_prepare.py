@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from albert_dist import cli
-from albert_dist.data import prepare as prep
+from albert_dist.data.prepare import dedup, jsonl, lock, options, publish, run, scan
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import iter_texts
@@ -50,9 +50,9 @@ def _write(path: Path, docs: list[str], kind: str, compression: str) -> Path:
     return path
 
 
-def _opts(inputs, out, **kw) -> prep.PrepareOptions:
+def _opts(inputs, out, **kw) -> options.PrepareOptions:
     sources = [SourceConfig(paths=[str(p)], text_field="content") for p in inputs]
-    return prep.PrepareOptions(sources=sources, output=str(out), progress=False, **kw)
+    return options.PrepareOptions(sources=sources, output=str(out), progress=False, **kw)
 
 
 def _read_output(out: Path) -> list[str]:
@@ -63,7 +63,7 @@ def _read_output(out: Path) -> list[str]:
 @pytest.mark.parametrize("compression", ["", ".gz", ".zst"])
 def test_every_format_survives_exactly_and_duplicates_are_dropped(tmp_path, kind, compression):
     src = _write(tmp_path / "corpus", DOCS, kind, compression)
-    manifest = prep.prepare(_opts([src], tmp_path / "out", row_group_bytes=4096, num_shards=3), "cmd")
+    manifest = run.prepare(_opts([src], tmp_path / "out", row_group_bytes=4096, num_shards=3), "cmd")
     assert _read_output(tmp_path / "out") == EXPECTED
     assert manifest["documents"] == len(EXPECTED) and manifest["records_read"] == len(DOCS)
     assert manifest["dedup"]["duplicates_dropped"] == len(DOCS) - len(EXPECTED) == 40
@@ -71,8 +71,8 @@ def test_every_format_survives_exactly_and_duplicates_are_dropped(tmp_path, kind
     assert manifest["num_shards"] == 3 == len(manifest["files"]) and manifest["skipped"] == {}
     assert manifest["inputs"] == [{"path": str(src), "bytes": src.stat().st_size, "kind": kind,
                                    "compression": "" if kind == "parquet" else compression, "source": 0}]
-    assert sorted(os.listdir(tmp_path / "out")) == sorted([prep.MANIFEST_NAME] + [f["path"] for f in manifest["files"]])
-    assert not (tmp_path / ("out" + prep.TMP_SUFFIX)).exists()
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([publish.MANIFEST_NAME] + [f["path"] for f in manifest["files"]])
+    assert not (tmp_path / ("out" + run.TMP_SUFFIX)).exists()
 
 
 def test_output_layout_row_groups_and_manifest_figures(tmp_path):
@@ -80,8 +80,8 @@ def test_output_layout_row_groups_and_manifest_figures(tmp_path):
 
     docs = [f"doc {i} " + "word " * (i % 50) for i in range(3000)]
     src = _write(tmp_path / "c", docs, "jsonl", ".zst")
-    manifest = prep.prepare(_opts([src], tmp_path / "out", row_group_bytes=8192, num_shards=4), "the command")
-    assert manifest["command"] == "the command" and manifest["format_version"] == prep.FORMAT_VERSION
+    manifest = run.prepare(_opts([src], tmp_path / "out", row_group_bytes=8192, num_shards=4), "the command")
+    assert manifest["command"] == "the command" and manifest["format_version"] == options.FORMAT_VERSION
     assert manifest["peak_rss_bytes"]["main"] > 10 << 20 and manifest["peak_rss_bytes"]["worker"] > 10 << 20
     total = 0
     for entry in manifest["files"]:
@@ -111,14 +111,14 @@ def test_output_layout_row_groups_and_manifest_figures(tmp_path):
 
 def test_workers_do_not_change_the_output_and_duplicates_are_found_across_files(tmp_path, monkeypatch):
     # several input files (the later ones repeat earlier documents) and several scan pieces per file
-    monkeypatch.setattr(prep, "SCAN_PIECE_BYTES", 8192)
+    monkeypatch.setattr(scan, "SCAN_PIECE_BYTES", 8192)
     inputs = [_write(tmp_path / f"part{i}", DOCS[i * 100:(i + 1) * 100] + DOCS[:30], "txt", "")
               for i in range(4)]
     inputs.append(_write(tmp_path / "more", DOCS, "jsonl", ".gz"))
     runs = {}
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
-        runs[workers] = prep.prepare(_opts(inputs, out, workers=workers, row_group_bytes=2048, num_shards=5), "c")
+        runs[workers] = run.prepare(_opts(inputs, out, workers=workers, row_group_bytes=2048, num_shards=5), "c")
         expected = list(dict.fromkeys(t for p in inputs for t in iter_texts(
             [SourceConfig(paths=[str(p)], text_field="content")], "t", 1 << 20)))
         assert _read_output(out) == expected
@@ -128,7 +128,7 @@ def test_workers_do_not_change_the_output_and_duplicates_are_found_across_files(
 
 def test_keep_duplicates(tmp_path):
     src = _write(tmp_path / "c", DOCS, "txt", ".gz")
-    manifest = prep.prepare(_opts([src], tmp_path / "out", dedup=False), "c")
+    manifest = run.prepare(_opts([src], tmp_path / "out", dedup=False), "c")
     assert _read_output(tmp_path / "out") == DOCS and manifest["dedup"]["duplicates_dropped"] == 0
 
 
@@ -137,15 +137,15 @@ def test_bucketed_dedup_equals_the_in_memory_one(tmp_path):
     counts = [5000, 0, 3000, 7000]
     files, pool = [], rng.integers(0, 2**63, size=(9000, 2), dtype=np.uint64)
     for t, n in enumerate(counts):
-        rows = np.zeros(n, dtype=prep._HASH_DTYPE)
+        rows = np.zeros(n, dtype=scan.HASH_DTYPE)
         pick = rng.integers(0, len(pool), size=n)  # ~40% of the documents repeat an earlier hash
         rows["hi"], rows["lo"], rows["len"] = pool[pick, 0], pool[pick, 1], 10
         f = tmp_path / f"{t}.hash"
         rows.tofile(f)
         files.append(f)
-    in_memory = prep.find_duplicates(files, counts, 1 << 30, tmp_path / "d1")
-    bucketed = prep.find_duplicates(files, counts, 50_000, tmp_path / "d2")  # 15000 x 56 B / 50 kB = 17 buckets
-    all_rows = np.concatenate([np.fromfile(f, dtype=prep._HASH_DTYPE) for f in files])
+    in_memory = dedup.find_duplicates(files, counts, 1 << 30, tmp_path / "d1")
+    bucketed = dedup.find_duplicates(files, counts, 50_000, tmp_path / "d2")  # 15000 x 56 B / 50 kB = 17 buckets
+    all_rows = np.concatenate([np.fromfile(f, dtype=scan.HASH_DTYPE) for f in files])
     seen, reference = set(), []
     for g, (hi, lo) in enumerate(zip(all_rows["hi"].tolist(), all_rows["lo"].tolist())):
         if (hi, lo) in seen:
@@ -178,7 +178,7 @@ def test_damaged_inputs_are_counted_skips_naming_file_and_offset(tmp_path, caplo
     footer = tmp_path / "footer.parquet"  # a parquet file whose footer does not parse: skipped whole, at planning
     pq.write_table(pa.table({"content": ["lost"] * 10}), footer)
     footer.write_bytes(footer.read_bytes()[:-12] + b"\x00" * 8 + b"PAR1")
-    manifest = prep.prepare(_opts([good, gz, zst, pq_path, footer], tmp_path / "out"), "c")
+    manifest = run.prepare(_opts([good, gz, zst, pq_path, footer], tmp_path / "out"), "c")
     texts = _read_output(tmp_path / "out")
     assert texts[:100] == BASE[:100]  # good files intact
     n_gz = sum(t.startswith("gz doc") for t in texts)
@@ -204,18 +204,18 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
     argv = ["--input", str(src), "--text-field", "content", "--output", str(out), "--workers", "1",
             "--num-shards", "2", "--no-progress"]
     # interrupted while writing the second shard: nothing at --output, the scan is kept for the rerun
-    real_write = prep.write_shard
+    real_write = run.write_shard
 
     def crash_on_second(index, *a):
         if index == 1:
             raise KeyboardInterrupt
         return real_write(index, *a)
 
-    monkeypatch.setattr(prep, "write_shard", crash_on_second)
+    monkeypatch.setattr(run, "write_shard", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
         cli.main(["data", "prepare", *argv])
-    assert not out.exists() and (tmp_path / ("out" + prep.TMP_SUFFIX) / "spool" / "000000.json").exists()
-    monkeypatch.setattr(prep, "write_shard", real_write)
+    assert not out.exists() and (tmp_path / ("out" + run.TMP_SUFFIX) / "spool" / "000000.json").exists()
+    monkeypatch.setattr(run, "write_shard", real_write)
 
     import albert_dist.data.files as files
 
@@ -223,16 +223,17 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         raise AssertionError("the resumed run read an input again")
 
     monkeypatch.setattr(files, "read_piece", no_reading)  # the scan must come from the kept spool
+    monkeypatch.setattr(jsonl, "line_blocks", no_reading)  # (JSON lines are read a block at a time)
     assert cli.main(["data", "prepare", *argv]) == 0
     monkeypatch.undo()
     assert "wrote 2 shards" in capsys.readouterr().out
-    assert _read_output(out) == EXPECTED and not (tmp_path / ("out" + prep.TMP_SUFFIX)).exists()
+    assert _read_output(out) == EXPECTED and not (tmp_path / ("out" + run.TMP_SUFFIX)).exists()
     # complete: a rerun says so and exits 0; other options: refused without --overwrite
     assert cli.main(["data", "prepare", *argv]) == 0 and "already complete" in capsys.readouterr().out
     assert cli.main(["data", "prepare", *argv[:-3], "--num-shards", "3", "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert cli.main(["data", "prepare", *argv[:-3], "--num-shards", "3", "--no-progress", "--overwrite"]) == 0
-    assert json.loads((out / prep.MANIFEST_NAME).read_text())["num_shards"] == 3
+    assert json.loads((out / publish.MANIFEST_NAME).read_text())["num_shards"] == 3
     # a directory that is not a prepare output is never touched
     other = tmp_path / "mine"
     other.mkdir()
@@ -242,13 +243,36 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
         capsys.readouterr().err
 
 
+def test_a_work_directory_of_another_spool_format_is_scanned_again(tmp_path, monkeypatch):
+    """An interrupted run's spool, left by a version whose spool files differ (state.json's spool_format), is
+    not resumed: the rerun scans the inputs again and writes the right output."""
+    src = _write(tmp_path / "c", DOCS, "jsonl", ".zst")
+    opts = _opts([src], tmp_path / "out", num_shards=2, tokenizer_path=None)
+    real_write = run.write_shard
+
+    def crash(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "write_shard", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run.prepare(opts, "c")
+    monkeypatch.setattr(run, "write_shard", real_write)
+    state = tmp_path / ("out" + run.TMP_SUFFIX) / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "spool_format": scan.SPOOL_FORMAT - 1}))
+    scanned = []  # blocks read from the input
+    real_blocks = jsonl.line_blocks
+    monkeypatch.setattr(jsonl, "line_blocks", lambda *a: scanned.append(1) or real_blocks(*a))
+    run.prepare(opts, "c")
+    assert scanned and _read_output(tmp_path / "out") == EXPECTED
+
+
 def test_config_sources_and_cli_errors(tmp_path, capsys):
     src = _write(tmp_path / "c", BASE[:50], "txt", ".zst")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"data:\n  train:\n    - paths: ['{src}']\n")
     assert cli.main(["data", "prepare", "--config", str(recipe), "--output", str(tmp_path / "o"), "--workers", "1",
                      "--tokenizer", "none"]) == 0
-    manifest = prep.load_manifest(tmp_path / "o")
+    manifest = publish.load_manifest(tmp_path / "o")
     assert manifest["documents"] == 50 and manifest["tokens_estimate"] is None
     assert manifest["inputs"][0]["path"] == str(src)
     for argv, fragment in ([["--output", str(tmp_path / "x")], "no input"],
@@ -260,19 +284,19 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text_gib, slots, rg, shards", [
-    (1024, 8192, prep.MAX_ROW_GROUP_BYTES, 2048),       # 1 TiB: 4 MiB row groups, 512 MiB files
+    (1024, 8192, options.MAX_ROW_GROUP_BYTES, 2048),       # 1 TiB: 4 MiB row groups, 512 MiB files
     (4, 8192, 128 << 10, 256),                           # 4 GiB: 4 row groups per slot at 1,024 x 8
-    (0.5, 8192, prep.MIN_ROW_GROUP_BYTES, 64),          # small: the floor
+    (0.5, 8192, options.MIN_ROW_GROUP_BYTES, 64),          # small: the floor
 ])
 def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
     opts = _opts([tmp_path], tmp_path / "o")
-    sizes = prep.plan_sizes(int(text_gib * 2**30), 10**9, opts)
+    sizes = options.plan_sizes(int(text_gib * 2**30), 10**9, opts)
     assert (sizes.row_group_bytes, sizes.num_shards, sizes.target_slots) == (rg, shards, slots)
     row_groups = text_gib * 2**30 / sizes.row_group_bytes
     if text_gib >= 2:
-        assert row_groups >= prep.ROW_GROUPS_PER_SLOT * slots
-    assert prep.plan_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
-    assert prep.plan_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
+        assert row_groups >= options.ROW_GROUPS_PER_SLOT * slots
+    assert options.plan_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
+    assert options.plan_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
 
 
 def test_dispatch_and_byte_sizes(tmp_path, capsys):
@@ -283,7 +307,7 @@ def test_dispatch_and_byte_sizes(tmp_path, capsys):
     src = _write(tmp_path / "c", BASE[:20], "txt", "")
     assert cli.main(["data", "prepare", "--input", str(src), "--output", str(tmp_path / "o"), "--workers", "1",
                      "--tokenizer", "none", "--shard-bytes", "1K", "--row-group-bytes", "0.5K"]) == 0
-    manifest = prep.load_manifest(tmp_path / "o")
+    manifest = publish.load_manifest(tmp_path / "o")
     assert manifest["row_group_bytes"] == 512 and manifest["num_shards"] == -(-manifest["bytes"] // 1024)
     assert cli.main(["data"]) == 2 and "usage: albert-dist data [-h] {prepare,plan}" in capsys.readouterr().err
     assert (parse_byte_size("64M"), parse_byte_size("1.5GiB"), parse_byte_size("4096")) == (64 << 20, 3 << 29, 4096)
@@ -302,13 +326,13 @@ def test_a_damaged_file_is_named_after_many_bad_records(tmp_path, caplog):
     gz = _write(tmp_path / "b-broken", [f"gz doc {i} " + "x" * 200 for i in range(5000)], "jsonl", ".gz")
     gz.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
     caplog.set_level(logging.WARNING, logger="albert_dist.data.prepare")
-    manifest = prep.prepare(_opts([bad, gz], tmp_path / "out"), "c")
+    manifest = run.prepare(_opts([bad, gz], tmp_path / "out"), "c")
     assert manifest["skipped"] == {"malformed_json": 30, "damaged": 1}
     reasons = [ex["reason"] for ex in manifest["skip_examples"]]
-    assert reasons == ["malformed_json"] * prep.SKIP_EXAMPLES + ["damaged"]
+    assert reasons == ["malformed_json"] * scan.SKIP_EXAMPLES + ["damaged"]
     assert "b-broken.jsonl.gz, byte " in manifest["skip_examples"][-1]["where"]
     warned = [r.getMessage() for r in caplog.records if "skipped a record" in r.getMessage()]
-    assert len(warned) == prep.SKIP_WARNINGS + 1 and "(damaged) at " in warned[-1] and "b-broken" in warned[-1]
+    assert len(warned) == run.SKIP_WARNINGS + 1 and "(damaged) at " in warned[-1] and "b-broken" in warned[-1]
 
 
 def test_a_zero_byte_input_is_a_counted_skip(tmp_path, caplog):
@@ -320,7 +344,7 @@ def test_a_zero_byte_input_is_a_counted_skip(tmp_path, caplog):
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     caplog.set_level(logging.WARNING, logger="albert_dist.data.prepare")
-    manifest = prep.prepare(_opts([good, empty], tmp_path / "out"), "c")
+    manifest = run.prepare(_opts([good, empty], tmp_path / "out"), "c")
     assert manifest["documents"] == 20 and manifest["skipped"] == {"empty_file": 1}
     assert manifest["skip_examples"] == [{"reason": "empty_file", "where": str(empty)}]
     assert [r.getMessage() for r in caplog.records if str(empty) in r.getMessage()] == [
@@ -335,16 +359,16 @@ def test_a_second_prepare_on_one_output_is_refused_naming_the_holder(tmp_path, c
 
     src = _write(tmp_path / "in", DOCS, "jsonl", "")
     out = tmp_path / "out"
-    holder = prep.OutputLock(tmp_path / f".out{prep.LOCK_SUFFIX}", str(out)).acquire()
+    holder = lock.OutputLock(tmp_path / f".out{lock.LOCK_SUFFIX}", str(out)).acquire()
     try:
         code = cli.main(["data", "prepare", "--input", str(src), "--output", str(out), "--tokenizer", "none", "--text-field",
                             "content"])
         err = capsys.readouterr().err
         assert code == 2 and f"pid {os.getpid()} on host" in err and str(out) in err, err
-        assert not out.exists() and not (tmp_path / f"out{prep.TMP_SUFFIX}").exists()
+        assert not out.exists() and not (tmp_path / f"out{run.TMP_SUFFIX}").exists()
     finally:
         holder.release()
-    manifest = prep.prepare(_opts([src], out, tokenizer_path=None), "t")
+    manifest = run.prepare(_opts([src], out, tokenizer_path=None), "t")
     for entry in manifest["files"]:
         assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
     assert _read_output(out) == EXPECTED
@@ -357,7 +381,7 @@ def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
     out = tmp_path / "o"
     assert cli.main(["data", "prepare", "--input", *map(str, files), "--output", str(out), "--workers", "1",
                      "--tokenizer", "none", "--no-progress"]) == 0, capsys.readouterr().err
-    manifest = prep.load_manifest(out)
+    manifest = publish.load_manifest(out)
     assert [i["path"] for i in manifest["inputs"]] == list(map(str, files))
     assert _read_output(out) == BASE[:300]
 

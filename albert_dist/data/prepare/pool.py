@@ -1,0 +1,82 @@
+"""The process pool `albert-dist data prepare`'s scan and write stages share, and their progress counter."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing as mp
+import sys
+from typing import Callable, Optional, Sequence
+
+
+_PROGRESS = None  # a multiprocessing Value in each worker (set by _init_worker), or in-process
+
+
+def _init_worker(counter) -> None:
+    global _PROGRESS
+    _PROGRESS = counter
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def advance(n: float) -> None:
+    if _PROGRESS is not None and n > 0:
+        with _PROGRESS.get_lock():
+            _PROGRESS.value += int(n)
+
+
+class Workers:
+    """A process pool shared by the scan and write stages (spawned once: starting a Python with pyarrow costs ~1 s
+    of CPU) or, with one worker, the caller's process. ``map`` runs ``fn(*job)`` for every job, returns the
+    results in job order and feeds a tqdm bar from the jobs' `advance` calls (shown only on a terminal unless
+    ``progress`` says otherwise); the first failing job's exception is raised after the rest are cancelled."""
+
+    def __init__(self, workers: int, progress: Optional[bool]) -> None:
+        self._ctx = mp.get_context("spawn")  # no state (threads, open files) forked from the caller
+        self._counter = self._ctx.Value("q", 0)
+        self._workers, self._progress = workers, progress
+        self._pool: Optional[cf.ProcessPoolExecutor] = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(self, fn: Callable, jobs: Sequence[tuple], bar_total: float, bar_desc: str) -> list:
+        global _PROGRESS
+        from tqdm import tqdm
+
+        with self._counter.get_lock():
+            self._counter.value = 0
+        results: list = [None] * len(jobs)
+        disable = None if self._progress is None else not self._progress
+        with tqdm(total=int(bar_total), desc=bar_desc, unit="B", unit_scale=True, disable=disable,
+                  file=sys.stderr, dynamic_ncols=True) as bar:
+            def update() -> None:
+                bar.update(max(0, self._counter.value - bar.n))
+
+            if self._workers == 1 or len(jobs) <= 1:
+                _PROGRESS = self._counter
+                try:
+                    for i, job in enumerate(jobs):
+                        results[i] = fn(*job)
+                        update()
+                finally:
+                    _PROGRESS = None
+                return results
+            if self._pool is None:
+                self._pool = cf.ProcessPoolExecutor(max_workers=self._workers, mp_context=self._ctx,
+                                                    initializer=_init_worker, initargs=(self._counter,))
+            futures = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                    for fut in done:
+                        results[futures[fut]] = fut.result()
+                    update()
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+        return results

@@ -1,0 +1,261 @@
+"""`albert-dist data prepare`'s orchestrator: raw corpora -> deduplicated parquet shards sized for a cluster, plus
+a manifest; the stages are the package's other modules (scan, dedup, write, tokens, publish; lock, pool).
+
+    albert-dist data prepare --input '/corpora/pile/*.jsonl.zst' [--input more/ ...] --output /data/pile-prepared
+    albert-dist data prepare --config configs/pretrain/<recipe>.yaml --output DIR   (the recipe's data.train)
+
+The command line (arguments, the recipe, exit codes) is the app's: `albert_dist.cli.data`; this module is the
+work, `prepare(PrepareOptions(...), command)` (`albert_dist.data.prepare.run`).
+
+Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
+reads some of them several times per epoch. The output is the format NVIDIA's LDDL and the HF Hub use: parquet
+files of one ``text`` column (zstd), cut into row groups of a size chosen for the cluster, and the training
+loader takes each row group as a piece (`albert_dist.data.paths.plan_pieces`). With at least as many row
+groups as slots every slot reads only its own row groups: each byte once per epoch.
+
+Pipeline (every stage streams; nothing holds the corpus in memory):
+
+1. *scan*, parallel over input pieces (``--workers`` processes; a compressed file is one piece, an uncompressed
+   file is cut into `SCAN_PIECE_BYTES` byte ranges, a parquet file into runs of row groups): read the records
+   as the training readers do (JSON lines a block at a time with pyarrow's JSON reader, the same records:
+   `albert_dist.data.prepare.jsonl`), count skips by reason (with file and offset), write the usable documents
+   to an uncompressed Arrow spool file and their 128-bit xxh3 hashes and byte lengths to a side file (24
+   bytes/document). The work directory needs free space for the kept text, uncompressed (temporary).
+2. *dedup*: exact duplicates (the same text after the reader's strip) are found from the hashes; the first
+   occurrence in input order is kept, across all files and workers. Memory: `DEDUP_ROW_BYTES` (48) per
+   document while that fits ``--dedup-memory`` (default 1 GiB: 22M documents); beyond that the hashes are
+   partitioned on disk into buckets by hash value and each bucket is deduplicated alone, so peak memory stays
+   ~``--dedup-memory`` at any corpus size (1 TB of 4 KB documents = 250M documents = 6 GB of temporary hash
+   files, 13 buckets).
+3. *write*, parallel over output shards: the kept documents, in input order, are cut into ``num_shards``
+   contiguous shards of equal bytes and each shard into row groups of ``row_group_bytes`` of text.
+4. a token estimate (a byte-budgeted sample of the output encoded with the tokenizer), ``manifest.json``, and a
+   rename of the finished directory to ``--output``.
+
+Sizing (`plan_sizes`): ``row_group_bytes = clamp(text_bytes / (ROW_GROUPS_PER_SLOT x slots), MIN_ROW_GROUP_BYTES,
+MAX_ROW_GROUP_BYTES)`` with slots = ``--target-ranks x --target-loader-workers`` (default 1,024 x 8), so any job
+up to that size gets at least ROW_GROUPS_PER_SLOT row groups per slot once the corpus has ``4 x 8192 x 64 KiB
+= 2 GiB`` of text; files hold `ROW_GROUPS_PER_SHARD` row groups (8 MiB to 512 MiB files) unless ``--num-shards``
+or ``--shard-bytes`` says otherwise.
+
+Safe to rerun and resumable: everything is written under ``<output>.prepare-tmp/`` and renamed to ``<output>``
+when complete. A rerun with the same inputs and options resumes there (finished scan pieces and shards are
+kept); a rerun on a complete output says so and exits 0; ``--overwrite`` replaces a previous prepare output
+(only one: a directory without our manifest is never deleted). Deterministic: the same inputs and options give
+byte-identical shards whatever ``--workers`` is (tested), so the manifest's checksums can be trusted.
+One prepare per output at a time (`OutputLock`: a second is refused naming the holder).
+
+Object stores: ``--input`` and ``--output`` may be fsspec URLs (``s3://``, ``gs://``; `albert_dist.data.store`).
+A URL output is built in a local work directory (`remote_work_root`) and uploaded when complete (`publish`: the
+shards, then the manifest last), so a reader of the bucket never sees a manifest naming a missing shard.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from albert_dist.data.prepare.dedup import find_duplicates
+from albert_dist.data.prepare.lock import LOCK_SUFFIX, OutputLock
+from albert_dist.data.prepare.options import FORMAT_VERSION, PrepareOptions, plan_sizes
+from albert_dist.data.prepare.pool import Workers
+from albert_dist.data.prepare.publish import MANIFEST_NAME, load_manifest, publish, remote_work_root
+from albert_dist.data.prepare.scan import SKIP_EXAMPLES, SPOOL_FORMAT, ScanTask, plan_scan, read_hashes, scan_task
+from albert_dist.data.prepare.tokens import estimate_tokens
+from albert_dist.data.prepare.write import shard_slices, write_shard
+from albert_dist.data.sizes import fmt_bytes, peak_rss_bytes
+
+logger = logging.getLogger(__name__)
+
+TMP_SUFFIX = ".prepare-tmp"
+#: Skips of each reason logged as warnings.
+SKIP_WARNINGS = 3
+
+
+class AlreadyComplete(Exception):
+    """The output directory already holds this exact prepare's result (the message says so)."""
+
+
+def prepare(opts: PrepareOptions, command: str) -> dict:
+    """Run the whole pipeline (module docstring) and return the manifest written to ``<output>/manifest.json``.
+
+    Raises:
+        AlreadyComplete: ``opts.output`` holds a complete output of the same inputs and options.
+        OutputBusy: another prepare is writing ``opts.output`` (`OutputLock`).
+        ValueError: bad inputs (missing paths, unknown format, text field), an output directory that is not a
+            prepare output, or one of another command without ``overwrite``; no usable document at all.
+    """
+    from albert_dist.data import store
+
+    t0 = time.time()
+    remote = store.is_url(opts.output)
+    url = opts.output.rstrip("/")
+    # an object-store output is built in a local work directory and uploaded when complete (`publish`)
+    out = remote_work_root(url) / "output" if remote else Path(opts.output).expanduser().resolve()
+    lock_path = (out.parent.parent / (out.parent.name + ".lock")) if remote else out.parent / f".{out.name}{LOCK_SUFFIX}"
+    lock = OutputLock(lock_path, url if remote else str(out)).acquire()
+    try:
+        return _prepare_locked(opts, command, t0, remote, url, out)
+    finally:
+        lock.release()
+
+
+def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool, url: str, out: Path) -> dict:
+    """`prepare` with the output's lock held."""
+    from albert_dist.data import store
+
+    tasks, inputs, plan_skips = plan_scan(opts.sources)
+    fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
+    if remote:
+        what, found = store.expand(url)
+        out_exists, out_empty = what != "missing", not found
+    else:
+        out_exists = out.exists()
+        out_empty = out_exists and out.is_dir() and not any(out.iterdir())
+    shown = url if remote else out
+    existing = load_manifest(url if remote else out) if out_exists else None
+    if existing is not None and existing.get("fingerprint") == fingerprint and not opts.overwrite:
+        raise AlreadyComplete(f"{shown} is already complete ({existing.get('documents')} documents in "
+                              f"{existing.get('num_shards')} shards, same inputs and options); nothing to do")
+    if out_exists:
+        if existing is None and not out_empty:
+            raise ValueError(f"--output {shown} exists and is not an albert-dist data prepare output (no "
+                             f"{MANIFEST_NAME}); choose another directory, it is never deleted")
+        if existing is not None and not opts.overwrite:
+            raise ValueError(f"--output {shown} holds a prepare output of other inputs or options (its command: "
+                             f"{existing.get('command')!r}); pass --overwrite to replace it, or choose another "
+                             "directory")
+    work = out.parent / (out.name + TMP_SUFFIX)
+    state = {"fingerprint": fingerprint, "command": command, "spool_format": SPOOL_FORMAT}
+    if work.exists():
+        try:
+            previous = json.loads((work / "state.json").read_text())
+        except (OSError, ValueError):
+            previous = {}
+        # a work directory of another version's spool files (SPOOL_FORMAT) is not resumed either
+        if (previous.get("fingerprint"), previous.get("spool_format")) != (fingerprint, SPOOL_FORMAT):
+            logger.info("discarding %s: left by a run of another command (%s)", work, previous.get("command"))
+            shutil.rmtree(work)
+        else:
+            logger.info("resuming the unfinished run in %s", work)
+    spool, shards_dir = work / "spool", work / "output"
+    spool.mkdir(parents=True, exist_ok=True)
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    (work / "state.json").write_text(json.dumps(state))
+
+    disk_bytes = sum(t.disk_bytes for t in tasks)
+    logger.info("prepare: %d input files (%s on disk) in %d scan pieces, %d workers -> %s", len(inputs),
+                fmt_bytes(disk_bytes), len(tasks), opts.workers, f"{url} (built in {out})" if remote else out)
+    with Workers(opts.workers, opts.progress) as pool:
+        manifest = _scan_dedup_write(opts, command, t0, work, tasks, inputs, plan_skips, fingerprint, pool)
+    for e in manifest["files"]:
+        (shards_dir / f".{e['path']}.json").unlink(missing_ok=True)
+    (shards_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    if remote:
+        publish(shards_dir, url, manifest, existing)
+        shutil.rmtree(work.parent)
+        return manifest
+    if out.exists():  # --overwrite of an earlier prepare output (checked above): replaced only now it is ready
+        shutil.rmtree(out)
+    os.replace(shards_dir, out)
+    shutil.rmtree(work)
+    return manifest
+
+
+def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path, tasks: list[ScanTask],
+                      inputs: list[dict], plan_skips: list[dict], fingerprint: str, pool: Workers) -> dict:
+    """Stages 1-3 and the manifest (see `prepare`)."""
+    spool, shards_dir = work / "spool", work / "output"
+    disk_bytes = sum(t.disk_bytes for t in tasks)
+    t_scan = time.time()
+    summaries = pool.map(scan_task, [(t, str(spool), opts.max_document_bytes) for t in tasks], disk_bytes, "scan")
+    scan_s = time.time() - t_scan
+    counts = [s["documents"] for s in summaries]
+    hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
+    skipped: Counter = Counter(ex["reason"] for ex in plan_skips)
+    for s in summaries:
+        skipped.update(s["skipped"])
+    # the first SKIP_EXAMPLES of each reason, in input order; the first few of each reason on the console
+    examples: list[dict] = []
+    kept: Counter = Counter()
+    for ex in plan_skips + [ex for s in summaries for ex in s["skip_examples"]]:
+        kept[ex["reason"]] += 1
+        if kept[ex["reason"]] <= SKIP_EXAMPLES:
+            examples.append(ex)
+        if kept[ex["reason"]] <= SKIP_WARNINGS:
+            logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
+                           f": {ex['detail']}" if ex.get("detail") else "")
+
+    t_dedup = time.time()
+    dups = (find_duplicates(hash_files, counts, opts.dedup_memory_bytes, work / "dedup") if opts.dedup
+            else np.empty(0, np.int64))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    drops: list[np.ndarray] = []
+    drop_files: dict[int, str] = {}
+    dup_bytes = 0
+    for t, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        local = dups[np.searchsorted(dups, a):np.searchsorted(dups, b)] - a
+        drops.append(local)
+        if len(local):
+            path = spool / f"{t:06d}.drops.npy"
+            np.save(path, local)
+            drop_files[t] = str(path)
+            dup_bytes += int(read_hashes(hash_files[t])["len"][local].sum())
+    dedup_s = time.time() - t_dedup
+    documents = int(sum(counts)) - len(dups)
+    text_bytes = int(sum(s["bytes"] for s in summaries)) - dup_bytes
+    if documents == 0:
+        raise ValueError(f"no usable document in the inputs ({len(inputs)} files; skipped {dict(skipped) or 'none'})")
+
+    sizes = plan_sizes(text_bytes, documents, opts)
+    slices = shard_slices(hash_files, drops, text_bytes, sizes.num_shards)
+    n = len(slices)
+    t_write = time.time()
+    entries = pool.map(write_shard, [(i, n, sl, str(spool), drop_files, str(shards_dir), sizes.row_group_bytes)
+                                     for i, sl in enumerate(slices)], text_bytes, "write")
+    write_s = time.time() - t_write
+    worker_peak = max(r.get("peak_rss_bytes", 0) for r in [*summaries, *entries])
+    entries = [{k: v for k, v in e.items() if k != "peak_rss_bytes"} for e in entries]
+    tokens = estimate_tokens(shards_dir, opts.tokenizer_path, text_bytes)
+    row_groups = sum(e["row_groups"] for e in entries)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "command": command,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": fingerprint,
+        "text_field": "text",
+        "documents": documents,
+        "bytes": text_bytes,
+        "tokens_estimate": tokens["tokens"] if tokens else None,
+        "tokens": tokens,
+        "num_shards": n,
+        "row_groups": row_groups,
+        "row_group_bytes": sizes.row_group_bytes,
+        "sizing": {"target_ranks": opts.target_ranks, "target_loader_workers": opts.target_loader_workers,
+                   "target_slots": sizes.target_slots, "row_groups_per_target_slot": round(row_groups / sizes.target_slots, 3),
+                   "rule": sizes.rule},
+        "files": entries,
+        "dedup": {"enabled": opts.dedup, "hash": "xxh3-128 of the UTF-8 text (after the reader's strip)",
+                  "duplicates_dropped": int(len(dups)), "duplicate_bytes_dropped": dup_bytes,
+                  "first_occurrence_kept": True},
+        "records_read": int(sum(s["records"] for s in summaries)),
+        "skipped": dict(sorted(skipped.items())),
+        "skip_examples": examples,
+        "inputs": [{k: f[k] for k in ("path", "bytes", "kind", "compression", "source")} for f in inputs],
+        "input_files": len(inputs),
+        "input_bytes": sum(f["bytes"] for f in inputs),
+        "sources": [asdict(s) for s in opts.sources],
+        "max_document_bytes": opts.max_document_bytes,
+        "seconds": {"scan": round(scan_s, 2), "dedup": round(dedup_s, 2), "write": round(write_s, 2),
+                    "total": round(time.time() - t0, 2)},
+        # VmHWM of this process and the largest of the worker processes (the same process with one worker)
+        "peak_rss_bytes": {"main": peak_rss_bytes(), "worker": worker_peak},
+    }
+    return manifest

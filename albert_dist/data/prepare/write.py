@@ -1,0 +1,133 @@
+"""Stage 3 of `albert-dist data prepare`: the kept documents, in input order, cut into shards of equal bytes
+and each shard into row groups of ``row_group_bytes`` of text (zstd parquet, one ``text`` column)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from albert_dist.data.prepare.pool import advance
+from albert_dist.data.prepare.scan import read_hashes
+from albert_dist.data.sizes import peak_rss_bytes
+
+#: zstd level of the output shards.
+SHARD_ZSTD_LEVEL = 1
+
+
+def shard_slices(hash_files: list[Path], drops: list[np.ndarray], total_bytes: int,
+                 num_shards: int) -> list[list[tuple[int, int, int]]]:
+    """Per shard, the ``(task, first, last + 1)`` slices of *spool rows* it holds: kept documents go to shard
+    ``floor(bytes before them x num_shards / total_bytes)`` (contiguous, equal bytes). Empty shards (a document
+    larger than a shard) are dropped, so the result may be shorter than ``num_shards``."""
+    per_shard: list[list[tuple[int, int, int]]] = [[] for _ in range(num_shards)]
+    before = 0
+    for t, (f, drop) in enumerate(zip(hash_files, drops)):
+        lens = read_hashes(f)["len"].astype(np.int64)
+        keep = np.ones(len(lens), dtype=bool)
+        keep[drop] = False
+        kept_rows = np.flatnonzero(keep)
+        if len(kept_rows) == 0:
+            continue
+        kept_lens = lens[kept_rows]
+        starts = before + np.concatenate([[0], np.cumsum(kept_lens)[:-1]])
+        shard = np.minimum(num_shards - 1, (starts * num_shards) // max(1, total_bytes))
+        before += int(kept_lens.sum())
+        cuts = np.flatnonzero(np.diff(shard)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(shard)]])):
+            # spool rows kept_rows[a] .. kept_rows[b-1]; dropped rows inside are filtered by the writer
+            per_shard[int(shard[a])].append((t, int(kept_rows[a]), int(kept_rows[b - 1]) + 1))
+    return [s for s in per_shard if s]
+
+
+def shard_name(i: int, n: int) -> str:
+    """File name of shard ``i`` of ``n`` (the HF Hub's ``*-00000-of-00016.parquet`` pattern)."""
+    return f"shard-{i:05d}-of-{n:05d}.parquet"
+
+
+def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]], spool_dir: str,
+                drop_files: dict[int, str], out_dir: str, row_group_bytes: int) -> dict:
+    """Write shard ``index`` from its spool slices; row group k holds the documents that start in its
+    ``[k, k + 1) x row_group_bytes`` of the shard's text. Returns (and writes beside it) its manifest entry."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    name = shard_name(index, num_shards)
+    done = out / f".{name}.json"
+    if done.exists() and (out / name).exists():
+        entry = json.loads(done.read_text())
+        advance(entry["bytes"])
+        return entry
+    spool = Path(spool_dir)
+    schema = pa.schema([("text", pa.string())])
+    tmp = out / f".{name}.tmp"
+    # zstd level 1 (pyarrow's default): real text in 64 KiB blocks compresses 2.50x against level 3's 2.63x
+    # (bench/data_scale.py, section prepare) for about a third less compression CPU, and at level 3 the shards'
+    # compression was a third of all of prepare's CPU (docs/data-scale.md)
+    writer = pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
+                              write_statistics=False)
+    documents = nbytes = row_groups = 0
+    buf: list = []
+    buf_bytes = 0
+    current_group = 0
+
+    def flush() -> None:
+        nonlocal buf, buf_bytes, row_groups
+        if buf:
+            table = pa.Table.from_arrays([pa.chunked_array(buf, pa.string())], schema=schema)  # no concatenated copy
+            writer.write_table(table, row_group_size=len(table))
+            row_groups += 1
+            advance(buf_bytes)
+        buf, buf_bytes = [], 0
+
+    try:
+        for task, first, last in slices:
+            lens = read_hashes(spool / f"{task:06d}.hash")["len"].astype(np.int64)
+            keep = np.zeros(len(lens), dtype=bool)
+            keep[first:last] = True
+            if task in drop_files:
+                keep[np.load(drop_files[task])] = False
+            reader = ipc.open_file(pa.memory_map(str(spool / f"{task:06d}.arrow")))
+            hi = 0
+            for g in range(reader.num_record_batches):  # only the spool batches this slice overlaps
+                if hi >= last:
+                    break
+                batch = reader.get_batch(g)  # memory-mapped: nothing is read until its bytes are used
+                lo, hi = hi, hi + batch.num_rows
+                if hi <= first:
+                    continue
+                sel = np.flatnonzero(keep[lo:hi])
+                if len(sel) == 0:
+                    continue
+                column = batch.column(0)
+                # a run without a dropped document is a slice (no copy until the row group is assembled)
+                texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
+                         else column.take(pa.array(sel)))
+                sizes = lens[lo:hi][sel]
+                starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                groups = starts // row_group_bytes
+                cuts = np.flatnonzero(np.diff(groups)) + 1
+                for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(sel)]])):
+                    if groups[a] != current_group:
+                        flush()
+                        current_group = int(groups[a])
+                    buf.append(texts.slice(int(a), int(b - a)))
+                    buf_bytes += int(sizes[a:b].sum())
+                documents += len(sel)
+                nbytes += int(sizes.sum())
+        flush()
+    finally:
+        writer.close()
+    os.replace(tmp, out / name)
+    digest = hashlib.sha256()
+    with open(out / name, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    entry = {"path": name, "documents": documents, "bytes": nbytes, "row_groups": row_groups,
+             "file_bytes": os.path.getsize(out / name), "sha256": digest.hexdigest()}
+    done.write_text(json.dumps(entry))
+    return {**entry, "peak_rss_bytes": peak_rss_bytes()}
