@@ -31,8 +31,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# junit.xml (per-test times) feeds `python bench/slowest_tests.py junit.xml --write docs/layout.md`
 test: install
-	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 --junitxml=junit.xml $(PYTEST_ARGS)
 
 # tests/unit: one process per test run, no subprocess, worker or server (tests/unit/conftest.py fails a test that
 # starts one): what to run after every change

@@ -1,6 +1,6 @@
 """docs/layout.md's "slowest tests" table and tier counts from a pytest run's JUnit XML.
 
-    python -m pytest --junitxml=junit.xml ...           # any part of the suite, or `make test PYTEST_ARGS=...`
+    python -m pytest --junitxml=junit.xml ...           # any part of the suite; `make test` writes junit.xml
     python bench/slowest_tests.py junit.xml              # print the tables (markdown)
     python bench/slowest_tests.py junit.xml --write docs/layout.md   # replace them between the markers
 
