@@ -294,8 +294,21 @@ def _json_record(raw: Optional[bytes], nbytes: int, text_field: str) -> dict[str
     text = obj.get(text_field) if isinstance(obj, dict) else None
     if not isinstance(text, str):
         return {"text": "", "skip": "missing_field", "nbytes": nbytes}
+    # JSON may escape a lone surrogate ("\ud800"), which json.loads decodes to a str with no UTF-8 form:
+    # sentencepiece, Arrow and every writer refuse it later, so it is skipped here like undecodable bytes.
+    # Only a record holding a "\ud"/"\uD" escape can have one, so the encode check runs on those alone.
+    if (b"\\ud" in raw or b"\\uD" in raw) and not _encodable(text):
+        return {"text": "", "skip": "invalid_utf8", "nbytes": nbytes}
     text = text.strip()
     return {"text": text, "skip": "" if text else "empty", "nbytes": nbytes}
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:

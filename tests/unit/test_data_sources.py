@@ -111,6 +111,7 @@ def _bad_corpus(tmp_path):
         b'{"text": "unterminated',  # malformed JSON
         json.dumps({"text": good[1]}).encode(),
         b'{"text": "bad \xff\xfe utf8"}',  # invalid UTF-8
+        b'{"text": "a lone \\ud800 surrogate"}',  # valid JSON whose text has no UTF-8 form: sentencepiece refuses it
         json.dumps({"text": "   "}).encode(),  # empty document
         json.dumps({"title": "no text field"}).encode(),  # missing field
         json.dumps({"text": "x" * (10 << 20)}).encode(),  # a 10 MB single line
@@ -140,7 +141,7 @@ def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
     assert sorted(texts) == sorted(good)
     c = stream.counters
     assert (c["skipped_malformed_json"], c["skipped_invalid_utf8"], c["skipped_empty"], c["skipped_missing_field"],
-            c["skipped_too_long"]) == (1, 2, 1, 1, 1)
+            c["skipped_too_long"]) == (1, 3, 1, 1, 1)
     assert c["documents"] == 6 + 1  # one document of epoch 1 was read to detect the epoch end
     assert "skipped" in caplog.text and "malformed_json" in caplog.text
     # and the whole pipeline runs through it
