@@ -34,7 +34,8 @@ class SourceConfig:
     text_field: str = "text"
     """Column / JSON key holding the document text (jsonl, parquet, hub)."""
     txt_documents: TxtDocuments = "blank_line"
-    """.txt files: "blank_line" = documents separated by empty lines, "file" = one document per file."""
+    """.txt files: "blank_line" = documents separated by blank lines (a line of up to 16 spaces/tabs/CRs is blank),
+    "file" = one document per file."""
     weight: float = 1.0
     """Relative sampling weight when several sources are mixed (normalised over the list)."""
     hub_config: Optional[str] = None

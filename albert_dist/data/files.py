@@ -42,9 +42,15 @@ _MIN_READ_BYTES = 4 << 10
 _ZSTD_INPUT_BYTES = 64 << 10
 #: rows decoded at a time from a parquet row group (memory bounded by this x max_document_bytes)
 _PARQUET_BATCH_ROWS = 256
-#: record separators: blank-line documents (any run of >= 2 newlines), JSON lines
+#: spaces/tabs/CRs a line may hold and still be blank: raw WikiText-2 separates its articles with " \n" lines, which
+#: a strict "\n\n" rule read as one 10 MB document (skipped as too long: the whole corpus lost). Bounded, because a
+#: reader must find the separator that ends at its range's start by reading back a fixed number of bytes.
+BLANK_LINE_MAX_SPACES = 16
+#: record separators and the bytes a range's reader reads back before its start to find the separator that ends
+#: there: blank-line documents (a run of newlines with at most BLANK_LINE_MAX_SPACES blanks on each line
+#: between; greedy, so a match ends at the run's end wherever the search enters it), JSON lines
 _SEPARATORS: dict[str, tuple[re.Pattern[bytes], int]] = {
-    "blank_line": (re.compile(rb"\n\n+"), 2),
+    "blank_line": (re.compile(rb"\n(?:[ \t\r]{0,%d}\n)+" % BLANK_LINE_MAX_SPACES), BLANK_LINE_MAX_SPACES + 2),
     "line": (re.compile(rb"\n"), 1),
 }
 SKIP_REASONS = ("empty", "invalid_utf8", "malformed_json", "missing_field", "too_long", "damaged")
@@ -249,10 +255,14 @@ def split_records(
             else:
                 eof = True
 
-    # The first record begins where the first separator ends. A range that no separator ends in begins no record:
-    # stop at its end rather than read on to the end of the record that covers it (each 4 MiB range inside one
-    # 100 MB line read the rest of the line: 12.5x the file's bytes per epoch, where `data plan` says 1.0).
-    m, _, _ = next_match(0, _BLOCK_BYTES, give_up_at=end)
+    # The first record begins where the first separator ending at or after `start` ends (the bytes read back may
+    # hold an earlier one: a short record before `start` belongs to the range before). A range that no separator
+    # ends in begins no record: stop at its end rather than read on to the end of the record that covers it (each
+    # 4 MiB range inside one 100 MB line read the rest of the line: 12.5x the file's bytes per epoch, where
+    # `data plan` says 1.0).
+    m, _, p = next_match(0, _BLOCK_BYTES, give_up_at=end)
+    while m is not None and base + m.end() < start:
+        m, _, p = next_match(m.end(), _BLOCK_BYTES, give_up_at=end)
     if m is None:
         return
     p = m.end()

@@ -14,7 +14,7 @@ from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
-from albert_dist.data.files import split_records
+from albert_dist.data.files import BLANK_LINE_MAX_SPACES, read_piece, split_records
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
 from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
@@ -23,9 +23,11 @@ from fixtures.loader_checks import uneven_shards as _uneven_shards
 
 
 def _reference_records(data: bytes, separator: str) -> list[bytes]:
-    """Independent parse: split the whole stream at once (bytes before the start count as newlines)."""
+    """Independent parse: split the whole stream at once (bytes before the start count as newlines). A blank line
+    may hold up to BLANK_LINE_MAX_SPACES spaces, tabs or CRs (raw WikiText-2's " " lines)."""
     if separator == "blank_line":
-        parts = re.split(rb"\n\n+", b"\n\n" + data)[1:]
+        lead = b"\n" * (BLANK_LINE_MAX_SPACES + 2)
+        parts = re.split(rb"\n(?:[ \t\r]{0,%d}\n)+" % BLANK_LINE_MAX_SPACES, lead + data)[1:]
     else:
         parts = (b"\n" + data).split(b"\n")[1:]
     if parts and parts[-1] == b"":
@@ -36,9 +38,12 @@ def _reference_records(data: bytes, separator: str) -> list[bytes]:
 @pytest.mark.parametrize("separator", ["blank_line", "line"])
 def test_byte_ranges_are_disjoint_and_cover_the_records(separator):
     rng = np.random.default_rng(0)
-    lead = 2 if separator == "blank_line" else 1
-    for trial in range(300):
-        data = bytes(rng.choice(list(b"ab\n"), size=int(rng.integers(0, 60)), p=[0.35, 0.35, 0.3]))
+    lead = BLANK_LINE_MAX_SPACES + 2 if separator == "blank_line" else 1
+    # spaces, tabs and runs longer than a blank line may hold, so separators of every shape meet every cut
+    tokens = [b"a", b"b", b"\n", b" ", b"\t", b" " * (BLANK_LINE_MAX_SPACES + 1), b" " * BLANK_LINE_MAX_SPACES]
+    for trial in range(600):
+        n = int(rng.integers(0, 60))
+        data = b"".join(rng.choice(tokens, size=n, p=[0.27, 0.27, 0.3, 0.06, 0.04, 0.03, 0.03]).tolist())
         cuts = sorted(set(rng.integers(0, len(data) + 1, size=int(rng.integers(0, 6))).tolist()) | {0, len(data)})
         got = []
         for start, end in zip(cuts[:-1], cuts[1:]):
@@ -46,6 +51,20 @@ def test_byte_ranges_are_disjoint_and_cover_the_records(separator):
             f.seek(max(0, start - lead))
             got += [rec for rec, _ in split_records(f.read, separator, start, end, max_bytes=1000)]
         assert got == _reference_records(data, separator), (data, cuts)
+
+
+def test_raw_wikitext_articles_separated_by_space_lines_are_documents(tmp_path):
+    """WikiText-2 as published separates its lines with " \\n" lines: each article is a document, not one 10 MB
+    record skipped as too long (a new user's trial lost the whole corpus that way)."""
+    docs = [f" = Article {i} = \n \n Its first sentence . And a second one .\n" for i in range(12_000)]
+    path = tmp_path / "train.txt"
+    path.write_text(" \n".join(docs))
+    src = SourceConfig(paths=[str(path)])
+    pieces, _ = plan_pieces(src, "data.train[0]", 64 << 10)  # byte ranges of 64 KiB (its floor)
+    assert len(pieces) > 10
+    got = [rec["text"] for piece in sorted(pieces, key=lambda p: p["start"]) for rec in read_piece(piece, "text", "blank_line", 1 << 20)
+           if not rec["skip"]]
+    assert got == [part for d in docs for part in (d.split(" \n \n")[0].strip(), d.split(" \n \n")[1].strip())]
 
 
 def test_oversized_record_is_skipped_with_its_size():
