@@ -6,8 +6,22 @@
 # On a GPU machine NUM_RANKS GPUs are used (nccl); without GPUs DeepSpeed's CPU accelerator starts NUM_RANKS
 # CPU processes (gloo), each with one torch thread unless OMP_NUM_THREADS says otherwise.
 # Outputs: runs/<recipe>-<UTC time>/ (config.yaml, ds_config.json, metrics.jsonl, checkpoints/); the path is
-# printed at the end. Set RUN_DIR=... to choose it (and add --resume auto to continue an interrupted run).
+# printed at the end. Set RUN_DIR=... to choose it (and add --resume auto to continue an interrupted run); the
+# automatic name is reserved with mkdir, so two runs started in the same second get <name> and <name>-2 (as
+# `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
+# Exit codes (README): 0 trained to max_steps (the run's newest checkpoint says so: the launcher's 0 alone is not
+# trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
+# by a signal after a checkpoint (the command to continue is printed), 130 (128 + N) interrupted, nothing saved
+# at the stop.
 set -euo pipefail
+# Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
+# background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
+# once with SIGINT at its default; the ranks install their own handler whatever their parent ignores.
+if [[ $(trap -p INT) == *"''"* && -z ${ALBERT_DIST_SIGINT_RESET:-} ]] && command -v python >/dev/null 2>&1; then
+    export ALBERT_DIST_SIGINT_RESET=1
+    exec python -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp("bash", ["bash", *sys.argv[1:]])' "$0" "$@"
+fi
+unset ALBERT_DIST_SIGINT_RESET
 cd "$(dirname "$0")/.."
 
 # Both positionals are optional and recognised by their form (as in launch/torchrun.sh), so
@@ -25,7 +39,6 @@ if [[ $# -gt 0 && $1 == *.yaml ]]; then
     RECIPE=$1
     shift
 fi
-RUN_DIR="${RUN_DIR:-runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # Without the venv on PATH there is no launcher: say so, rather than exit 127 with a hint to resume a run that
@@ -34,20 +47,57 @@ if ! command -v deepspeed >/dev/null 2>&1; then
     echo "$0: no 'deepspeed' command on PATH: activate the venv first (source .venv/bin/activate; 'make install' creates it)" >&2
     exit 2
 fi
+# The automatic run directory: the first of runs/<recipe>-<UTC time>[-k] this script creates (mkdir is atomic, so
+# a second script started in the same second takes -2, as albert_dist.preflight.lock_auto_run_dir does).
+RESERVED=""
+if [[ -z ${RUN_DIR:-} ]]; then
+    base="runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)"
+    mkdir -p runs
+    for k in $(seq 99); do
+        candidate="${base}"
+        ((k == 1)) || candidate="${base}-${k}"
+        if mkdir "${candidate}" 2>/dev/null; then
+            RUN_DIR="${candidate}"
+            RESERVED=1
+            break
+        fi
+    done
+    if [[ -z ${RESERVED} ]]; then
+        echo "$0: no free run directory ${base}[-k] after 99 tries: set RUN_DIR=..." >&2
+        exit 2
+    fi
+fi
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
 PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"
 # Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
 # every process: each rank finishes its step, the ranks checkpoint it and exit 75 (a second Ctrl-C aborts them
-# at once); DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
-# whatever the ranks said. So this script judges by the checkpoint: a new `latest` whose albert_dist.json says
-# "reason": "stop" means the ranks stopped after writing it (exit 75); anything else is an interrupt without a
-# checkpoint at the stop (exit 128 + the signal: 130 after Ctrl-C). The launcher runs in the background, so
-# `wait` returns when a signal comes and the ranks' fate can be awaited (they carry this run's `run_dir=` on
-# their command line); a non-interactive shell starts background commands with SIGINT ignored, which spares
-# the `deepspeed` runner a KeyboardInterrupt traceback while its ranks save.
-LATEST="${RUN_DIR}/checkpoints/latest"
-BEFORE="$(cat "${LATEST}" 2>/dev/null || true)"
+# at once). DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
+# whatever the ranks said; and when launch.py itself dies of a signal, the `deepspeed` runner exits 0. So this
+# script judges by what the ranks left, never by the launcher's status alone: a new newest checkpoint whose
+# albert_dist.json says "reason": "stop" means the ranks stopped after writing it (exit 75); 0 only when the
+# newest checkpoint is at the run's max_steps (every finished run writes one there); an interrupt otherwise
+# (exit 128 + the signal: 130 after Ctrl-C). The launcher runs in the background, so `wait` returns when a
+# signal comes and the ranks' fate can be awaited (they carry this run's `run_dir=` on their command line); a
+# non-interactive shell starts background commands with SIGINT ignored, which spares the `deepspeed` runner a
+# KeyboardInterrupt traceback while its ranks save.
+newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step and max_steps, one a line
+    python - "${RUN_DIR}" 2>/dev/null <<'PY' || true
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+ckpt = run / "checkpoints"
+try:  # checkpoint.dir=... puts them elsewhere; the run's resolved config says where
+    import yaml
+    ckpt = Path((yaml.safe_load((run / "config.yaml").read_text())["checkpoint"] or {}).get("dir") or ckpt)
+except Exception:
+    pass
+tag = (ckpt / "latest").read_text().strip()
+meta = json.loads((ckpt / tag / "albert_dist.json").read_text())
+print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""), sep="\n")
+PY
+}
+mapfile -t BEFORE < <(newest_checkpoint)
 SIGNAL=""
 trap 'SIGNAL=SIGINT' INT
 trap 'SIGNAL=SIGTERM' TERM
@@ -60,32 +110,42 @@ while kill -0 "${LAUNCHER}" 2>/dev/null; do # a trapped signal interrupts `wait`
     status=0
     wait "${LAUNCHER}" || status=$?
 done
-# After a signal, or whenever the launcher failed: a signal this shell cannot see (SIGINT ignored when it started,
-# as in a script's `setsid launch/pretrain_local.sh ... &`: bash cannot trap it, but the ranks still stop on it)
-# leaves ranks saving their stop checkpoint after DeepSpeed's launch.py has exited.
-if [[ -n ${SIGNAL} || (${status} -ne 0 && ${status} -ne 2) ]]; then
-    ranks_alive() {
-        ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
-            '$1 != "awk" && index($0 " ", s) { n++ } END { exit n == 0 }'
-    }
-    for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
-    ranks_alive && echo "${SIGNAL:-exit ${status}}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
-fi
-trap - INT TERM
-AFTER="$(cat "${LATEST}" 2>/dev/null || true)"
-stop_checkpoint() { # the checkpoint $1 was written by a stop signal (albert_dist.json "reason": "stop")
-    python -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("reason") != "stop")' \
-        "${RUN_DIR}/checkpoints/$1/albert_dist.json" 2>/dev/null
+# Whatever the launcher said: a signal this shell did not see, or launch.py dying of one (the runner then exits
+# 0), can leave ranks saving their stop checkpoint after the launcher has exited. With none left this is one ps.
+ranks_alive() {
+    ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
+        '$1 != "awk" && index($0 " ", s) { n++ } END { exit n == 0 }'
 }
-if [[ ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 && -n ${AFTER} && ${AFTER} != "${BEFORE}" ]] &&
-    stop_checkpoint "${AFTER}"; then
-    # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal
-    echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${AFTER}; the launcher exited ${status})"
+for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
+ranks_alive && echo "${SIGNAL:-exit ${status}}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
+trap - INT TERM
+mapfile -t AFTER < <(newest_checkpoint)
+NEWEST="$(basename "${AFTER[0]:-none}")"
+NEW_CHECKPOINT=""
+[[ -n ${AFTER[0]:-} && ${AFTER[0]} != "${BEFORE[0]:-}" ]] && NEW_CHECKPOINT=1
+finished() { # the newest checkpoint is at the run's max_steps
+    [[ ${AFTER[2]:-} =~ ^[0-9]+$ && ${AFTER[3]:-} =~ ^[0-9]+$ ]] && ((AFTER[2] >= AFTER[3]))
+}
+# the signal: the one this shell trapped, else SIGINT (the documented "interrupted" code, 130)
+interrupted_status() { if [[ -n ${SIGNAL} ]]; then echo $((128 + $(kill -l "${SIGNAL#SIG}"))); else echo 130; fi; }
+if [[ ${status} -eq 2 || ${status} -eq 74 ]]; then
+    : # the trainer's own codes: did not start / a checkpoint could not be written
+elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
+    # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
+    # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
+    echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${NEWEST}; the launcher exited ${status})"
     status=75
-elif [[ -n ${SIGNAL} && ${status} -ne 0 && ${status} -ne 2 && ${status} -ne 74 ]]; then
-    echo "(${SIGNAL}: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or" \
-        "the ranks were killed); newest complete checkpoint: ${AFTER:-none})"
-    status=$((128 + $(kill -l "${SIGNAL#SIG}")))
+elif [[ ${status} -eq 0 ]] && finished; then
+    :
+elif [[ ${status} -eq 0 ]]; then
+    echo "(${SIGNAL:-a signal}: the launcher exited 0, but the run did not reach max_steps and wrote no checkpoint" \
+        "at the stop (the launcher was killed by the signal); newest complete checkpoint: ${NEWEST})"
+    status=$(interrupted_status)
+elif [[ -n ${SIGNAL} ]] || ((status == 254 || status == 130)); then
+    # 254 (launch.py: a rank's -2) / 130: a rank died of a second SIGINT, which this shell may not have seen
+    echo "(${SIGNAL:-SIGINT}: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or" \
+        "the ranks were killed); newest complete checkpoint: ${NEWEST})"
+    status=$(interrupted_status)
 elif ((status > 128)); then
     # DeepSpeed's launch.py exits with a dead rank's return code: -N for signal N, i.e. 256 - N (247 after a
     # kill -9); a shell reports 128 + N.
@@ -94,15 +154,19 @@ elif ((status > 128)); then
         "e.g. the kernel's OOM killer (see dmesg) or a kill -9; the launcher exited ${status})"
     status=1
 fi
+# A config error leaves the run directory this script reserved empty: remove it (rmdir removes only an empty one)
+[[ ${status} -eq 2 && -n ${RESERVED} ]] && rmdir "${RUN_DIR}" 2>/dev/null
 OUT="$(realpath -m "${RUN_DIR}")"
 # The command that continues this run: same ranks, recipe and overrides, the same RUN_DIR, --resume auto
-# (added once). Words other than plain ones are single-quoted (as Python's shlex.quote does), so the line
-# pastes back into a shell unchanged.
+# (added once, and only when there is a checkpoint to continue from). Words other than plain ones are
+# single-quoted (as Python's shlex.quote does), so the line pastes back into a shell unchanged.
 quote() {
     if [[ $1 =~ ^[A-Za-z0-9_./=:,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 CONTINUE=(launch/pretrain_local.sh "${NUM_RANKS}" "${RECIPE}" "$@")
-[[ " $* " == *" --resume auto "* || " $* " == *" --resume=auto "* ]] || CONTINUE+=(--resume auto)
+if [[ -n ${AFTER[0]:-} && " $* " != *" --resume auto "* && " $* " != *" --resume=auto "* ]]; then
+    CONTINUE+=(--resume auto)
+fi
 CONTINUE_CMD="RUN_DIR=$(quote "${RUN_DIR}")"
 for word in "${CONTINUE[@]}"; do CONTINUE_CMD+=" $(quote "${word}")"; done
 echo
@@ -115,13 +179,21 @@ case "${status}" in
     ;;
 2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
 13[0-9] | 14[0-3])
-    echo "pretraining interrupted (exit ${status}); continue from its last complete checkpoint with:"
+    if [[ -n ${AFTER[0]:-} ]]; then
+        echo "pretraining interrupted, unsaved at the stop (exit ${status}); continue from its last complete checkpoint (${NEWEST}) with:"
+    else
+        echo "pretraining interrupted before its first checkpoint (exit ${status}); nothing to resume, start it again with:"
+    fi
     echo "  ${CONTINUE_CMD}"
     echo "outputs in ${OUT}"
     ;;
 *)
     echo "pretraining failed (exit ${status}); outputs in ${OUT}"
-    echo "  after fixing the cause, continue from its last complete checkpoint with:"
+    if [[ -n ${AFTER[0]:-} ]]; then
+        echo "  after fixing the cause, continue from its last complete checkpoint (${NEWEST}) with:"
+    else
+        echo "  no checkpoint was written; after fixing the cause, start it again with:"
+    fi
     echo "  ${CONTINUE_CMD}"
     ;;
 esac

@@ -21,23 +21,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bash") i
 
 
 def _run(tmp_path: Path, *args: str, exit_code: int = 0, before_exit: str = "",
-         sigint: signal.Handlers = signal.SIG_DFL) -> subprocess.CompletedProcess:
+         sigint: signal.Handlers = signal.SIG_DFL, script: Path = REPO / "launch/pretrain_local.sh",
+         env: dict | None = None) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "deepspeed"
     fake.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@"\n{before_exit}\nexit {exit_code}\n')
     fake.chmod(0o755)
     # python for the free-port helper comes from this interpreter's directory
-    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(tmp_path / "run")}
+    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(tmp_path / "run"),
+           **(env or {})}
+    env = {k: v for k, v in env.items() if v is not None}  # None: unset (e.g. RUN_DIR)
     # SIGINT at its default, as in a terminal, unless `sigint` says otherwise (a script's background job, e.g. a
     # CI runner's children, inherits it ignored, and bash cannot trap a signal ignored when it started)
-    return subprocess.run(["bash", str(REPO / "launch/pretrain_local.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
                           env=env, timeout=60, start_new_session=True,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def _launch(tmp_path: Path, *args: str) -> list[str]:
-    proc = _run(tmp_path, *args)
+    # a finished run leaves a "final" checkpoint at max_steps: without one the launcher's 0 is not believed
+    proc = _run(tmp_path, *args, before_exit=_checkpoint(tmp_path / "run", "step_50", "final", step=50))
     assert proc.returncode == 0, proc.stderr
     argv = proc.stdout.split("\npretraining finished")[0].splitlines()
     return argv
@@ -70,7 +74,7 @@ def _continue_command(stdout: str) -> list[str]:
     (("4", "configs/pretrain/albert-base-lamb.yaml", "x=1", "--resume", "auto"), ["x=1", "--resume", "auto"]),
 ])
 def test_after_a_preemption_it_prints_the_exact_command_to_continue(tmp_path, args, expected_tail):
-    proc = _run(tmp_path, *args, exit_code=75)
+    proc = _run(tmp_path, *args, exit_code=75, before_exit=_checkpoint(tmp_path / "run", "step_7", "stop"))
     assert proc.returncode == 75
     command = _continue_command(proc.stdout)
     ranks = args[0]
@@ -88,11 +92,12 @@ def test_after_a_config_error_there_is_no_resume_hint(tmp_path):
     assert "exit 2" in after and "resume" not in after and "continue" not in after
 
 
-def _checkpoint(run: Path, tag: str, reason: str) -> str:
-    """Shell commands writing what a save leaves: the tag's albert_dist.json (with its "reason"), then `latest`."""
-    ckpt = run / "checkpoints"
-    return (f"mkdir -p {ckpt / tag}; echo '{{\"step\": 7, \"reason\": \"{reason}\"}}' > {ckpt / tag}/albert_dist.json; "
-            f"echo {tag} > {ckpt}/latest")
+def _checkpoint(run: Path | str, tag: str, reason: str, step: int = 7, max_steps: int = 50) -> str:
+    """Shell commands writing what a save leaves: the tag's albert_dist.json (its "step", "reason" and the resolved
+    config's max_steps), then `latest`."""
+    ckpt = f"{run}/checkpoints"
+    meta = f'{{"step": {step}, "reason": "{reason}", "config": {{"max_steps": {max_steps}}}}}'
+    return f"mkdir -p {ckpt}/{tag}; echo '{meta}' > {ckpt}/{tag}/albert_dist.json; echo {tag} > {ckpt}/latest"
 
 
 @pytest.mark.parametrize("signal_name", ["INT", "TERM"])
@@ -116,7 +121,7 @@ def test_sigint_from_a_script_with_sigint_ignored_is_exit_75_like_a_ctrl_c(tmp_p
     proc = _run(tmp_path, "2", "max_steps=50", exit_code=1, sigint=signal.SIG_IGN,
                 before_exit=f"kill -INT $PPID; sleep 0.5; {_checkpoint(tmp_path / 'run', 'step_7', 'stop')}")
     assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
-    assert "(a stop signal: every rank stopped after writing checkpoint step_7; the launcher exited 1)" in proc.stdout
+    assert "(SIGINT: every rank stopped after writing checkpoint step_7; the launcher exited 1)" in proc.stdout
     assert "pretraining failed" not in proc.stdout
     assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
                                               "max_steps=50", "--resume", "auto"]
@@ -136,7 +141,8 @@ def test_a_signal_without_a_checkpoint_at_the_stop_is_not_called_one(tmp_path, w
     newest = "step_7" if written else "step_5"
     assert f"(SIGINT: no checkpoint was written at the stop (a second Ctrl-C, a signal during start-up, or the " \
            f"ranks were killed); newest complete checkpoint: {newest})" in proc.stdout
-    assert "pretraining interrupted (exit 130)" in proc.stdout and "stopped by a signal" not in proc.stdout
+    assert f"pretraining interrupted, unsaved at the stop (exit 130); continue from its last complete checkpoint " \
+           f"({newest}) with:" in proc.stdout and "stopped by a signal" not in proc.stdout
     assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
 
 
@@ -144,7 +150,7 @@ def test_a_signal_without_a_checkpoint_at_the_stop_is_not_called_one(tmp_path, w
 def test_a_rank_killed_by_a_signal_is_exit_1_naming_the_signal(tmp_path, launcher_exit, signum, name):
     """kill -9 of rank 1: DeepSpeed's launch.py exits with the rank's return code -9, i.e. 247, which is not one
     of the documented codes: it becomes 1 (a crash; `--resume auto` continues), the signal named."""
-    proc = _run(tmp_path, "2", exit_code=launcher_exit)
+    proc = _run(tmp_path, "2", exit_code=launcher_exit, before_exit=_checkpoint(tmp_path / "run", "step_5", "interval"))
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert f"(a rank was killed by signal {signum} (SIG{name}), e.g. the kernel's OOM killer (see dmesg) or a " \
            f"kill -9; the launcher exited {launcher_exit})" in proc.stdout
@@ -163,3 +169,76 @@ def test_without_the_venv_on_path_it_says_to_activate_it(tmp_path):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "no 'deepspeed' command on PATH" in proc.stderr and "source .venv/bin/activate" in proc.stderr
     assert "--resume auto" not in proc.stdout + proc.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN])
+def test_a_stop_checkpoint_with_the_launcher_exiting_0_is_exit_75_not_finished(tmp_path, sigint):
+    """The user trial's two SIGINTs 0.3 s apart: the ranks checkpointed step_256 ("reason": "stop") and exited 75,
+    but launch.py died of the second signal and DeepSpeed's runner, which exits only with a positive code, exited
+    0: the script said "pretraining finished", exit 0, no command to continue. Now the checkpoint decides."""
+    proc = _run(tmp_path, "2", "max_steps=300", exit_code=0, sigint=sigint,
+                before_exit=_checkpoint(tmp_path / "run", "step_256", "stop", step=256, max_steps=300))
+    assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pretraining finished" not in proc.stdout
+    assert "every rank stopped after writing checkpoint step_256; the launcher exited 0)" in proc.stdout
+    assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
+                                              "max_steps=300", "--resume", "auto"]
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_a_launcher_exiting_0_short_of_max_steps_is_not_finished(tmp_path, written):
+    """0 from the launcher, but the newest checkpoint (or none) is short of max_steps and not a stop's: the run
+    was interrupted unsaved (130), not finished."""
+    write = _checkpoint(tmp_path / "run", "step_100", "interval", step=100, max_steps=300) if written else "true"
+    proc = _run(tmp_path, "2", "max_steps=300", exit_code=0, before_exit=write)
+    assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pretraining finished" not in proc.stdout and "the run did not reach max_steps" in proc.stdout
+    assert ("--resume auto" in proc.stdout) == written
+
+
+@pytest.mark.parametrize("sigint, launcher_exit", [(signal.SIG_IGN, 1), (signal.SIG_DFL, 1), (signal.SIG_IGN, 254)])
+def test_two_sigints_before_any_checkpoint_are_exit_130_interrupted_unsaved(tmp_path, sigint, launcher_exit):
+    """The user trial's two SIGINTs 0.1 s apart to `setsid launch/pretrain_local.sh ... &` (SIGINT ignored when it
+    started): the ranks died of the second, nothing was saved, launch.py exited 1 (or 254, a rank's -2), and the
+    script said "pretraining failed (exit 1) ... after fixing the cause". Now: 130, interrupted, and no
+    `--resume auto` (there is nothing to resume)."""
+    signals = "kill -INT $PPID; sleep 0.1; kill -INT $PPID; sleep 0.3" if launcher_exit == 1 else "true"
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=launcher_exit, sigint=sigint, before_exit=signals)
+    assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pretraining interrupted before its first checkpoint (exit 130); nothing to resume" in proc.stdout
+    assert "pretraining failed" not in proc.stdout and "after fixing the cause" not in proc.stdout
+    assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
+                                              "max_steps=50"]
+
+
+def test_two_runs_started_in_the_same_second_get_two_run_directories(tmp_path):
+    """Without RUN_DIR, two runs in the same second both computed runs/<recipe>-<time>; the second was refused
+    ("in use by another job", exit 2). Now the name is reserved with mkdir: the second gets <name>-2, as
+    `albert-dist train` does (albert_dist.preflight.lock_auto_run_dir). A copy of the script in a scratch
+    checkout keeps runs/ out of the real one; a stand-in `date` makes "the same second" certain."""
+    checkout = tmp_path / "checkout"
+    (checkout / "launch").mkdir(parents=True)
+    shutil.copy(REPO / "launch/pretrain_local.sh", checkout / "launch")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/date").write_text("#!/bin/bash\necho 20240101-000000\n")
+    (tmp_path / "bin/date").chmod(0o755)
+    finish = ('for a; do [[ $a == run_dir=* ]] && d=${a#run_dir=}; done; '
+              + _checkpoint("$d", "step_50", "final", step=50))
+    dirs = []
+    for _ in range(2):
+        proc = _run(tmp_path, "1", before_exit=finish, script=checkout / "launch/pretrain_local.sh",
+                    env={"RUN_DIR": None, "MASTER_PORT": "29999"})
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        dirs.append(next(a for a in proc.stdout.splitlines() if a.startswith("run_dir=")))
+    assert dirs == ["run_dir=runs/albert-tiny-wikitext-20240101-000000", "run_dir=runs/albert-tiny-wikitext-20240101-000000-2"]
+    assert (checkout / "runs/albert-tiny-wikitext-20240101-000000-2/checkpoints/latest").is_file()
+
+
+def test_a_config_error_leaves_no_empty_automatic_run_directory(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "launch").mkdir(parents=True)
+    shutil.copy(REPO / "launch/pretrain_local.sh", checkout / "launch")
+    proc = _run(tmp_path, "1", exit_code=2, script=checkout / "launch/pretrain_local.sh",
+                env={"RUN_DIR": None, "MASTER_PORT": "29999"})
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert list((checkout / "runs").iterdir()) == []
