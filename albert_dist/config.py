@@ -350,6 +350,9 @@ def _override_layers(overrides: Sequence[str]) -> list[tuple[str, dict]]:
         if "=" not in item or item.startswith("="):
             raise ValueError(f"override {item!r} must look like dotted.key=value")
         key, value = item.split("=", 1)
+        if (m := re.search(r"\.(\d+)(?=\.|$)", key)) is not None:  # the MLflow param's spelling data.train.0.paths
+            raise ValueError(f"override {item!r}: a list item is written with its index in brackets: "
+                             f"{key[:m.start()]}[{m.group(1)}]{key[m.end():]}={value}")
         try:
             if "[" in key:  # a list item by index (data.train[0].paths=[...]): set into what is merged so far
                 value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={value}"]))["value"]
@@ -358,6 +361,10 @@ def _override_layers(overrides: Sequence[str]) -> list[tuple[str, dict]]:
                 layers.append((f"override {item!r}", OmegaConf.to_container(OmegaConf.from_dotlist([item]))))
         except OmegaConfBaseException as err:
             raise ValueError(f"override {item!r}: {_describe(err)}") from err
+        except yaml.YAMLError as err:  # e.g. an unclosed [ or {: yaml's multi-line report, in one line
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"override {item!r}: the value {value!r} is not valid YAML ({problem}); close its "
+                             "brackets, or quote the whole override for the shell ('key=[a, b]')") from err
     return layers
 
 

@@ -52,9 +52,12 @@ def test_overrides_apply_with_yaml_types():
     (["model.num_hidden_groups=9"], "num_hidden_groups"),
     (["optimizer.warmup_steps=100000"], "warmup_steps"),
     (["engine.zero_stage"], "dotted.key=value"),                 # malformed override
+    (["data.train=[/data/prep"], "is not valid YAML (did not find expected ',' or ']'); close its brackets"),
+    (["model.sharing={a"], "is not valid YAML"),                 # yaml's 33-line ParserError before
+    (["data.train.0.text_field=content"], "in brackets: data.train[0].text_field=content"),  # MLflow's spelling
 ])
 def test_bad_override_is_a_clear_value_error(override, fragment):
-    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
         load_config(MAIN_RECIPE, override)
 
 
