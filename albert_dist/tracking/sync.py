@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+from albert_dist.engine.checkpoint.layout import CheckpointError, read_latest, read_meta
 from albert_dist.tracking.base import METRICS_FILE, PARAMS_FILE, NullTracker
 from albert_dist.tracking.config import TrackingConfig
 from albert_dist.tracking.tracker import STATE_FILE, MLflowTracker, read_state
@@ -44,6 +45,27 @@ def sync(run_dir: str, tracking_uri: Optional[str] = None, timeout_s: float = 60
     params = Path(run_dir) / PARAMS_FILE
     if params.is_file():
         tracker.log_params(json.loads(params.read_text()))
-    left = tracker.close(state.get("status") or "KILLED")  # no status: the job died without closing
+    left = tracker.close(state.get("status") or job_status(run_dir))
     log.info("run %s: %s", tracker.run_id, "everything sent" if not any(left.values()) else f"left: {left}")
     return left
+
+
+def job_status(run_dir: str) -> str:
+    """The MLflow status of a job that recorded none (``tracking.enabled=false``, or it died before closing),
+    from its newest checkpoint's reason: "final" -> FINISHED, "stop" (a stop signal's) -> KILLED; KILLED
+    when there is no checkpoint or it was an interval one (the job ended without a last save). The checkpoints
+    are in ``<run_dir>/checkpoints`` or the run's ``checkpoint.dir`` (its config.yaml)."""
+    ckpt = Path(run_dir) / "checkpoints"
+    try:
+        import yaml
+
+        ckpt = Path((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()).get("checkpoint") or {}).get("dir")
+                    or ckpt)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        pass
+    tag = read_latest(ckpt)
+    try:
+        reason = read_meta(ckpt / tag).get("reason") if tag else None
+    except CheckpointError:
+        reason = None
+    return "FINISHED" if reason == "final" else "KILLED"

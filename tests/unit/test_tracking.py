@@ -598,3 +598,31 @@ def test_log_checkpoints_off_keeps_checkpoints_out_of_the_run_and_other_artifact
         client = MlflowClient(uri)
         uploaded[log_checkpoints] = sorted(a.path for a in client.list_artifacts(tracker.run_id))
     assert uploaded == {False: ["config"], True: ["checkpoints", "config"]}
+
+
+def test_sync_of_a_run_that_recorded_no_status_takes_it_from_the_newest_checkpoint(tmp_path):
+    """`albert-dist tracking sync` of a run made with tracking.enabled=false (no mlflow_run.json): a run that
+    reached its final checkpoint ends FINISHED in MLflow (it ended KILLED before), a stop checkpoint's KILLED."""
+    import mlflow
+
+    from albert_dist.tracking.sync import job_status, sync
+
+    def run_dir(name, reason):
+        d = tmp_path / name
+        tag = d / "checkpoints" / "step_5"
+        tag.mkdir(parents=True)
+        (tag / "albert_dist.json").write_text(json.dumps({"step": 5, "world_size": 1, "zero_stage": 0,
+                                                          "config_hash": "x", "reason": reason}))
+        (d / "checkpoints" / "latest").write_text("step_5")
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 1.5}) + "\n")
+        return d
+
+    assert job_status(str(run_dir("stopped", "stop"))) == "KILLED"
+    assert job_status(str(run_dir("interval", "interval"))) == "KILLED"  # died after an interval save
+    assert job_status(str(tmp_path / "none")) == "KILLED"  # no checkpoint at all
+    finished = run_dir("finished", "final")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert not any(sync(str(finished), tracking_uri=uri, timeout_s=30).values())
+    (run,) = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name("albert_dist")
+                                                  .experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["loss"] == 1.5
