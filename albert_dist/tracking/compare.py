@@ -180,16 +180,20 @@ def compare(runs: Sequence[str], experiment: Optional[str], tracking_uri: Option
 
     Raises:
         ValueError: both or neither of `runs` and `experiment`; a run directory with no MLflow run recorded;
-            `metrics` naming something these runs did not log; MLflow's own errors (unknown run or experiment)
-            as a ValueError with its message.
+            `metrics` naming something these runs did not log; a local store that does not exist (MLflow
+            would create an empty one); MLflow's own errors (unknown run or experiment) as a ValueError with its
+            message.
     """
     import mlflow
     from mlflow.exceptions import MlflowException
+
+    from albert_dist.tracking.tracker import require_existing_store
 
     if bool(runs) == bool(experiment):
         raise ValueError("give runs or --experiment NAME (not both)")
     try:
         ids, uri = _resolve(runs, tracking_uri)
+        require_existing_store(uri, f"runs {', '.join(runs)}" if runs else f"experiment {experiment!r}")
         mlflow.set_tracking_uri(uri)
         df = search(ids, experiment)
         logged = sorted({c[len("metrics."):] for c in df.columns if c.startswith("metrics.")})

@@ -626,3 +626,14 @@ def test_sync_of_a_run_that_recorded_no_status_takes_it_from_the_newest_checkpoi
     (run,) = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name("albert_dist")
                                                   .experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["loss"] == 1.5
+
+
+def test_compare_against_a_local_store_that_does_not_exist_names_it_and_creates_nothing(tmp_path):
+    """`albert-dist compare RUN_ID` with no store: MLflow created an empty mlruns.db and said the run was not
+    found; now the missing store is named and no file is made."""
+    from albert_dist.tracking.compare import compare
+
+    store = tmp_path / "nowhere" / "mlruns.db"
+    with pytest.raises(ValueError, match=f"no MLflow store at {store}"):
+        compare(["0123456789abcdef0123456789abcdef"], None, f"sqlite:///{store}", [], str(tmp_path / "c.png"))
+    assert not store.exists() and not store.parent.exists()
