@@ -516,4 +516,6 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
             f.close()
         if seen:
             raise ValueError(f"{where}.text_field={source.text_field!r} is not a key of the first {seen} records "
-                             f"of {path} (keys found: {keys or 'none: no JSON object'})")
+                             f"of {path} (keys found: {keys or 'none: no JSON object'})"
+                             + ("" if keys else "; JSON lines are read: one object per line, not one JSON "
+                                                "array or document per file"))

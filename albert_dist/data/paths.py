@@ -173,8 +173,12 @@ def file_format(path: str, declared: str) -> tuple[str, str]:
         kind = next((k for k, suffixes in KIND_SUFFIXES if stem.endswith(suffixes)), "")
         if not kind:
             known = ", ".join(s for _, suffixes in KIND_SUFFIXES for s in suffixes)
+            # a side file named one by one is what an unquoted glob gives (the shell expanded dir/* into it)
+            hint = (f"; {os.path.basename(path)} is a side file that a quoted glob or a directory skips: quote "
+                    "the glob ('dir/*') so the shell does not expand it" if is_side_file(os.path.basename(path))
+                    else "; set the source's format explicitly")
             raise ValueError(f"cannot tell the format of {path} from its suffix (known: {known}, each optionally "
-                             f"{' or '.join(COMPRESSIONS)}); set the source's format explicitly")
+                             f"{' or '.join(COMPRESSIONS)}){hint}")
     if kind == "parquet" and compression:
         raise ValueError(f"{path}: a parquet file compressed as a whole ({compression}) cannot be read in place; "
                          f"decompress it (parquet compresses its column chunks itself) or convert it with "

@@ -43,6 +43,12 @@ def test_missing_text_field_is_found_on_the_first_records_naming_field_file_and_
     assert str(err.value) == (f"data.train[1].text_field='text' is not a key of the first 16 records of {bad} "
                               f"(keys found: ['content', 'id'])")
     check_text_field(SourceConfig(paths=[str(bad)], text_field="content"), "data.train[1]")
+    # a .json file holding one pretty-printed array (a common corpus dump) says JSON lines are expected
+    array = tmp_path / "lunyu.json"
+    array.write_text(json.dumps([{"text": f"chapter {i}"} for i in range(5)], indent=2))
+    with pytest.raises(ValueError, match=r"keys found: none: no JSON object\); JSON lines are read: one object per "
+                                         r"line, not one JSON array"):
+        check_text_field(SourceConfig(paths=[str(array)]), "data.train[0]")
 
 
 def test_missing_parquet_column_is_named(tmp_path):

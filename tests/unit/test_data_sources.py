@@ -296,8 +296,13 @@ def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path
     lines = [r.getMessage() for r in caplog.records if "side file" in r.getMessage()]
     assert len(lines) == 1 and "ignored 6 side file(s)" in lines[0] and "README.md" in lines[0]
     (tmp_path / "notes.docx").write_text("x")
-    with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx"):
+    with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx.*set the source's format"):
         list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20))
+    # the shell's expansion of an unquoted dir/* names the side files one by one: say to quote the glob
+    (tmp_path / "notes.docx").unlink()
+    named = sorted(str(p) for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"(README.md|.gitattributes) is a side file that a quoted glob or a directory skips: quote"):
+        list(iter_texts([SourceConfig(paths=named)], "data.train", 1 << 20))
 
 
 def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_file(tmp_path):
