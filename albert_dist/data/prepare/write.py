@@ -113,7 +113,8 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
                 column = batch.column(0)
                 # a run without a dropped document is a slice (no copy until the row group is assembled)
                 texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
-                         else column.take(pa.array(sel)))
+                         else column.take(pa.Array.from_buffers(  # not pa.array: it imports pandas (jsonl.py)
+                             pa.int64(), len(sel), [None, pa.py_buffer(sel.astype(np.int64))])))
                 sizes = lens[lo:hi][sel]
                 starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
                 groups = starts // row_group_bytes
