@@ -28,7 +28,8 @@ Pipeline (every stage streams; nothing holds the corpus in memory):
    ~``--dedup-memory`` at any corpus size (1 TB of 4 KB documents = 250M documents = 6 GB of temporary hash
    files, 13 buckets).
 3. *write*, parallel over output shards: the kept documents, in input order, are cut into ``num_shards``
-   contiguous shards of equal bytes and each shard into row groups of ``row_group_bytes`` of text.
+   contiguous shards of equal bytes and each shard into row groups of ``row_group_bytes`` of text; a scan
+   task's spooled text is deleted once every shard that reads it is written (`_SpoolRelease`).
 4. a token estimate (a byte-budgeted sample of the output encoded with the tokenizer), ``manifest.json``, and a
    rename of the finished directory to ``--output``.
 
