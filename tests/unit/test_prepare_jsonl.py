@@ -111,3 +111,18 @@ def test_blocks_pyarrow_could_misread_go_line_by_line(data):
     parsed = jsonl.parse_block(jsonl.Block(100, ok, len(ok)), "text", 1 << 20)
     assert parsed.texts.to_pylist() == ["a", "b"] and parsed.records == 4
     assert parsed.skipped == [("missing_field", 116), ("empty", 129)]
+
+
+@pytest.mark.parametrize("values", [[], ["a"], ["", "héllo", "\u3000x", "日本語", "a" * 70000]])
+def test_arrays_built_from_buffers_equal_pyarrow_array(values):
+    """The scan builds its Arrow arrays from buffers (pyarrow.array imports pandas on its first call)."""
+    import numpy as np
+    import pyarrow as pa
+
+    got = jsonl.arrow_strings(values)
+    got.validate(full=True)
+    assert got.equals(pa.array(values, pa.string()))
+    mask = np.array([i % 3 == 0 for i in range(len(values) * 7)], dtype=bool)
+    bools = jsonl.arrow_bools(mask)
+    bools.validate(full=True)
+    assert bools.equals(pa.array(mask))

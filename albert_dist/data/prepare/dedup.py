@@ -23,7 +23,32 @@ DEDUP_ROW_BYTES = 48
 def _duplicates(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Positions (into ``hi``/``lo``, in increasing order of position = input order) of every document whose
     128-bit hash ``(hi, lo)`` equals that of an earlier position. Memory: ~33 bytes per document on top of the
-    keys (the sort order, sorted copies, a mask)."""
+    keys (the sort order, sorted copies, a mask).
+
+    Only the documents whose ``hi`` half is shared (found by one unstable sort of ``hi``: numpy's SIMD sort, 11x
+    a stable two-key sort here) go through the exact stable two-key search, when they are at most a quarter
+    of all (so the memory bound holds); 726k documents: 185 -> ~40 ms."""
+    if len(hi) < 2:
+        return np.empty(0, dtype=np.int64)
+    order = np.argsort(hi)
+    h = hi[order]
+    shared = np.zeros(len(h), dtype=bool)
+    np.equal(h[1:], h[:-1], out=shared[1:])
+    del h
+    shared[:-1] |= shared[1:]  # both ends of every equal pair
+    count = int(np.count_nonzero(shared))
+    if count == 0:
+        return np.empty(0, dtype=np.int64)
+    if count <= len(hi) // 4:
+        candidates = np.sort(order[shared])  # input order, so the stable search keeps the first occurrence
+        del order, shared
+        return candidates[_duplicates_stable(hi[candidates], lo[candidates])]
+    del order, shared
+    return _duplicates_stable(hi, lo)
+
+
+def _duplicates_stable(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """`_duplicates` by a stable sort on both halves."""
     if len(hi) < 2:
         return np.empty(0, dtype=np.int64)
     order = np.lexsort((lo, hi))  # stable: equal hashes keep input order, so the first occurrence comes first

@@ -155,7 +155,7 @@ def parse_block(block: Block, text_field: str, max_bytes: int) -> Optional[Parse
     if bad.any():
         for row in np.flatnonzero(bad):
             skipped.append(("missing_field" if missing[row] else "empty", block.offset + int(starts[row])))
-        texts = texts.filter(pa.array(~bad))
+        texts = texts.filter(arrow_bools(~bad))
     return Parsed(texts, len(starts), skipped)
 
 
@@ -193,4 +193,27 @@ def _strip(texts):
         return texts
     mask = np.zeros(len(texts), dtype=bool)
     mask[changed] = True
-    return pc.replace_with_mask(texts, pa.array(mask), pa.array(values, pa.string()))
+    return pc.replace_with_mask(texts, arrow_bools(mask), arrow_strings(values))
+
+
+# ``pyarrow.array`` imports pandas on its first call when pandas is installed (0.16 CPU-s here: 15% of a 64 MB
+# prepare), to ask whether its argument is a pandas object; these build the same arrays from their buffers.
+def arrow_strings(values: list[str]):
+    """``pa.array(values, pa.string())`` for a list of str that all encode to UTF-8 (no lone surrogates; the
+    callers check), without ``pyarrow.array``. Raises ValueError past 2 GiB of text (the callers batch ~8 MiB)."""
+    import pyarrow as pa
+
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError(f"{offsets[-1]} bytes of text in one string array (at most 2 GiB)")
+    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets.astype(np.int32)),
+                                       pa.py_buffer(b"".join(encoded)))
+
+
+def arrow_bools(mask: np.ndarray):
+    """``pa.array(mask)`` of a numpy bool array, without ``pyarrow.array``."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.bool_(), len(mask), [None, pa.py_buffer(np.packbits(mask, bitorder="little"))])

@@ -27,7 +27,8 @@ class Workers:
     """A process pool shared by the scan and write stages (spawned once: starting a Python with pyarrow costs ~1 s
     of CPU) or, with one worker, the caller's process. ``map`` runs ``fn(*job)`` for every job, returns the
     results in job order and feeds a tqdm bar from the jobs' `advance` calls (shown only on a terminal unless
-    ``progress`` says otherwise); the first failing job's exception is raised after the rest are cancelled."""
+    ``progress`` says otherwise); ``on_result(i, result)``, if given, runs in the caller's process as each job
+    ends (in completion order); the first failing job's exception is raised after the rest are cancelled."""
 
     def __init__(self, workers: int, progress: Optional[bool]) -> None:
         self._ctx = mp.get_context("spawn")  # no state (threads, open files) forked from the caller
@@ -42,7 +43,8 @@ class Workers:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def map(self, fn: Callable, jobs: Sequence[tuple], bar_total: float, bar_desc: str) -> list:
+    def map(self, fn: Callable, jobs: Sequence[tuple], bar_total: float, bar_desc: str,
+            on_result: Optional[Callable[[int, object], None]] = None) -> list:
         global _PROGRESS
         from tqdm import tqdm
 
@@ -60,6 +62,8 @@ class Workers:
                 try:
                     for i, job in enumerate(jobs):
                         results[i] = fn(*job)
+                        if on_result is not None:
+                            on_result(i, results[i])
                         update()
                 finally:
                     _PROGRESS = None
@@ -74,6 +78,8 @@ class Workers:
                     done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                     for fut in done:
                         results[futures[fut]] = fut.result()
+                        if on_result is not None:
+                            on_result(futures[fut], results[futures[fut]])
                     update()
             except BaseException:
                 for fut in pending:

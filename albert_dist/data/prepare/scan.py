@@ -252,9 +252,8 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
 
 def _scan_records(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> dict:
     """`scan_task` with the training reader, one record at a time."""
-    import pyarrow as pa
-
     from albert_dist.data.files import read_piece
+    from albert_dist.data.prepare.jsonl import arrow_strings
 
     counts, progress = _Counts(), _Progress(task)
     texts: list[str] = []
@@ -280,12 +279,12 @@ def _scan_records(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> d
                         continue
                     texts.append(rec["text"])
                     if buffered >= SPOOL_BATCH_BYTES:
-                        spool.add(pa.array(texts, pa.string()))
+                        spool.add(arrow_strings(texts))
                         texts, buffered = [], 0
                         progress.report()
             finally:
                 records.close()
-        spool.add(pa.array(texts, pa.string()))
+        spool.add(arrow_strings(texts))
         spool.commit()
     finally:
         spool.discard()  # a no-op after commit
@@ -297,10 +296,8 @@ def _scan_blocks(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> di
     """`scan_task` of a JSON-lines piece, a block of lines at a time (`albert_dist.data.prepare.jsonl`); a block
     pyarrow cannot take whole goes line by line through the training reader's per-record function. Raises
     `DamagedInput` (or OSError) for a stream that cannot be read to its end: nothing is kept of this attempt."""
-    import pyarrow as pa
-
     from albert_dist.data.files import _json_record, open_stream
-    from albert_dist.data.prepare.jsonl import line_blocks, parse_block
+    from albert_dist.data.prepare.jsonl import arrow_strings, line_blocks, parse_block
 
     counts, progress = _Counts(), _Progress(task)
     end = task.end if not task.compression else float("inf")
@@ -337,7 +334,7 @@ def _scan_blocks(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> di
                     else:
                         texts.append(rec["text"])
                     pos += len(raw) + 1
-                spool.add(pa.array(texts, pa.string()))
+                spool.add(arrow_strings(texts))
             progress.report()
         spool.commit()
     finally:

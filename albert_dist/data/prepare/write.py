@@ -15,6 +15,8 @@ from albert_dist.data.sizes import peak_rss_bytes
 
 #: zstd level of the output shards.
 SHARD_ZSTD_LEVEL = 1
+#: A shard of at most this much text is built in memory and written with one call (`write_shard`).
+SHARD_IN_MEMORY_BYTES = 64 << 20
 
 
 def shard_slices(hash_files: list[Path], drops: list[np.ndarray], total_bytes: int,
@@ -65,10 +67,15 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     spool = Path(spool_dir)
     schema = pa.schema([("text", pa.string())])
     tmp = out / f".{name}.tmp"
+    # a shard of the default size (128 row groups: 8 MiB of text at 64 KiB) is built in memory and written in one
+    # call, its sha256 taken from memory: the writer's many small writes (and a seek each) and reading the file
+    # back cost more than the copy; a larger one (--num-shards, --shard-bytes) streams to disk and is read back
+    in_memory = _shard_text_bytes(spool, slices, drop_files) <= SHARD_IN_MEMORY_BYTES
+    sink = pa.BufferOutputStream() if in_memory else tmp
     # zstd level 1 (pyarrow's default): real text in 64 KiB blocks compresses 2.50x against level 3's 2.63x
     # (bench/data_scale.py, section prepare) for about a third less compression CPU, and at level 3 the shards'
     # compression was a third of all of prepare's CPU (docs/data-scale.md)
-    writer = pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
+    writer = pq.ParquetWriter(sink, schema, compression="zstd", compression_level=SHARD_ZSTD_LEVEL, use_dictionary=False,
                               write_statistics=False)
     documents = nbytes = row_groups = 0
     buf: list = []
@@ -106,7 +113,8 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
                 column = batch.column(0)
                 # a run without a dropped document is a slice (no copy until the row group is assembled)
                 texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
-                         else column.take(pa.array(sel)))
+                         else column.take(pa.Array.from_buffers(  # not pa.array: it imports pandas (jsonl.py)
+                             pa.int64(), len(sel), [None, pa.py_buffer(sel.astype(np.int64))])))
                 sizes = lens[lo:hi][sel]
                 starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
                 groups = starts // row_group_bytes
@@ -122,12 +130,31 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
         flush()
     finally:
         writer.close()
-    os.replace(tmp, out / name)
     digest = hashlib.sha256()
-    with open(out / name, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
+    if in_memory:
+        data = sink.getvalue()
+        digest.update(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        del data
+    else:
+        with open(tmp, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    os.replace(tmp, out / name)
     entry = {"path": name, "documents": documents, "bytes": nbytes, "row_groups": row_groups,
              "file_bytes": os.path.getsize(out / name), "sha256": digest.hexdigest()}
     done.write_text(json.dumps(entry))
     return {**entry, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def _shard_text_bytes(spool: Path, slices: list[tuple[int, int, int]], drop_files: dict[int, str]) -> int:
+    """Text bytes of a shard: its slices' documents less the duplicates dropped inside them."""
+    total = 0
+    for task, first, last in slices:
+        lens = read_hashes(spool / f"{task:06d}.hash")["len"]
+        total += int(lens[first:last].sum())
+        if task in drop_files:
+            drop = np.load(drop_files[task])
+            total -= int(lens[drop[(drop >= first) & (drop < last)]].sum())
+    return total
