@@ -277,10 +277,17 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
     assert manifest["inputs"][0]["path"] == str(src)
     for argv, fragment in ([["--output", str(tmp_path / "x")], "no input"],
                            [["--input", str(tmp_path / "nope*.txt"), "--output", str(tmp_path / "x")], "matches no file"],
-                           [["--input", str(src), "--output", str(tmp_path / "x"), "a.b=1"], "need --config"]):
+                           [["--input", str(src), "--output", str(tmp_path / "x"), "a.b=1"], "need --config"],
+                           # a tokenizer that is not a model: refused before the scan, not after the whole run
+                           [["--input", str(src), "--output", str(tmp_path / "t"), "--tokenizer",
+                             str(tmp_path / "r.yaml")], "is not a sentencepiece model"],
+                           # an output inside an input directory: the next run would read it as input
+                           [["--input", str(src.parent), "--output", str(src.parent / "prepared")],
+                            "lies inside the input directory"]):
         assert cli.main(["data", "prepare", *argv]) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.strip().endswith(err.strip().split(": ")[-1]) and len(err.strip()) > 30
+    assert not (tmp_path / "t.prepare-tmp").exists() and not (src.parent / "prepared.prepare-tmp").exists()
 
 
 @pytest.mark.parametrize("text_gib, slots, rg, shards", [

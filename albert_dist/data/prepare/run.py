@@ -100,6 +100,8 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
     url = opts.output.rstrip("/")
     # an object-store output is built in a local work directory and uploaded when complete (`publish`)
     out = remote_work_root(url) / "output" if remote else Path(opts.output).expanduser().resolve()
+    if not remote:
+        _refuse_output_inside_an_input(opts, out)
     lock_path = (out.parent.parent / (out.parent.name + ".lock")) if remote else out.parent / f".{out.name}{LOCK_SUFFIX}"
     lock = OutputLock(lock_path, url if remote else str(out)).acquire()
     try:
@@ -108,11 +110,31 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
         lock.release()
 
 
+def _refuse_output_inside_an_input(opts: PrepareOptions, out: Path) -> None:
+    """An output inside an input directory would be read as input by the next run (which then sees other inputs
+    and refuses) and by a training source naming that directory (every document twice): refuse it up front.
+
+    Raises:
+        ValueError: naming the input directory and the output.
+    """
+    for i, source in enumerate(opts.sources):
+        for raw in source.paths:
+            p = Path(raw).expanduser()
+            if p.is_dir() and out.is_relative_to(p.resolve()):
+                raise ValueError(f"--output {out} lies inside the input directory {raw} (input[{i}]): a rerun, and "
+                                 f"a training source of {raw}, would read the prepared shards as input; choose an "
+                                 "output outside it")
+
+
 def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool, url: str, out: Path) -> dict:
     """`prepare` with the output's lock held."""
     from albert_dist.data import store
 
     tasks, inputs, plan_skips = plan_scan(opts.sources)
+    if opts.tokenizer_path:  # used only for the token estimate at the end: a bad path must not cost the whole run
+        from albert_dist.data.tokenizer import load_tokenizer
+
+        load_tokenizer(opts.tokenizer_path)
     fingerprint = opts.fingerprint([{k: f[k] for k in ("path", "bytes", "mtime_ns")} for f in inputs])
     if remote:
         what, found = store.expand(url)
