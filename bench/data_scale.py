@@ -49,7 +49,9 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   (decompressed) per wall second and per CPU-second (all processes), peak RSS of the main process and of the
   largest worker, and whether the shards are byte-identical. Peer, same run and corpus: HF datasets'
   ``load_dataset("json").to_parquet()`` (what a user would write by hand; it neither deduplicates nor sizes row
-  groups). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
+  groups), and the peer doing prepare's job: the same with exact deduplication as HF's own scripts write it (a
+  batched ``map`` adding each text's hash, xxh3-128 as ours, a ``filter`` keeping first occurrences, then
+  ``to_parquet``; issue 26 names the peer "map + to_parquet"). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
   Also the duplicate search's memory over 4M synthetic hashes (10% repeated): bytes per document in memory, and
   the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need);
   and the zstd ratio of real text in row-group-sized blocks against one stream (what the output costs on disk
@@ -470,7 +472,8 @@ import json, resource, sys
 from albert_dist.cli import main
 rc = main(["data", "prepare", *sys.argv[1:]])
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print("RUSAGE " + json.dumps({"rc": rc, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+print("RUSAGE " + json.dumps({"rc": rc, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+                              "minor_faults": me.ru_minflt + kids.ru_minflt}))
 """
 
 _PEER_DRIVER = """
@@ -479,6 +482,31 @@ import datasets
 datasets.disable_progress_bars()
 files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
+ds.to_parquet(out)
+from albert_dist.data.sizes import peak_rss_bytes
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
+      "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
+"""
+
+
+# the peer doing prepare's job: exact deduplication (first occurrence kept) the way HF's scripts write it
+# (e.g. transformers' codeparrot preprocessing: a map adding a hash column, a filter against a set of seen hashes)
+_PEER_DEDUP_DRIVER = """
+import json, resource, sys, glob
+import datasets, xxhash
+datasets.disable_progress_bars()
+files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
+ds = ds.map(lambda b: {"hash": [xxhash.xxh3_128_digest(t.encode()) for t in b["text"]]}, batched=True)
+seen = set()
+def first(batch):
+    keep = []
+    for h in batch["hash"]:
+        keep.append(h not in seen)
+        seen.add(h)
+    return keep
+ds = ds.filter(first, batched=True).remove_columns("hash")
 ds.to_parquet(out)
 from albert_dist.data.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -620,7 +648,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
         result[f"workers_{w}"] = {
             "mb_per_wall_s": raw / 1e6 / m["wall_s"], "mb_per_wall_s_per_worker": raw / 1e6 / m["wall_s"] / w,
             "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "wall_s": m["wall_s"], "cpu_s": m["cpu_s"],
-            "main_peak_rss_bytes": manifest["peak_rss_bytes"]["main"],
+            "minor_page_faults": m["minor_faults"], "main_peak_rss_bytes": manifest["peak_rss_bytes"]["main"],
             "worker_peak_rss_bytes": manifest["peak_rss_bytes"]["worker"],
             "documents": manifest["documents"], "row_groups": manifest["row_groups"],
             "output_disk_bytes": sum(f["file_bytes"] for f in manifest["files"]),
@@ -640,10 +668,21 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
             "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
         shutil.rmtree(work / "hf-cache", ignore_errors=True)
         (work / "peer.parquet").unlink(missing_ok=True)
+        m = _driver(_PEER_DEDUP_DRIVER, [str(corpus / "*"), str(work / "peer.parquet"), str(work / "hf-cache")])
+        result["peer_datasets_dedup_map_filter_to_parquet"] = {
+            "mb_per_cpu_s": raw / 1e6 / m["cpu_s"], "mb_per_wall_s": raw / 1e6 / m["wall_s"], "cpu_s": m["cpu_s"],
+            "wall_s": m["wall_s"], "peak_rss_bytes": m["peak_rss"], "rows": m["rows"],
+            "same_documents_as_ours": m["rows"] == first["documents"]}
+        result["ratio_mb_per_cpu_s_ours_over_dedup_peer"] = first["mb_per_cpu_s"] / result[
+            "peer_datasets_dedup_map_filter_to_parquet"]["mb_per_cpu_s"]
+        shutil.rmtree(work / "hf-cache", ignore_errors=True)
+        (work / "peer.parquet").unlink(missing_ok=True)
         if s3:
             result["from_s3"] = _prepare_from_s3(corpus, work, raw, local)
             result["ratio_mb_per_cpu_s_ours_from_s3_over_peer"] = result["from_s3"]["mb_per_cpu_s"] / result[
                 "peer_datasets_json_to_parquet"]["mb_per_cpu_s"]
+            result["ratio_mb_per_cpu_s_ours_from_s3_over_dedup_peer"] = result["from_s3"]["mb_per_cpu_s"] / result[
+                "peer_datasets_dedup_map_filter_to_parquet"]["mb_per_cpu_s"]
     shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
     shutil.rmtree(corpus, ignore_errors=True)
     result["dedup_memory"] = dedup_memory(work)
@@ -748,16 +787,23 @@ def _print(res: dict[str, Any]) -> None:
             if key.startswith("workers_"):
                 print(f"  --workers {key[8:]}: {row['mb_per_wall_s']:.1f} MB/s wall ({row['mb_per_wall_s_per_worker']:.1f}"
                       f" per worker), {row['mb_per_cpu_s']:.1f} MB/CPU-s; peak RSS main {_gb(row['main_peak_rss_bytes'])},"
-                      f" worker {_gb(row['worker_peak_rss_bytes'])}; {row['row_groups']} row groups")
+                      f" worker {_gb(row['worker_peak_rss_bytes'])}; {row['row_groups']} row groups; "
+                      f"{row.get('minor_page_faults', 0):,} minor page faults")
         if "peer_datasets_json_to_parquet" in prep:
             p = prep["peer_datasets_json_to_parquet"]
             print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
                   f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
+        if "peer_datasets_dedup_map_filter_to_parquet" in prep:
+            p = prep["peer_datasets_dedup_map_filter_to_parquet"]
+            print(f"  peer datasets json->map(hash)->filter(first)->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS "
+                  f"{_gb(p['peak_rss_bytes'])}, {p['rows']:,} documents (ours: same count {p['same_documents_as_ours']}); "
+                  f"ours / this peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_dedup_peer']:.2f}")
         if "from_s3" in prep:
             s = prep["from_s3"]
             print(f"  ours from S3 (moto server, local output): {s['mb_per_cpu_s']:.1f} MB/CPU-s, "
                   f"{s['mb_per_wall_s']:.1f} MB/s wall; ours from S3 / peer from local disk (MB per CPU-s) "
-                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_peer']:.2f}; same shards as local: "
+                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_peer']:.2f} (over the deduplicating peer "
+                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_dedup_peer']:.2f}); same shards as local: "
                   f"{s['same_shards_as_local']}")
         print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
         bc = prep["block_compression"]
