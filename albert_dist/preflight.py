@@ -258,8 +258,10 @@ def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock
 
 def lock_auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> RunDirLock:
     """The lock of a new run directory: the first of `runs/<recipe_name>-<UTC time>[-<k>]` (absolute: ranks
-    of other nodes may start in another working directory) whose lock this process gets, so two jobs started
-    in the same second get two directories.
+    of other nodes may start in another working directory) that this process creates, so two jobs started
+    in the same second get two directories. Created with mkdir, as launch/pretrain_local.sh reserves its
+    automatic name: a directory that exists (the script's reservation, not locked until its ranks start) is
+    never taken.
 
     Raises:
         ValueError: no free name after 99 tries, or a directory or its lock file cannot be created.
@@ -268,8 +270,10 @@ def lock_auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> RunDirLock
     for k in range(1, 100):
         candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
         try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
             return RunDirLock(candidate).acquire()
-        except RunDirBusy:
+        except (FileExistsError, RunDirBusy):
             continue
         except OSError as err:
             raise ValueError(f"cannot lock the run directory {str(candidate)!r}: {err.strerror or err}") from None

@@ -88,3 +88,15 @@ def test_two_jobs_named_in_the_same_second_get_two_directories(tmp_path, monkeyp
     assert [first.run_dir.name, second.run_dir.name] == ["tiny-20260101-120000", "tiny-20260101-120000-2"]
     first.release()
     second.release()
+
+
+def test_an_automatic_name_reserved_by_the_launch_script_is_not_taken(tmp_path, monkeypatch):
+    """launch/pretrain_local.sh reserves runs/<recipe>-<time> with mkdir and its ranks lock it only when they
+    start; a plain `albert-dist train` in that second took the unlocked directory, and the script's run was then
+    refused as a second job in it."""
+    noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    (tmp_path / "runs/tiny-20260101-120000").mkdir(parents=True)  # the script's reservation
+    lock = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
+    assert lock.run_dir.name == "tiny-20260101-120000-2"
+    lock.release()
