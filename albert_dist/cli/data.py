@@ -140,8 +140,10 @@ def prepare(args: argparse.Namespace) -> int:
     """
     from albert_dist.data.prepare.options import PrepareOptions
     from albert_dist.data.prepare.run import AlreadyComplete, prepare as run_prepare
+    from albert_dist.engine.console import install_noise_filters
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_noise_filters()
     command = "albert-dist " + shlex.join(args.command_line)  # recorded in the manifest
     sources, tokenizer, max_doc = _sources_from_args(args)
     opts = PrepareOptions(

@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
         ValueError, OSError: missing or unreadable input (exit 2).
     """
     from albert_dist.data.tokenizer import train_tokenizer
+    from albert_dist.engine.console import install_noise_filters
 
     logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
+    install_noise_filters()
     t0 = time.perf_counter()
     model = train_tokenizer(
         args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,

@@ -29,9 +29,11 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: not a run directory (exit 2).
     """
+    from albert_dist.engine.console import install_noise_filters
     from albert_dist.tracking.sync import sync
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    install_noise_filters()
     try:
         left = sync(args.run_dir, args.tracking_uri, args.timeout_s)
     except (ConnectionError, RuntimeError) as exc:  # the server, not the input: try again later

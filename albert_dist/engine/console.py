@@ -21,6 +21,10 @@ from typing import IO, Optional
 NOISY_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     # deepspeed/accelerator/real_accelerator.py on every CPU process: the expected case here, not a problem
     ("DeepSpeed", "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."),
+    # botocore (s3:// sources, MLflow's S3 artifacts) at INFO on its first request, per process: which credential
+    # source it used is not a problem, and the console of 64 ranks x loader workers repeated it hundreds of times
+    ("botocore.credentials", "Found credentials in environment variables."),
+    ("botocore.credentials", "Found credentials in shared credentials file: ~/.aws/credentials"),
 )
 #: (warning category, exact message) of warnings ignored at start-up.
 NOISY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (

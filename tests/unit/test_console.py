@@ -72,6 +72,24 @@ def test_noise_filters_drop_exact_messages_only(restore_logging):
     assert [str(w.message) for w in caught] == [m + " Also this." for _, m in console.NOISY_WARNINGS]
 
 
+
+def test_botocores_credentials_line_is_dropped_as_botocore_writes_it(restore_logging, monkeypatch, caplog):
+    """The data commands and every rank reading s3:// printed botocore's "Found credentials in environment
+    variables." (INFO, once per process). Real botocore's provider, so the exact text is checked against the
+    installed version: seen before the filters, gone after."""
+    from botocore.credentials import EnvProvider
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setattr(logging.getLogger("botocore.credentials"), "filters", [])
+    caplog.set_level(logging.INFO, logger="botocore.credentials")
+    EnvProvider().load()
+    assert "Found credentials in environment variables." in caplog.messages
+    caplog.clear()
+    console.install_noise_filters()
+    EnvProvider().load()
+    assert caplog.messages == []
+
 class _Tty(io.StringIO):
     def isatty(self) -> bool:
         return True
