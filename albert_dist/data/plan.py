@@ -41,6 +41,7 @@ import numpy as np
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.files import ReadBudget, check_text_field, read_piece
 from albert_dist.data import store
+from albert_dist.data.hub import check_hub_source
 from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
                                     readers_per_piece, slot_shares)
 from albert_dist.data.sizes import fmt_bytes
@@ -298,9 +299,12 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 
 def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
     """The `SourcePlan` of one source for ``slots`` slots (`plan_source_pieces`, then `summarize_pieces` with the
-    manifest); a hub source gets an empty plan marked ``hub``. Raises ValueError as `plan_source_pieces` does."""
+    manifest); a hub source, once resolved (`albert_dist.data.hub.check_hub_source`), gets an empty plan marked
+    ``hub``. Raises ValueError as `plan_source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
-        return SourcePlan(where, list(source.paths), slots, hub=True)
+        t0 = time.perf_counter()
+        check_hub_source(source, where)
+        return SourcePlan(where, list(source.paths), slots, hub=True, plan_s=time.perf_counter() - t0)
     t0 = time.perf_counter()
     pieces, stats = plan_source_pieces(source, where, shard_piece_bytes, slots)
     plan = summarize_pieces(source, where, slots, pieces, stats)
