@@ -5,9 +5,10 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 
 1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.plan.plan_source`:
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
-   probed for a usable record and every hub source resolved (`albert_dist.data.hub`); the tokenizer a sentencepiece model with ALBERT's ids that fits `model.vocab_size`;
-   `data.max_seq_length` within the position table) and the output directories (`check_output_dirs`: the
-   run directory and the checkpoint directory can be created and written, e.g. not on a read-only file system);
+   probed for a usable record and every hub source resolved (`albert_dist.data.hub`); the tokenizer a
+   sentencepiece model with ALBERT's ids that fits `model.vocab_size`; `data.max_seq_length` within the position
+   table) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
+   created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
    checkpoint to resume from and how to load it, `albert_dist.engine.checkpoint.resume.plan_load`);

@@ -54,8 +54,11 @@ MANIFEST_NAME = "manifest.json"
 #: whose first MiB is all skips is still probably data with long bad stretches, not garbage: it is let through)
 PROBE_BYTES_PER_SLOT = 1 << 20
 #: `check_slots_readable`: too-long records (each more than max_document_bytes) a slot's probe may read through
-#: before it refuses a slot that saw nothing else (a stretch of a few overlong documents before good ones passes)
-PROBE_TOO_LONG_RECORDS = 2
+#: before it refuses a slot that saw nothing else (a stretch of a few overlong documents before good ones passes).
+#: 8, not 2: a corpus with 5% overlong documents has 3 in a row at one of 1,024 slots' starts 12% of the time,
+#: 8 in a row ~4e-8; only a refused slot reads this far (1 MiB + 8 x 4 MiB at the defaults), and the first one ends
+#: the check
+PROBE_TOO_LONG_RECORDS = 8
 #: jobs with more slots than this are not probed (one small read per slot; at 1,024 x 8 slots the reads would
 #: delay the start more than a rare bad slot costs)
 PROBE_MAX_SLOTS = 1024
