@@ -5,9 +5,10 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 
 1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.plan.plan_source`:
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
-   probed for a usable record; the tokenizer a sentencepiece model with ALBERT's ids that fits `model.vocab_size`;
-   `data.max_seq_length` within the position table) and the output directories (`check_output_dirs`: the
-   run directory and the checkpoint directory can be created and written, e.g. not on a read-only file system);
+   probed for a usable record and every hub source resolved (`albert_dist.data.hub`); the tokenizer a
+   sentencepiece model with ALBERT's ids that fits `model.vocab_size`; `data.max_seq_length` within the position
+   table) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
+   created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
    checkpoint to resume from and how to load it, `albert_dist.engine.checkpoint.resume.plan_load`);
@@ -34,6 +35,7 @@ from typing import Optional
 
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
 from albert_dist.data import cache, store
+from albert_dist.data.hub import check_hub_source
 from albert_dist.data.plan import check_slots_readable, plan_source
 from albert_dist.data.sizes import fmt_bytes
 from albert_dist.data.tokenizer import load_tokenizer
@@ -108,22 +110,27 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
     Sources may be object-store URLs (`albert_dist.data.store`). With ``world_size`` (0: a one-slot plan, as
     the validation set's), the training sources are planned for the job's world_size x max(1,
     data.num_workers) slots and, with ``probe`` (rank 0), every slot's share is probed for one usable record
-    (`albert_dist.data.plan.check_slots_readable`).
+    (`albert_dist.data.plan.check_slots_readable`). With ``probe``, each hub source (train and validation) is
+    resolved without reading data (`albert_dist.data.hub.check_hub_source`: the dataset, its configuration and
+    split; offline, the local HF cache), so a misspelt name or a node without network is one line, not a
+    traceback after start-up.
 
     Returns the training sources' pieces for the job's slots (`JobPlan.train_pieces`: None for a hub source),
     or None without ``world_size``.
 
     Raises:
         ValueError: naming the field and value (data.train[i].paths, data.tokenizer_path, model.vocab_size,
-            data.max_seq_length).
+            data.max_seq_length; a hub source's key, dataset and cause).
     """
     train_pieces: list[Optional[list[dict]]] = []
     for split in ("train", "validation"):
         for i, src in enumerate(getattr(cfg.data, split)):
-            if src.format == "hub":  # hub datasets are resolved (and fail) when streamed
+            where = f"data.{split}[{i}]"
+            if src.format == "hub":
+                if probe:  # one rank asks the hub (the ranks agree on the verdict); the stream resolves it again
+                    check_hub_source(src, where)
                 train_pieces += [None] if split == "train" else []
                 continue
-            where = f"data.{split}[{i}]"
             slots = world_size * max(1, cfg.data.num_workers) if split == "train" and world_size else 1
             planned = plan_source(src, where, cfg.data.shard_piece_bytes, slots)
             if split == "train":

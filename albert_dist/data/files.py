@@ -193,6 +193,36 @@ class _ZstdStream(_DecodedStream):
         self._raw.close()
 
 
+class ReadBudget:
+    """Bytes that `read_piece` may still read from the (decompressed) streams it is handed this budget for, across
+    pieces: a probe's bound (`albert_dist.data.plan.check_slots_readable`), so that a reader inside a 10 GB
+    one-line file stops after the budget instead of reading the line to its end. A spent budget reads as the end
+    of the file: the record being read then is handed out cut short (``nbytes`` = its bytes read; ``too_long``
+    if those already exceed max_bytes), and ``spent`` is set by the first read it refuses."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.left = nbytes
+        self.spent = False
+
+
+class _BudgetedStream:
+    """A stream (`open_stream`) whose reads draw on a `ReadBudget`: b"" once it is spent."""
+
+    def __init__(self, stream, budget: ReadBudget) -> None:
+        self._stream, self._budget = stream, budget
+
+    def read(self, n: int) -> bytes:
+        if self._budget.left <= 0:
+            self._budget.spent = True
+            return b""
+        data = self._stream.read(min(n, self._budget.left))
+        self._budget.left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._stream.close()
+
+
 def open_stream(path: str, compression: str, offset: int = 0):
     """A byte stream of ``path`` with ``read(n) -> bytes`` (b"" at the end) and ``close()``: the file from
     ``offset`` when uncompressed, else the decompressed stream from its start (``offset`` must be 0). ``read``
@@ -333,7 +363,7 @@ def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
 
 
 def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
-               share: tuple[int, int] = (1, 0)) -> Iterator[dict]:
+               share: tuple[int, int] = (1, 0), budget: Optional[ReadBudget] = None) -> Iterator[dict]:
     """Records ``{"text", "skip", "nbytes", "detail", "path", "pos", "group"}`` of one piece in file order.
 
     ``skip`` names why a record is unusable ("" when usable; `SKIP_REASONS`); ``pos`` is where it starts (a
@@ -343,8 +373,9 @@ def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_b
     they are decoded (`albert_dist.data.paths.slot_shares`); a ``damaged`` marker is always kept.
     A damaged piece ends with one ``damaged`` marker at the first position that could not be read; nothing is
     raised for damage. Memory: O(max_bytes + 1 MiB).
+    ``budget``: bound the bytes read from txt/jsonl streams (`ReadBudget`; parquet row groups are not bounded).
     """
-    for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share):
+    for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share, budget):
         yield {"detail": "", **record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
 
 
@@ -366,8 +397,13 @@ def record_location(piece_kind: str, compression: str, path: str, pos: int, row_
     return f"{path}:{lines + 1}"
 
 
+def _open_budgeted(piece: dict[str, Any], offset: int, budget: Optional[ReadBudget]):
+    f = open_stream(piece["path"], piece["compression"], offset)
+    return f if budget is None else _BudgetedStream(f, budget)
+
+
 def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
-                share: tuple[int, int]):
+                share: tuple[int, int], budget: Optional[ReadBudget] = None):
     kind, path = piece["kind"], piece["path"]
     k, j = share
     if kind == "parquet":
@@ -377,7 +413,7 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
         if j > 0:  # one record: the first sharer's
             return
         try:
-            f = open_stream(path, piece["compression"], 0)
+            f = _open_budgeted(piece, 0, budget)
         except OSError as err:
             yield _damaged(piece, DamagedInput(_reason(err))), 0
             return
@@ -399,7 +435,7 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
     lead = _SEPARATORS[separator][1]
     read_to = start  # first byte not yet handed out: where a damaged stream's loss begins
     try:
-        f = open_stream(path, piece["compression"], max(0, start - lead))
+        f = _open_budgeted(piece, max(0, start - lead), budget)
     except OSError as err:
         yield _damaged(piece, DamagedInput(_reason(err))), start
         return

@@ -39,8 +39,9 @@ from typing import Any, Optional
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.files import check_text_field, read_piece
+from albert_dist.data.files import ReadBudget, check_text_field, read_piece
 from albert_dist.data import store
+from albert_dist.data.hub import check_hub_source
 from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
                                     readers_per_piece, slot_shares)
 from albert_dist.data.sizes import fmt_bytes
@@ -52,6 +53,12 @@ MANIFEST_NAME = "manifest.json"
 #: `check_slots_readable`: bytes of records a slot's probe reads before it takes the slot for readable (a slot
 #: whose first MiB is all skips is still probably data with long bad stretches, not garbage: it is let through)
 PROBE_BYTES_PER_SLOT = 1 << 20
+#: `check_slots_readable`: too-long records (each more than max_document_bytes) a slot's probe may read through
+#: before it refuses a slot that saw nothing else (a stretch of a few overlong documents before good ones passes).
+#: 8, not 2: a corpus with 5% overlong documents has 3 in a row at one of 1,024 slots' starts 12% of the time,
+#: 8 in a row ~4e-8; only a refused slot reads this far (1 MiB + 8 x 4 MiB at the defaults), and the first one ends
+#: the check
+PROBE_TOO_LONG_RECORDS = 8
 #: jobs with more slots than this are not probed (one small read per slot; at 1,024 x 8 slots the reads would
 #: delay the start more than a rare bad slot costs)
 PROBE_MAX_SLOTS = 1024
@@ -95,41 +102,105 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
                          max_document_bytes: int) -> None:
     """Refuse a job in which some slot's share holds only unusable records (a random-bytes ``.jsonl`` whose
     byte ranges fill one slot beside one good file: that slot would fail its first epoch at the first step, and
-    every resume again), before any process group.
+    every resume again), or begins with nothing but records longer than ``max_document_bytes`` (a ``.txt`` that
+    is one 10 MB document, a ``.jsonl`` of whole books), before any process group.
 
-    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record, at most
-    `PROBE_BYTES_PER_SLOT` of records; a healthy slot costs one small read. Skipped when ``slots`` exceeds
-    `PROBE_MAX_SLOTS`. Raises ValueError naming ``where``, the slot and its files, with the skip counts.
+    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record; a healthy
+    slot costs one small read. Other skips count by their bytes: after `PROBE_BYTES_PER_SLOT` of them the slot
+    is let through (undecided: the stream counts and logs its skips). Too-long records do not (the bytes of one
+    say nothing about the records after it): the slot reads on, but at most `probe_read_bytes` in all (a 10 GB
+    one-line file is not read to its end), and a slot that reaches that bound with nothing usable is refused.
+    Skipped when ``slots`` exceeds `PROBE_MAX_SLOTS`.
+
+    Raises:
+        ValueError: naming ``where``, the slot and its files, with the skip counts (and, for too-long records,
+            ``data.max_document_bytes``).
     """
     if slots > PROBE_MAX_SLOTS or not pieces:
         return
+    no_record: Optional[str] = None
     for slot in range(slots):
-        skipped: Counter = Counter()
-        files: list[str] = []
-        seen, usable = 0, False
-        for i, k, j in slot_shares(len(pieces), slots, slot):
-            piece = pieces[i]
-            files += [piece["path"]] if piece["path"] not in files else []
-            records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j))
-            try:
-                for rec in records:
-                    if not rec["skip"]:
-                        usable = True
-                        break
-                    skipped[rec["skip"]] += 1
-                    seen += rec["nbytes"]
-                    if seen >= PROBE_BYTES_PER_SLOT:
-                        usable = True  # undecided: let it through (the stream counts and logs its skips)
-                        break
-            finally:
-                records.close()
-            if usable:
-                break
-        if not usable:
+        refused, skipped, files, nbytes = _probe_slot(source, pieces, slots, slot, max_document_bytes)
+        if not refused:
+            continue
+        named = f"{', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
+        head = f"{where}: slot {slot} of {slots} (ranks x loader workers)"
+        too_long = f"data.max_document_bytes={max_document_bytes}"
+        if skipped and set(skipped) == {"too_long"}:
             raise ValueError(
-                f"{where}: slot {slot} of {slots} (ranks x loader workers) would read only unusable records "
-                f"from {', '.join(files[:3])}{', ...' if len(files) > 3 else ''} (skipped {dict(skipped)}); "
-                "remove or fix the file, or run albert-dist data prepare, which drops unusable records")
+                f"{head} would read no usable record from {named}: every record in the "
+                f"{fmt_bytes(nbytes)} it read is longer than {too_long} (skipped {dict(skipped)}); raise "
+                "data.max_document_bytes, or split the documents (.txt: blank lines between documents)")
+        if skipped:
+            raise ValueError(
+                f"{head} would read only unusable records from {named} (skipped {dict(skipped)}"
+                f"{f'; too_long: longer than {too_long}' if 'too_long' in skipped else ''}); remove or fix the "
+                "file, or run albert-dist data prepare, which drops unusable records")
+        if no_record is None:
+            # its pieces lie inside longer records; the slot that reads where such a record begins can say why
+            # (too long), so another slot's refusal is preferred, and this one is raised only when none has one
+            no_record = (f"{head} would read no record from {named}: none begins in the {fmt_bytes(nbytes)} it "
+                         f"read of its {len(slot_shares(len(pieces), slots, slot))} piece(s), which lie inside "
+                         f"longer records (skipped {{}}); split the documents (longer than {too_long} they are "
+                         "skipped), or run fewer ranks x loader workers")
+    if no_record is not None:
+        raise ValueError(no_record)
+
+
+def probe_read_bytes(max_document_bytes: int) -> int:
+    """The most bytes `check_slots_readable` reads of one slot's share: the undecided budget of other skips
+    (`PROBE_BYTES_PER_SLOT`) and `PROBE_TOO_LONG_RECORDS` too-long records (each at least max_document_bytes + 1)."""
+    return PROBE_BYTES_PER_SLOT + PROBE_TOO_LONG_RECORDS * (max_document_bytes + 1)
+
+
+def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int,
+                max_document_bytes: int) -> tuple[bool, Counter, list[str], int]:
+    """`check_slots_readable` for one slot: ``(refused, skip counts, files read, bytes read)``. Not refused: a
+    usable record, or `PROBE_BYTES_PER_SLOT` of skips other than too_long (undecided). Refused: the share read to
+    its end, or `probe_read_bytes` read (a too-long record's bytes, pieces inside a record), with neither."""
+    limit = probe_read_bytes(max_document_bytes)
+    budget = ReadBudget(limit)
+    skipped: Counter = Counter()
+    files: list[str] = []
+    other_bytes = skipped_bytes = 0
+
+    def read() -> int:
+        return max(limit - budget.left, skipped_bytes)
+
+    def take(rec: dict) -> Optional[bool]:
+        """The verdict a record settles (False: let through), or None to read on."""
+        nonlocal other_bytes, skipped_bytes
+        if not rec["skip"]:
+            return False
+        skipped[rec["skip"]] += 1
+        skipped_bytes += rec["nbytes"]
+        if rec["skip"] != "too_long":
+            other_bytes += rec["nbytes"]
+            if other_bytes >= PROBE_BYTES_PER_SLOT:
+                return False
+        return True if skipped_bytes >= limit else None  # parquet rows, which the budget does not bound
+
+    for i, k, j in slot_shares(len(pieces), slots, slot):
+        piece = pieces[i]
+        files += [piece["path"]] if piece["path"] not in files else []
+        records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j), budget)
+        cut: list[dict] = []  # records handed out after the budget ran out: the last one is cut short
+        try:
+            for rec in records:
+                if budget.spent:
+                    cut.append(rec)
+                elif (verdict := take(rec)) is not None:
+                    return verdict, skipped, files, read()
+        finally:
+            records.close()
+        for rec in cut[:-1]:
+            if (verdict := take(rec)) is not None:
+                return verdict, skipped, files, read()
+        if cut and cut[-1]["skip"] == "too_long":  # already past max_document_bytes: too long, however it ends
+            skipped["too_long"] += 1
+        if budget.spent:
+            return True, skipped, files, read()
+    return True, skipped, files, read()
 
 
 # ---------------------------------------------------------------------------------------------------- figures
@@ -231,9 +302,12 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 
 def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
     """The `SourcePlan` of one source for ``slots`` slots (`plan_source_pieces`, then `summarize_pieces` with the
-    manifest); a hub source gets an empty plan marked ``hub``. Raises ValueError as `plan_source_pieces` does."""
+    manifest); a hub source, once resolved (`albert_dist.data.hub.check_hub_source`), gets an empty plan marked
+    ``hub``. Raises ValueError as `plan_source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
-        return SourcePlan(where, list(source.paths), slots, hub=True)
+        t0 = time.perf_counter()
+        check_hub_source(source, where)
+        return SourcePlan(where, list(source.paths), slots, hub=True, plan_s=time.perf_counter() - t0)
     t0 = time.perf_counter()
     pieces, stats = plan_source_pieces(source, where, shard_piece_bytes, slots)
     plan = summarize_pieces(source, where, slots, pieces, stats)

@@ -32,7 +32,8 @@ import numpy as np
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import read_piece, record_location
-from albert_dist.data.paths import file_format, resolve_path, slot_shares
+from albert_dist.data.hub import load_args as hub_load_args
+from albert_dist.data.paths import file_format, slot_shares
 from albert_dist.data.plan import plan_source
 
 logger = logging.getLogger(__name__)
@@ -133,10 +134,8 @@ class SourceStream:
         else:
             from datasets.distributed import split_dataset_by_node
 
-            ds = datasets.load_dataset(
-                self.source.paths[0], name=self.source.hub_config, split=self.source.hub_split, streaming=True,
-                data_files=[str(resolve_path(f)) for f in self.source.hub_data_files] or None,
-            )
+            path, kwargs = hub_load_args(self.source)  # what the preflight resolved (albert_dist.data.hub)
+            ds = datasets.load_dataset(path, **kwargs, streaming=True)
             strategy = "shards" if ds.num_shards >= self.num_slots else "examples"
             ds = split_dataset_by_node(ds, rank=self.slot, world_size=self.num_slots, strategy=strategy)
         if self._resume_ds_state is not None:

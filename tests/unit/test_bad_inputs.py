@@ -69,6 +69,21 @@ def test_train_refuses_a_missing_text_field_with_exit_2(tmp_path, capsys, no_pro
     assert code == 2 and "data.train[0].text_field='text' is not a key" in err and "['content']" in err
 
 
+def test_a_source_of_one_too_long_document_is_exit_2_naming_slot_file_and_too_long(tmp_path, capsys,
+                                                                                 no_process_group):
+    """A .txt that is one document longer than data.max_document_bytes (a new user's 10 MB one-line file, here
+    scaled down) passed the preflight and failed at the first batch with a traceback, exit 1."""
+    one = tmp_path / "one-line.txt"
+    one.write_text("word " * 40_000 + "\n")
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.train=[{{paths: [{one}]}}]",
+                     "data.max_document_bytes=65536"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"albert-dist train: data.train[0]: slot 0 of 1 (ranks x loader workers) would read no "
+                          f"usable record from {one}: every record in the ")
+    assert "longer than data.max_document_bytes=65536 (skipped {'too_long': 1})" in err
+
+
 def test_a_missing_tokenizer_is_exit_2_naming_data_tokenizer_path(tmp_path, capsys, no_process_group):
     missing = tmp_path / "nope.model"
     assert cli.main(["train", "--config", RECIPE, "tracking.enabled=false", f"data.tokenizer_path={missing}"]) == 2

@@ -326,6 +326,66 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
         preflight.check_inputs(cfg, world_size=2)
 
 
+def test_a_slot_of_only_too_long_records_is_refused_and_a_long_first_record_is_not(tmp_path):
+    """A .jsonl whose every line is longer than data.max_document_bytes passed the probe (its 1 MiB of skipped
+    bytes read as "undecided") and failed at the first batch: now refused naming the slot, file and too_long
+    count. A few overlong documents before good ones still pass, on one slot and on several."""
+    from albert_dist import preflight
+    from albert_dist.config import load_config
+
+    def cfg(path, slots_bytes="65536"):
+        return load_config(None, [f"data.train=[{path}]", "data.validation=[]", "data.num_workers=0",
+                                  "data.max_document_bytes=65536", f"data.shard_piece_bytes={slots_bytes}"])
+
+    books = tmp_path / "books.jsonl"
+    books.write_text("".join(json.dumps({"text": f"book {i} " + "w " * 40_000}) + "\n" for i in range(40)))
+    for world in (1, 3):
+        with pytest.raises(ValueError, match=r"data\.train\[0\]: slot \d of %d .* no usable record from "
+                           % world + re.escape(str(books)) + r": every record in the .* it read is longer than "
+                           r"data\.max_document_bytes=65536 \(skipped \{'too_long': \d+\}\)"):
+            preflight.check_inputs(cfg(books), world_size=world)
+    mixed = tmp_path / "mixed.jsonl"  # two overlong documents, then good ones
+    mixed.write_text("".join(json.dumps({"text": "w " * 40_000}) + "\n" for _ in range(2))
+                     + "".join(json.dumps({"text": f"document {i} " * 40}) + "\n" for i in range(400)))
+    for world in (1, 2):
+        preflight.check_inputs(cfg(mixed, "1048576"), world_size=world)
+
+
+def test_the_probe_of_a_huge_one_line_file_is_bounded(tmp_path, monkeypatch):
+    """A 256 MiB .txt with no blank line (one document, far over data.max_document_bytes) is refused after
+    reading about `probe_read_bytes`, not read to its end (the stream it would fail in reads it whole)."""
+    from albert_dist import preflight
+    from albert_dist.config import load_config
+    from albert_dist.data import files
+    from albert_dist.data.plan import probe_read_bytes
+
+    huge = tmp_path / "one-document.txt"
+    with open(huge, "wb") as f:  # sparse: no disk, reads as NUL bytes
+        f.truncate(256 << 20)
+    read = Counter()
+    real_open = files.open_stream
+
+    def counting_open(*args, **kwargs):
+        stream = real_open(*args, **kwargs)
+        real_read = stream.read
+
+        def counted(n):
+            data = real_read(n)
+            read["bytes"] += len(data)
+            return data
+
+        stream.read = counted
+        return stream
+
+    monkeypatch.setattr(files, "open_stream", counting_open)
+    cfg = load_config(None, [f"data.train=[{huge}]", "data.validation=[]", "data.num_workers=0",
+                             "data.max_document_bytes=65536"])
+    with pytest.raises(ValueError, match=r"slot 0 of 2 .* every record in the .* it read is longer than "
+                                         r"data\.max_document_bytes=65536 \(skipped \{'too_long': 1\}\)"):
+        preflight.check_inputs(cfg, world_size=2)
+    assert 0 < read["bytes"] <= 2 * probe_read_bytes(65536)  # two slots at most, each within its bound
+
+
 def test_the_preflight_hands_the_loader_the_plan_it_would_make(tmp_path):
     """`JobPlan.train_pieces` (the preflight's plan, one metadata pass per rank before the process group) is the
     plan the loader makes itself for the same world size x workers: same pieces, same stream fingerprint (so a
