@@ -3,7 +3,7 @@ size, start-up with many files, the plan of a 1,024 x 8-slot job.
 
     python bench/data_scale.py                       # the suite's sizes (bench/run_all.py; ~2 min on 2 cores)
     python bench/data_scale.py --full                # the issue's sizes: 1 GB vs 64 MB, 256 MB corpora
-    python bench/data_scale.py --full --10g          # + the tokenizer on a 10 GB corpus
+    python bench/data_scale.py --full --10g          # + the tokenizer and prepare on 10 GB corpora
     python bench/data_scale.py --only amplification  # one section: amplification | throughput | startup | plan
                                                      #   | tokenizer | prepare
 
@@ -51,7 +51,8 @@ Sections (each returns a dict; `run` merges them for bench/run_all.py; load aver
   ``load_dataset("json").to_parquet()`` (what a user would write by hand; it neither deduplicates nor sizes row
   groups), and the peer doing prepare's job: the same with exact deduplication as HF's own scripts write it (a
   batched ``map`` adding each text's hash, xxh3-128 as ours, a ``filter`` keeping first occurrences, then
-  ``to_parquet``; issue 26 names the peer "map + to_parquet"). Suite: 64 MB; ``--full``: 1 GB. (Read amplification after prepare: the ``amplification`` section.)
+  ``to_parquet``; issue 26 names the peer "map + to_parquet"). Suite: 64 MB; ``--full``: 1 GB; ``--full --10g``:
+  also 10 GB (64 files, ``--workers 1``, both peers, no S3). (Read amplification after prepare: the ``amplification`` section.)
   Also the duplicate search's memory over 4M synthetic hashes (10% repeated): bytes per document in memory, and
   the peak against ``--dedup-memory`` when the hashes are bucketed on disk (a budget of a quarter of the need);
   and the zstd ratio of real text in row-group-sized blocks against one stream (what the output costs on disk
@@ -632,11 +633,12 @@ def _prepare_from_s3(corpus: Path, work: Path, raw: int, local: dict[str, Any]) 
 
 
 def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = (1, 2),
-                    peer: bool = True, s3: bool = True) -> dict[str, Any]:
-    """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus at each ``workers``: throughput and peak RSS; the HF
-    datasets peer; with ``s3``, also ours reading the corpus from an S3 server against the peer's local read."""
+                    peer: bool = True, s3: bool = True, files: int = 16, extras: bool = True) -> dict[str, Any]:
+    """`data prepare` of a ``corpus_mb`` .jsonl.zst corpus of ``files`` files at each ``workers``: throughput and
+    peak RSS; the HF datasets peers; with ``s3``, also ours reading the corpus from an S3 server against the peer's
+    local read; with ``extras``, the duplicate search's memory and the block compression of real text."""
     corpus = work / "prepare-zst"
-    files = make_corpus(corpus, corpus_mb * 10**6, 16, "jsonl", ".zst", seed=9)
+    files = make_corpus(corpus, corpus_mb * 10**6, files, "jsonl", ".zst", seed=9)
     raw = _text_bytes(files)
     disk = sum(f.stat().st_size for f in files)
     result: dict[str, Any] = {"input_text_bytes": raw, "input_disk_bytes": disk, "files": len(files)}
@@ -685,8 +687,19 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
                 "peer_datasets_dedup_map_filter_to_parquet"]["mb_per_cpu_s"]
     shutil.rmtree(work / f"prepared-w{workers[0]}", ignore_errors=True)
     shutil.rmtree(corpus, ignore_errors=True)
-    result["dedup_memory"] = dedup_memory(work)
-    result["block_compression"] = block_compression()
+    if extras:
+        result["dedup_memory"] = dedup_memory(work)
+        result["block_compression"] = block_compression()
+    return result
+
+
+def prepare_sections(work: Path, full: bool, ten_gb: bool) -> dict[str, Any]:
+    """The ``prepare`` section at 64 MB (suite) or 1 GB (``full``); with ``ten_gb`` also 10 GB (64 files,
+    ``--workers 1`` and both peers, no S3), under the key ``ten_gb``: the row groups outgrow their 64 KiB floor
+    there (`albert_dist.data.prepare.options.plan_sizes`), so the per-row-group costs weigh less."""
+    result = prepare_section(work, 1000 if full else 64)
+    if ten_gb:
+        result["ten_gb"] = prepare_section(work, 10_000, workers=(1,), s3=False, files=64, extras=False)
     return result
 
 
@@ -702,7 +715,7 @@ def _sections(full: bool, ten_gb: bool = False) -> dict[str, Callable[[Path], di
         "plan": lambda w: plan_section(w),
         "tokenizer": lambda w: tokenizer_section(w, (100, 1000) if full else (100,), ten_gb=full and ten_gb,
                                                  slope=full),
-        "prepare": lambda w: prepare_section(w, 1000 if full else 64),
+        "prepare": lambda w: prepare_sections(w, full, full and ten_gb),
     }
 
 
@@ -732,6 +745,46 @@ def run(repeats: int = 1, full: bool = False, only: tuple[str, ...] = (), workdi
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
+
+
+def _print_prepare(prep: dict[str, Any]) -> None:
+    print(f"prepare of {prep['files']} .zst files, {prep['input_text_bytes'] / 1e6:.0f} MB decompressed "
+          f"({prep['input_disk_bytes'] / 1e6:.0f} MB on disk):")
+    for key, row in prep.items():
+        if key.startswith("workers_"):
+            print(f"  --workers {key[8:]}: {row['mb_per_wall_s']:.1f} MB/s wall ({row['mb_per_wall_s_per_worker']:.1f}"
+                  f" per worker), {row['mb_per_cpu_s']:.1f} MB/CPU-s; peak RSS main {_gb(row['main_peak_rss_bytes'])},"
+                  f" worker {_gb(row['worker_peak_rss_bytes'])}; {row['row_groups']} row groups; "
+                  f"{row.get('minor_page_faults', 0):,} minor page faults")
+    if "peer_datasets_json_to_parquet" in prep:
+        p = prep["peer_datasets_json_to_parquet"]
+        print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
+              f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
+    if "peer_datasets_dedup_map_filter_to_parquet" in prep:
+        p = prep["peer_datasets_dedup_map_filter_to_parquet"]
+        print(f"  peer datasets json->map(hash)->filter(first)->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS "
+              f"{_gb(p['peak_rss_bytes'])}, {p['rows']:,} documents (ours: same count {p['same_documents_as_ours']}); "
+              f"ours / this peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_dedup_peer']:.2f}")
+    if "from_s3" in prep:
+        s = prep["from_s3"]
+        print(f"  ours from S3 (moto server, local output): {s['mb_per_cpu_s']:.1f} MB/CPU-s, "
+              f"{s['mb_per_wall_s']:.1f} MB/s wall; ours from S3 / peer from local disk (MB per CPU-s) "
+              f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_peer']:.2f} (over the deduplicating peer "
+              f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_dedup_peer']:.2f}); same shards as local: "
+              f"{s['same_shards_as_local']}")
+    if len([k for k in prep if k.startswith("workers_")]) > 1:
+        print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
+    if "block_compression" not in prep:
+        return
+    bc = prep["block_compression"]
+    print(f"  zstd ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one level-3 stream {bc['one_stream']:.2f}x; "
+          f"blocks of 64 KiB / 256 KiB / 1 MiB at level {bc['level']} (prepare's) {bc['blocks_64k']:.2f}x / "
+          f"{bc['blocks_256k']:.2f}x / {bc['blocks_1024k']:.2f}x, at level 3 {bc['level3_blocks_64k']:.2f}x / "
+          f"{bc['level3_blocks_256k']:.2f}x / {bc['level3_blocks_1024k']:.2f}x")
+    dd = prep["dedup_memory"]
+    print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
+          f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "
+          f"{dd['bucketed_peak_over_budget']:.2f} x the budget")
 
 
 def _print(res: dict[str, Any]) -> None:
@@ -781,40 +834,9 @@ def _print(res: dict[str, Any]) -> None:
                 + f"; {tok['rss_bytes_per_sample_byte']:.1f} bytes of RSS per byte of sample")
     prep = res.get("prepare")
     if prep:
-        print(f"prepare of {prep['files']} .zst files, {prep['input_text_bytes'] / 1e6:.0f} MB decompressed "
-              f"({prep['input_disk_bytes'] / 1e6:.0f} MB on disk):")
-        for key, row in prep.items():
-            if key.startswith("workers_"):
-                print(f"  --workers {key[8:]}: {row['mb_per_wall_s']:.1f} MB/s wall ({row['mb_per_wall_s_per_worker']:.1f}"
-                      f" per worker), {row['mb_per_cpu_s']:.1f} MB/CPU-s; peak RSS main {_gb(row['main_peak_rss_bytes'])},"
-                      f" worker {_gb(row['worker_peak_rss_bytes'])}; {row['row_groups']} row groups; "
-                      f"{row.get('minor_page_faults', 0):,} minor page faults")
-        if "peer_datasets_json_to_parquet" in prep:
-            p = prep["peer_datasets_json_to_parquet"]
-            print(f"  peer datasets json->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS {_gb(p['peak_rss_bytes'])};"
-                  f" ours / peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_peer']:.2f}")
-        if "peer_datasets_dedup_map_filter_to_parquet" in prep:
-            p = prep["peer_datasets_dedup_map_filter_to_parquet"]
-            print(f"  peer datasets json->map(hash)->filter(first)->parquet: {p['mb_per_cpu_s']:.1f} MB/CPU-s, peak RSS "
-                  f"{_gb(p['peak_rss_bytes'])}, {p['rows']:,} documents (ours: same count {p['same_documents_as_ours']}); "
-                  f"ours / this peer (MB per CPU-s) {prep['ratio_mb_per_cpu_s_ours_over_dedup_peer']:.2f}")
-        if "from_s3" in prep:
-            s = prep["from_s3"]
-            print(f"  ours from S3 (moto server, local output): {s['mb_per_cpu_s']:.1f} MB/CPU-s, "
-                  f"{s['mb_per_wall_s']:.1f} MB/s wall; ours from S3 / peer from local disk (MB per CPU-s) "
-                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_peer']:.2f} (over the deduplicating peer "
-                  f"{prep['ratio_mb_per_cpu_s_ours_from_s3_over_dedup_peer']:.2f}); same shards as local: "
-                  f"{s['same_shards_as_local']}")
-        print(f"  byte-identical output at every --workers: {prep['same_output_at_any_workers']}")
-        bc = prep["block_compression"]
-        print(f"  zstd ratio of real text ({bc['text_bytes'] / 1e6:.1f} MB): one level-3 stream {bc['one_stream']:.2f}x; "
-              f"blocks of 64 KiB / 256 KiB / 1 MiB at level {bc['level']} (prepare's) {bc['blocks_64k']:.2f}x / "
-              f"{bc['blocks_256k']:.2f}x / {bc['blocks_1024k']:.2f}x, at level 3 {bc['level3_blocks_64k']:.2f}x / "
-              f"{bc['level3_blocks_256k']:.2f}x / {bc['level3_blocks_1024k']:.2f}x")
-        dd = prep["dedup_memory"]
-        print(f"  duplicate search over {dd['documents']:,} hashes: {dd['in_memory_bytes_per_document']:.1f} bytes per "
-              f"document in memory; bucketed under a {dd['bucketed']['budget_bytes'] / 2**20:.0f} MiB budget: peak "
-              f"{dd['bucketed_peak_over_budget']:.2f} x the budget")
+        _print_prepare(prep)
+        if "ten_gb" in prep:
+            _print_prepare(prep["ten_gb"])
     pl = res.get("plan")
     if pl:
         for name in ("jsonl_1tb", "jsonl_zst"):
@@ -827,7 +849,7 @@ def _print(res: dict[str, Any]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="the issue's sizes (1 GB vs 64 MB, 256 MB corpora)")
-    parser.add_argument("--10g", dest="ten_gb", action="store_true", help="with --full: the tokenizer on 10 GB too")
+    parser.add_argument("--10g", dest="ten_gb", action="store_true", help="with --full: the tokenizer and prepare on 10 GB too")
     parser.add_argument("--only", nargs="+", default=[], choices=SECTIONS)
     parser.add_argument("--workdir", default=None, help="where the generated corpora go (deleted after)")
     parser.add_argument("--json", help="also write the result to this file")
