@@ -35,3 +35,16 @@ def _one_process(monkeypatch):
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process"))
     monkeypatch.setattr(os, "fork", _refuse("a forked process"))
     monkeypatch.setattr(os, "posix_spawn", _refuse("a spawned process"))
+
+
+@pytest.fixture
+def no_process_group(monkeypatch):
+    """A test of a command that must refuse its input before any process group: starting one (or reaching
+    Trainer.setup) fails the test; the launcher's rank variables are cleared so the command runs as one process."""
+    from albert_dist import train
+    from albert_dist.engine import distributed
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
+    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))

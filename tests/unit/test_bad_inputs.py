@@ -10,23 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist import cli, train
+from albert_dist import cli
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.files import check_text_field
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import plan_source
-from albert_dist.engine import distributed
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
 
-
-@pytest.fixture
-def no_process_group(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
-    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 def _jsonl(path: Path, records: list[dict]) -> Path:

@@ -17,6 +17,7 @@ from albert_dist.data.pretraining import Example
 from albert_dist.data.files import BLANK_LINE_MAX_SPACES, read_piece, split_records
 from albert_dist.data.paths import plan_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
+from fixtures.hub_folder import write_hub_folder
 from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
 from fixtures.loader_checks import doc_id_examples as _doc_id_examples
 from fixtures.loader_checks import uneven_shards as _uneven_shards
@@ -414,14 +415,7 @@ def test_hub_config_and_hub_split_pick_one_configuration_and_split(tmp_path):
     """`hub_config` and `hub_split` reach ``datasets.load_dataset(path, name=, split=, streaming=True)``: a dataset
     folder laid out as a hub repository (a README whose ``configs:`` metadata names two configurations, each with
     a train and a validation split; read offline) streams exactly the records of the file the pair names."""
-    card = ["---", "configs:"]
-    for config in ("small", "large"):
-        card += [f"- config_name: {config}", "  data_files:"]
-        for split in ("train", "validation"):
-            rows = [json.dumps({"text": f"{config} {split} {i} text"}) for i in range(4)]
-            (tmp_path / f"{config}-{split}.jsonl").write_text("\n".join(rows) + "\n")
-            card += [f"  - split: {split}", f"    path: {config}-{split}.jsonl"]
-    (tmp_path / "README.md").write_text("\n".join(card + ["---", ""]))
+    write_hub_folder(tmp_path)
     for config, split in (("large", "validation"), ("small", "train")):
         src = SourceConfig(paths=[str(tmp_path)], format="hub", hub_config=config, hub_split=split)
         stream = SourceStream(src, "t", None, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)

@@ -4,14 +4,13 @@ or split is exit 2 with one line naming the config key, not a traceback after ~3
 the network: offline mode is set (as HF_HUB_OFFLINE=1 sets it at import), or the hub request is simulated."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
-from albert_dist import cli, train
-from albert_dist.engine import distributed
+from albert_dist import cli
+from fixtures.hub_folder import write_hub_folder
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -31,13 +30,6 @@ def offline(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(HfApi, "dataset_info", lambda *a, **k: pytest.fail("asked the hub while offline"))
 
-
-@pytest.fixture
-def no_process_group(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
-    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
 
 
 @pytest.mark.parametrize("command", ["train", "data plan"])
@@ -104,14 +96,7 @@ def test_a_local_hub_dataset_passes_and_a_wrong_config_or_split_is_named(tmp_pat
     from albert_dist import preflight
     from albert_dist.config import load_config
 
-    card = ["---", "configs:"]
-    for config in ("small", "large"):
-        card += [f"- config_name: {config}", "  data_files:"]
-        for split in ("train", "validation"):
-            rows = [json.dumps({"text": f"{config} {split} {i} text"}) for i in range(4)]
-            (tmp_path / f"{config}-{split}.jsonl").write_text("\n".join(rows) + "\n")
-            card += [f"  - split: {split}", f"    path: {config}-{split}.jsonl"]
-    (tmp_path / "README.md").write_text("\n".join(card + ["---", ""]))
+    write_hub_folder(tmp_path)
 
     def check(source: str) -> None:
         cfg = load_config(None, [f"data.train=[{{paths: ['{tmp_path}'], format: hub, {source}}}]",
