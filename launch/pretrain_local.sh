@@ -116,8 +116,12 @@ ranks_alive() {
     ps -eo args= | awk -v s="-m albert_dist.cli train --config ${RECIPE} run_dir=${RUN_DIR} " \
         '$1 != "awk" && index($0 " ", s) { n++ } END { exit n == 0 }'
 }
-for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
-ranks_alive && echo "${SIGNAL:-exit ${status}}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
+# Not after exit 2: the ranks refused the job before any process group (nothing to save), and ranks with this
+# run_dir on their command line are then another job's, the one holding the run directory.
+if [[ ${status} -ne 2 ]]; then
+    for _ in $(seq 600); do ranks_alive || break; sleep 0.5; done
+    ranks_alive && echo "${SIGNAL:-exit ${status}}: the ranks of ${RUN_DIR} are still running after 300 s" >&2
+fi
 trap - INT TERM
 mapfile -t AFTER < <(newest_checkpoint)
 NEWEST="$(basename "${AFTER[0]:-none}")"
@@ -135,8 +139,10 @@ elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
     echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${NEWEST}; the launcher exited ${status})"
     status=75
-elif [[ ${status} -eq 0 ]] && finished; then
-    :
+elif finished && [[ ${status} -eq 0 || -n ${SIGNAL} ]]; then
+    # a signal that came after the final checkpoint (the run was over, the launcher still exiting) changes nothing
+    [[ ${status} -ne 0 ]] && echo "(${SIGNAL} came after the final checkpoint ${NEWEST} at max_steps; the launcher exited ${status})"
+    status=0
 elif [[ ${status} -eq 0 ]]; then
     echo "(${SIGNAL:-a signal}: the launcher exited 0, but the run did not reach max_steps and wrote no checkpoint" \
         "at the stop (the launcher was killed by the signal); newest complete checkpoint: ${NEWEST})"

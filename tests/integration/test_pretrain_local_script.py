@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,23 @@ def test_after_a_config_error_there_is_no_resume_hint(tmp_path):
     assert "exit 2" in after and "resume" not in after and "continue" not in after
 
 
+
+def test_a_job_refused_by_the_run_directory_lock_returns_at_once(tmp_path):
+    """A second launch on a run directory in use is refused (exit 2) by its ranks, but the script then waited for
+    "its" ranks, found by their command line, which were the first job's (same recipe, same run_dir=): up to
+    300 s, or until the other job ended. A stand-in process carries that command line for the other job."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "albert_dist.cli", "train",
+                              "--config", DEFAULT, f"run_dir={tmp_path / 'run'}", "max_steps=50"])
+    try:
+        start = time.monotonic()
+        proc = _run(tmp_path, "2", "max_steps=50", exit_code=2)
+        took = time.monotonic() - start
+    finally:
+        other.kill()
+        other.wait()
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert took < 20 and "still running" not in proc.stderr, (took, proc.stderr)
+
 def _checkpoint(run: Path | str, tag: str, reason: str, step: int = 7, max_steps: int = 50) -> str:
     """Shell commands writing what a save leaves: the tag's albert_dist.json (its "step", "reason" and the resolved
     config's max_steps), then `latest`."""
@@ -112,6 +130,20 @@ def test_ctrl_c_or_sigterm_then_a_stop_checkpoint_is_exit_75_with_the_command_to
     assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
                                               "max_steps=50", "--resume", "auto"]
 
+
+
+@pytest.mark.parametrize("signal_name", ["INT", "TERM"])
+def test_a_signal_after_the_final_checkpoint_is_a_finished_run(tmp_path, signal_name):
+    """Ctrl-C or SIGTERM a moment after the run finished (its final checkpoint at max_steps written, the launcher
+    still exiting, here with 143 as when it dies of the signal) was "pretraining interrupted, unsaved at the stop"
+    with a resume command; a scheduler requeued a finished run. The final checkpoint decides: 0, finished."""
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=143,
+                before_exit=f"{_checkpoint(tmp_path / 'run', 'step_50', 'final', step=50)}; kill -{signal_name} $PPID; "
+                            "sleep 0.5")
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"(SIG{signal_name} came after the final checkpoint step_50 at max_steps; the launcher exited 143)" \
+        in proc.stdout
+    assert "pretraining finished" in proc.stdout and "continue" not in proc.stdout
 
 def test_sigint_from_a_script_with_sigint_ignored_is_exit_75_like_a_ctrl_c(tmp_path):
     """`setsid launch/pretrain_local.sh ... &` from a script, then `kill -INT -PGID`: the script starts with SIGINT
