@@ -33,7 +33,7 @@ from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
 from albert_dist.engine.distributed import discover, setup_logging
-from albert_dist.engine.rendezvous import agree, open_store
+from albert_dist.engine.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
 from albert_dist.engine.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
@@ -96,6 +96,8 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
     except _REFUSED as err:
+        if isinstance(err, PreflightRefused):  # another rank refused: its one line is the job's (a launcher merges
+            return EXIT_CONFIG_ERROR           # the ranks' output; N ranks printed it N times)
         if trainer is None or not trainer.started:  # refused before any process group: nothing ran
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR

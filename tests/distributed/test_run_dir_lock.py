@@ -58,7 +58,8 @@ def test_a_second_job_is_refused_before_any_process_group_and_a_crashed_holder_l
         refusal = (f"run directory {run_dir} is in use by another job: pid {holder.procs[0].pid} on host "
                    f"{socket.gethostname()}")
         assert f"albert-dist train: {refusal}" in logs[0], logs[0][-2000:]
-        assert f"albert-dist train: rank 0: {refusal}" in logs[1], logs[1][-2000:]
+        # one line for the job: rank 1, told by rank 0's verdict, does not repeat it (a launcher merges the output)
+        assert "albert-dist train:" not in logs[1], logs[1][-2000:]
         assert not any("process group up" in log or "Traceback" in log for log in logs), second.log_tail()
         assert took < 60, took  # no rank waits for a process group that will not come
         assert all(p.poll() is None for p in holder.procs), holder.log_tail()  # the holder trains on
