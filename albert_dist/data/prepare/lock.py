@@ -44,10 +44,7 @@ class OutputLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            try:
-                who = json.loads(self.path.read_text() or "{}")
-            except (OSError, ValueError):
-                who = {}
+            who = _holder_record(self.path)
             holder = (f"pid {who['pid']} on host {who.get('host', '?')} since {who.get('started', '?')}"
                       if who.get("pid") else "a process that has not written its pid yet")
             raise OutputBusy(f"--output {self.output} is being written by another albert-dist data prepare: "
@@ -62,3 +59,20 @@ class OutputLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _holder_record(path: Path, wait_s: float = 1.0) -> dict:
+    """The holder's record in the lock file; a holder that has just taken the lock writes it a moment later (1 of
+    5 same-instant starts read an empty file), so an empty file is read again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = path.read_text()
+        except OSError:
+            text = ""
+        if text or time.monotonic() >= deadline:
+            try:
+                return json.loads(text or "{}")
+            except ValueError:
+                return {}
+        time.sleep(0.05)
