@@ -127,10 +127,15 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
         head = f"{where}: slot {slot} of {slots} (ranks x loader workers)"
         too_long = f"data.max_document_bytes={max_document_bytes}"
         if skipped and set(skipped) == {"too_long"}:
+            # the bytes read can exceed the share (each piece inside a long record reads on to its end): say what
+            # part of the share the verdict covers
+            share = sum(pieces[i]["nbytes"] / k for i, k, _ in slot_shares(len(pieces), slots, slot))
+            span = (f"that begins in its share ({fmt_bytes(share)})" if nbytes >= share else
+                    f"in the first {fmt_bytes(nbytes)} of its share ({fmt_bytes(share)})")
             raise ValueError(
-                f"{head} would read no usable record from {named}: every record in the "
-                f"{fmt_bytes(nbytes)} it read is longer than {too_long} (skipped {dict(skipped)}); raise "
-                "data.max_document_bytes, or split the documents (.txt: blank lines between documents)")
+                f"{head} would read no usable record from {named}: every record {span} is longer than "
+                f"{too_long} (skipped {dict(skipped)}); raise data.max_document_bytes, or split the documents "
+                "(.txt: blank lines between documents)")
         if skipped:
             raise ValueError(
                 f"{head} would read only unusable records from {named} (skipped {dict(skipped)}"

@@ -342,8 +342,9 @@ def test_a_slot_of_only_too_long_records_is_refused_and_a_long_first_record_is_n
     books.write_text("".join(json.dumps({"text": f"book {i} " + "w " * 40_000}) + "\n" for i in range(40)))
     for world in (1, 3):
         with pytest.raises(ValueError, match=r"data\.train\[0\]: slot \d of %d .* no usable record from "
-                           % world + re.escape(str(books)) + r": every record in the .* it read is longer than "
-                           r"data\.max_document_bytes=65536 \(skipped \{'too_long': \d+\}\)"):
+                           % world + re.escape(str(books))
+                           + r": every record (that begins in its share|in the first .* of its share) \(.*\) "
+                           r"is longer than data\.max_document_bytes=65536 \(skipped \{'too_long': \d+\}\)"):
             preflight.check_inputs(cfg(books), world_size=world)
     mixed = tmp_path / "mixed.jsonl"  # two overlong documents, then good ones
     mixed.write_text("".join(json.dumps({"text": "w " * 40_000}) + "\n" for _ in range(2))
@@ -381,7 +382,8 @@ def test_the_probe_of_a_huge_one_line_file_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "open_stream", counting_open)
     cfg = load_config(None, [f"data.train=[{huge}]", "data.validation=[]", "data.num_workers=0",
                              "data.max_document_bytes=65536"])
-    with pytest.raises(ValueError, match=r"slot 0 of 2 .* every record in the .* it read is longer than "
+    with pytest.raises(ValueError, match=r"slot 0 of 2 .* every record in the first .* of its share \(128\.0 MiB\) "
+                                         r"is longer than "
                                          r"data\.max_document_bytes=65536 \(skipped \{'too_long': 1\}\)"):
         preflight.check_inputs(cfg, world_size=2)
     assert 0 < read["bytes"] <= 2 * probe_read_bytes(65536)  # two slots at most, each within its bound
