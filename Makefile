@@ -1,6 +1,6 @@
 # The README's commands. Everything runs from a venv this Makefile creates.
 #   make test      - create .venv, install albert_dist[dev], run the whole test suite (prints the 25 slowest tests)
-#   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; a few minutes)
+#   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; about 1 min on 2 cores)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
 #   make bench     - run every benchmark in bench/ and write bench/results/results.json
 # GPU users: install the torch build for your CUDA first, e.g.
