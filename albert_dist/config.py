@@ -305,6 +305,24 @@ def _locate(node, path: str = "") -> str | None:
     return None
 
 
+def find_config_file(path: str | Path) -> Path:
+    """A recipe or config file as the data paths are found (`albert_dist.data.paths.resolve_path`): as given when
+    absolute or present relative to the working directory, else relative to the repository root, so
+    ``--config configs/pretrain/<recipe>.yaml`` works from any directory, as the recipe's own data paths do.
+
+    Raises:
+        FileNotFoundError: in neither place, naming both.
+    """
+    given = Path(path)
+    if given.is_file():
+        return given
+    found = resolve_path(str(given))
+    if found.is_file():
+        return found
+    where = "" if given.is_absolute() else f" (looked for {Path.cwd() / given} and {found})"
+    raise FileNotFoundError(f"config file not found: {given}{where}")
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Load a recipe YAML (or only the defaults when `path` is None) plus dotted overrides, strictly.
 
@@ -322,9 +340,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
     """
     layers: list[tuple[str, dict]] = []
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
+        path = find_config_file(path)
         recipe = _read_yaml(path, "a recipe")
         if _is_model_preset(recipe):
             raise ValueError(f"{path} is a model preset, not a recipe: use --config <recipe> "
@@ -433,8 +449,7 @@ def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
     """
     ref = str(path_or_preset)
     if ref.endswith((".yaml", ".yml")):
-        if not Path(ref).is_file():
-            raise FileNotFoundError(f"config file not found: {ref}")
+        ref = str(find_config_file(ref))
         if not _is_model_preset(_read_yaml(Path(ref), "a config")):
             return load_config(ref).model
     return _load([(ref, {"model": {"preset": ref}})]).model

@@ -1,4 +1,5 @@
 """`albert-dist train` refuses bad inputs with exit code 2 and one line naming the field, before any process group."""
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -100,3 +101,17 @@ def test_an_automatic_name_reserved_by_the_launch_script_is_not_taken(tmp_path, 
     lock = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     assert lock.run_dir.name == "tiny-20260101-120000-2"
     lock.release()
+
+
+def test_a_recipe_path_is_found_from_any_directory_as_data_paths_are(tmp_path, monkeypatch):
+    """`--config configs/pretrain/<recipe>.yaml` from outside the checkout said "config file not found" although
+    the recipe's own data paths are found relative to the repository root; now the recipe is found the same way,
+    and a missing one names both places looked at."""
+    from albert_dist.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("configs/pretrain/albert-tiny-wikitext.yaml", ["max_steps=3"])
+    assert cfg.max_steps == 3 and cfg.model.hidden_size == load_config(RECIPE).model.hidden_size
+    with pytest.raises(FileNotFoundError, match=r"config file not found: configs/nope\.yaml \(looked for "
+                                                + re.escape(str(tmp_path / "configs/nope.yaml")) + " and "):
+        load_config("configs/nope.yaml")
