@@ -121,6 +121,35 @@ def exit_deadline(code: int, seconds: float = EXIT_DEADLINE_S) -> threading.Thre
     return thread
 
 
+#: DeepSpeed's CPU allreduce workspace in /dev/shm (deepspeed/ops/csrc/cpu/comm/shm.cpp, `shm_initialize`):
+#: ``<prefix>_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>``
+SHM_WORKSPACE_PREFIX = "deepspeed_allreduce_buffer"
+
+
+def release_shm_workspace(shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove this rank's DeepSpeed CPU allreduce workspace from ``shm_dir`` once its job is over; returns the
+    paths removed.
+
+    Why: DeepSpeed's shared-memory allreduce (CPU ranks on one node) creates one 66 MiB segment per rank and never
+    unlinks it, so every CPU job left world_size x 66 MiB of RAM in /dev/shm until the next reboot (310 segments,
+    20 GiB, on the development machine after two days of tests, and the suite's next run was OOM-killed). The
+    other ranks keep their mappings; only the name goes. The rank DeepSpeed used is the local one (one node) or
+    the global one: both names are tried, and only a segment of this job's address and port is touched.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return []
+    removed = []
+    for rank in {os.environ.get("LOCAL_RANK"), os.environ.get("RANK")} - {None}:
+        path = os.path.join(shm_dir, f"{SHM_WORKSPACE_PREFIX}_{os.getuid()}_{addr}_{port}_{rank}")
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # not created (gloo without the shm op, a GPU job) or already gone
+            pass
+    return removed
+
+
 def end_rank(code: int) -> None:
     """End this rank of a multi-rank job with `code` once its job is closed (tracker ended, loader workers
     stopped, process group destroyed): flush logging and stdio, then `os._exit(code)`, without the
@@ -135,6 +164,7 @@ def end_rank(code: int) -> None:
     `stop_loader_workers` runs here once more for any DataLoader worker still alive.
     """
     stop_loader_workers()
+    release_shm_workspace()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
