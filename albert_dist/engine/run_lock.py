@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from albert_dist.data.lockfile import read_holder
+
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".albert_dist.lock"
@@ -38,23 +40,10 @@ class RunDirBusy(ValueError):
     A `ValueError`, so the app refuses the job with exit code 2 like any other bad input."""
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 def _holder(lock_path: Path) -> str:
     """The holder as its lock file describes it: "pid 123 on host n1 (Slurm job 45), since <UTC time>". A holder
     that has just taken the lock writes its record a moment later: an empty file is read again for up to 1 s."""
-    deadline = time.monotonic() + 1.0
-    while not _read_text(lock_path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        info = json.loads(_read_text(lock_path) or "{}")
-    except ValueError:
-        info = {}
+    info = read_holder(lock_path)
     if not info.get("pid"):
         return "a job that has not written its pid yet"
     text = f"pid {info['pid']} on host {info.get('host', '?')}"

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from albert_dist.data.lockfile import read_holder
+
 #: the lock beside a local output, ``.<name>.prepare-lock`` (`OutputLock`): kept after the run (deleting it while
 #: a holder runs would let a second prepare lock a new file); a dotfile, so a glob or directory source skips it
 LOCK_SUFFIX = ".prepare-lock"
@@ -44,7 +46,7 @@ class OutputLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            who = _holder_record(self.path)
+            who = read_holder(self.path)
             holder = (f"pid {who['pid']} on host {who.get('host', '?')} since {who.get('started', '?')}"
                       if who.get("pid") else "a process that has not written its pid yet")
             raise OutputBusy(f"--output {self.output} is being written by another albert-dist data prepare: "
@@ -60,19 +62,3 @@ class OutputLock:
             os.close(self._fd)
             self._fd = None
 
-
-def _holder_record(path: Path, wait_s: float = 1.0) -> dict:
-    """The holder's record in the lock file; a holder that has just taken the lock writes it a moment later (1 of
-    5 same-instant starts read an empty file), so an empty file is read again for up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            text = path.read_text()
-        except OSError:
-            text = ""
-        if text or time.monotonic() >= deadline:
-            try:
-                return json.loads(text or "{}")
-            except ValueError:
-                return {}
-        time.sleep(0.05)
