@@ -22,7 +22,8 @@ was removed and `latest` still names the previous one, so `--resume auto` after 
 there. Not requeued automatically: the same disk would fail again."""
 EXIT_PREEMPTED = 75
 """Stopped by SIGTERM/SIGUSR1/SIGINT after writing a checkpoint of the step it stopped at (sysexits'
-EX_TEMPFAIL, "try again"); rerun with `--resume auto` to continue."""
+EX_TEMPFAIL, "try again"), or by an object store that stayed unavailable for ``data.store_retry_s`` (the same
+checkpoint when a training loader gave up); rerun with `--resume auto` to continue."""
 
 
 

@@ -87,6 +87,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
         ValueError, FileNotFoundError, CheckpointError, ConfigDriftError: a job that must not start, the
             message naming the field, file or flag and the value (exit code 2).
     """
+    store.configure(cfg.data.store_retry_s)  # first: the checks below read the store too
     train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
     check_output_dirs(cfg)
     if resume_from is not None:

@@ -19,7 +19,8 @@ Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 
 once, on the rank that failed; every rank ends within a bound, `albert_dist.engine.stop.exit_deadline`), 2
 config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with
-`--resume auto`).
+`--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
+training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from albert_dist.config import load_config
+from albert_dist.data.store import StoreUnavailable
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
@@ -91,6 +93,13 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
+    except StoreUnavailable as err:  # outside the training loader (preflight, validation): one line, try again
+        if trainer is None or not trainer.started:
+            print(error_line("albert-dist train", err), file=sys.stderr)
+            return EXIT_PREEMPTED
+        exit_deadline(EXIT_PREEMPTED)
+        logger.error("%s; exit %d (--resume auto continues from the last checkpoint)", err, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
     except CheckpointSaveError as err:  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)

@@ -13,7 +13,11 @@ checkpoint (`albert_dist.engine.checkpoint`).
 
 SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
 the same step (a MAX all-reduce of the flag after every step), a checkpoint is written (recorded as a stop's)
-and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
+and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`). A training source in an object store stops the
+job the same way when a rank's loader gives up on it (`albert_dist.data.store.StoreUnavailable`, after
+``data.store_retry_s``): such a job fetches the next step's batches before the agreement (the loader's state
+taken before them is what the checkpoint saves), so the rank that has none stops with the others instead of
+leaving them in the step's collectives.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
-from albert_dist.data.loader import build_train_loader
+from albert_dist.data import store
+from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
@@ -57,6 +62,8 @@ from albert_dist.tracking.base import JsonlTracker, NullTracker
 
 logger = logging.getLogger(__name__)
 
+#: What a rank whose loader gave up on the object store puts into the stop agreement (above any signal number).
+STORE_STOP_FLAG = 128.0
 
 
 class Trainer:
@@ -100,6 +107,9 @@ class Trainer:
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
         self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
+        self._loader_state: Optional[dict] = None  # the loader's state before batches fetched ahead (`_prefetch`)
+        self._next_batches: list = []
+        self._unavailable: Optional[store.StoreUnavailable] = None
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -230,13 +240,18 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not console.progress_bar_enabled(cfg.progress_bar, rank, sys.stderr))
         self._pace = (time.perf_counter(), self.step)  # ETA: this process's mean pace, evaluations included
+        # An object-store source: the next step's batches come before the stop agreement (module docstring)
+        prefetch = any(store.is_url(p) for src in cfg.data.train for p in src.paths)
+        if prefetch and self.step < cfg.max_steps and self._prefetch():  # no step since the checkpoint loaded
+            bar.close()
+            return self._stop_for_store(saved=False)
         try:
             with logging_redirect_tqdm():
                 while self.step < cfg.max_steps:
                     lr = engine.get_lr()[0]  # the lr this step's update uses
                     sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
                     # All micro-batches first: the loss is normalised by the step's label counts (engine/loss.py).
-                    batches = [self._to_device(next(self._train_iter)) for _ in range(self.ga_steps)]
+                    batches = self._next_batches if prefetch else self._fetch_step()
                     result = optimizer_step(engine, batches, sop_weight)
                     for out, batch in zip(result.outputs, batches):
                         acc.add_micro_step(out, batch["attention_mask"])
@@ -247,16 +262,23 @@ class Trainer:
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
+                    self._loader_state, unavailable = None, False
+                    if prefetch and not last:
+                        unavailable = self._prefetch(agree=False)
                     paused = time.perf_counter()  # eval and save time is not training throughput
                     if every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
-                    stop = self._agree_stop()
+                    flag = self._agree_stop(STORE_STOP_FLAG if unavailable else 0.0)
+                    stop = flag > 0
                     if stop and rank == 0:  # every rank is alive and agrees: now it can be promised
-                        logger.warning("every rank stops after step %d: checkpoint, then exit %d", self.step,
-                                       EXIT_PREEMPTED)
+                        logger.warning("every rank stops after step %d%s: checkpoint, then exit %d", self.step,
+                                       " (a data loader gave up on the object store; its rank's log names the URL)"
+                                       if flag >= STORE_STOP_FLAG else "", EXIT_PREEMPTED)
                     self.save(last=last or stop, stop=stop)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
+                        if flag >= STORE_STOP_FLAG:
+                            return self._stop_for_store()
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
                                        EXIT_PREEMPTED)
                         return EXIT_PREEMPTED
@@ -265,12 +287,42 @@ class Trainer:
         self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
         return EXIT_OK
 
-    def _agree_stop(self) -> bool:
-        """True on every rank if any rank got a stop signal (one MAX all-reduce per optimiser step)."""
-        flag = torch.tensor([float(self._stop.signum)], device=self.device)
+    def _agree_stop(self, extra: float = 0.0) -> float:
+        """The largest stop flag of every rank (one MAX all-reduce per optimiser step): 0 to go on, a signal number,
+        or `STORE_STOP_FLAG` (``extra``) from a rank whose loader gave up on the object store."""
+        flag = torch.tensor([max(float(self._stop.signum), extra)], device=self.device)
         if is_multi_rank():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return float(flag.item())
+
+    def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
+        """The next step's micro-batches on the device; raises `store.StoreUnavailable` (`next_batch`)."""
+        return [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
+
+    def _prefetch(self, agree: bool = True) -> bool:
+        """Fetch the next step's batches into ``_next_batches``, the loader's state before them into
+        ``_loader_state`` (what a checkpoint of the current step saves); True when the loader gave up on the object
+        store (its one line logged here). ``agree``: every rank learns whether any did (a collective; the loop
+        folds it into the stop agreement instead)."""
+        self._loader_state = self.train_loader.state_dict()
+        self._next_batches, self._unavailable = [], None
+        try:
+            self._next_batches = self._fetch_step()
+        except store.StoreUnavailable as err:
+            self._unavailable = err
+        failed = self._unavailable is not None
+        return self._agree_stop(STORE_STOP_FLAG if failed else 0.0) >= STORE_STOP_FLAG if agree else failed
+
+    def _stop_for_store(self, saved: bool = True) -> int:
+        """After every rank agreed to stop for the object store (and checkpointed the step, ``saved``): one line,
+        naming the URL on the rank whose loader gave up; returns `EXIT_PREEMPTED` (a requeue's ``--resume auto``
+        continues once the store answers again)."""
+        cause = (str(self._unavailable) if self._unavailable is not None
+                 else "another rank's data loader gave up on the object store")
+        logger.warning("%s; stopped at step %d %s; exit %d (--resume auto continues)", cause, self.step,
+                       "after a checkpoint" if saved else "(no step since the checkpoint it started from)",
+                       EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
 
     def _log_train(self, acc: MetricAccumulator, lr: float, sop_weight: float) -> dict[str, float]:
         stats = acc.reduce()
@@ -337,7 +389,10 @@ class Trainer:
         the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
         the tag, or None when nothing was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
         start = time.perf_counter()
-        tag = self.checkpoints.maybe_save(self.engine, self.step, self.train_loader.state_dict, last=last, stop=stop,
+        # the loader's state before the batches fetched ahead for the next step, when there are such (`_prefetch`)
+        data_state = (self.train_loader.state_dict if self._loader_state is None
+                      else lambda: self._loader_state)
+        tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
                                           metrics_state=None if self._acc is None else self._acc.local_state)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)

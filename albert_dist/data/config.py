@@ -161,6 +161,10 @@ class DataConfig:
     ``$XDG_CACHE_HOME/albert_dist/objects``, else ``~/.cache/albert_dist/objects``."""
     cache_max_bytes: int = field(default=1 << 30, metadata=on_resume(QUIET))
     """Bound of that cache in bytes (least recently used entries evicted); 0 turns it off."""
+    store_retry_s: float = field(default=300.0, metadata=on_resume(QUIET))
+    """Seconds a read, list or write of an s3:// or gs:// object keeps retrying transient errors (exponential
+    back-off with jitter: albert_dist.data.store.RetryPolicy) before giving up; a training job then checkpoints the
+    step it reached and exits 75, so ``--resume auto`` continues after the outage."""
 
     @property
     def prediction_slots(self) -> int:
@@ -227,5 +231,7 @@ class DataConfig:
             raise ValueError(f"data.max_document_bytes must be >= 16, got {self.max_document_bytes}")
         if self.cache_max_bytes < 0:
             raise ValueError(f"data.cache_max_bytes must be >= 0 (0 turns the cache off), got {self.cache_max_bytes}")
+        if not self.store_retry_s > 0:
+            raise ValueError(f"data.store_retry_s must be > 0 (seconds), got {self.store_retry_s!r}")
         if self.cache_dir is not None and not self.cache_dir.strip():
             raise ValueError(f"data.cache_dir must be a folder or null (the default), got {self.cache_dir!r}")

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from albert_dist.data import store
 from albert_dist.data.config import DataConfig
 from albert_dist.data.paths import slot_shares
 from albert_dist.data.plan import SourcePlan, amplification_warning, plan_source, summarize_pieces
@@ -48,6 +49,19 @@ FINGERPRINT_FIELDS = tuple(f.name for f in fields(DataConfig) if f.metadata.get(
 #: Extra bytes read per epoch (over reading every byte once) below which read amplification is an info line,
 #: not the warning: a small corpus read a few times costs less than one training step.
 QUIET_EXTRA_BYTES = 64 << 20
+#: The key of the one item a rank's stream yields, in place of a batch, when a read of the object store gave up
+#: (`store.StoreUnavailable`): its message. `next_batch` raises it again in the training process, as the same type
+#: whether the stream ran in a loader worker or not, and the worker ends without a traceback.
+STORE_UNAVAILABLE = "store_unavailable"
+
+
+def next_batch(iterator: Iterator[dict]) -> dict[str, torch.Tensor]:
+    """The next batch of a training loader's iterator. Raises `store.StoreUnavailable` (one line naming the URL)
+    when the stream gave up on the object store; the loader yields nothing more after it."""
+    batch = next(iterator)
+    if STORE_UNAVAILABLE in batch:
+        raise store.StoreUnavailable(batch[STORE_UNAVAILABLE])
+    return batch
 
 
 class PretrainingStream(torch.utils.data.IterableDataset):
@@ -172,6 +186,13 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         ]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        store.configure(self.cfg.store_retry_s)  # in a worker too, whatever its start method
+        try:
+            yield from self._batches()
+        except store.StoreUnavailable as err:  # not a worker traceback: the trainer stops every rank (next_batch)
+            yield {STORE_UNAVAILABLE: str(err)}
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._builder is None:
             self._builder = ExampleBuilder(load_tokenizer(self.cfg.tokenizer_path), self.cfg)
         slot, num_slots = self._slot()

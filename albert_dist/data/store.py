@@ -12,9 +12,11 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   the footer parsed once per process (`parquet_metadata`). Nothing downloads a whole object a slot does not own;
 * counting (`COUNTERS`): ``bytes_requested`` (bytes the server sent), ``requests``, ``retries``; the readers add
   ``bytes_used`` (bytes of the pieces they own); bench/object_store.py prints the ratio;
-* faults: a read that fails with a transient error (5xx/429 surfacing as OSError, a dropped connection, a
-  timeout) is retried `READ_ATTEMPTS` times with exponential backoff (a warning names the URL and the attempt)
-  from the same offset, so the stream continues where it was; a missing object, a denied one or missing
+* faults: every read, list and write goes through `call`, the one retry layer (`RetryPolicy`: exponential
+  back-off with full jitter over a time budget, ``data.store_retry_s``; a warning names the URL and the attempt).
+  A transient error (5xx/429 surfacing as OSError, a dropped connection, a timeout) is retried from the same
+  offset, so the stream continues where it was; when the budget is spent `StoreUnavailable` is raised (a
+  training job checkpoints and exits 75: `albert_dist.trainer`). A missing object, a denied one or missing
   credentials is not retried and raises `StoreError` naming the URL.
 
 Credentials come from the filesystem's own chain (s3fs/botocore: the AWS_* environment, ~/.aws files, instance
@@ -31,17 +33,18 @@ import logging
 import os
 import re
 import threading
+import random
 import time
 from collections import Counter
-from typing import Any, Optional
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import tenacity
 
 logger = logging.getLogger(__name__)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-#: attempts of one ranged read before the error is raised (the first try included)
-READ_ATTEMPTS = 5
-#: first backoff between attempts; doubled each time (0.25, 0.5, 1, 2 s: ~4 s before giving up)
-BACKOFF_S = 0.25
 #: a compressed object (one piece, read start to end) is fetched in blocks growing from the first to the largest
 #: size (doubling): a probe of its first records (the text-field check, planning) costs one small request, a
 #: full read few requests
@@ -151,23 +154,87 @@ def _fatal(err: BaseException) -> bool:
                                          "SignatureDoesNotMatch", "InvalidBucketName"))
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long and how often a failed request is tried again: waits drawn uniformly from [0, min(max_backoff_s,
+    first_backoff_s x 2^n)] before the (n+1)-th retry ("full jitter": AWS's "Exponential Backoff and Jitter", what
+    botocore's standard mode does, capped at its 20 s), until the next attempt would start more than ``budget_s``
+    after the first one. Jitter spreads the retries of the many ranks and loader workers an outage hits at once;
+    the budget (minutes) outlasts a blip, as S3/GCS clients and MosaicML streaming do.
+
+    ``clock``, ``sleep`` and ``rng`` stand in for time and randomness in tests. Raises ValueError naming the
+    field for a budget <= 0, or a first back-off < 0 or above its cap."""
+
+    budget_s: float = 300.0
+    first_backoff_s: float = 0.5
+    max_backoff_s: float = 20.0
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False, repr=False)
+    rng: Any = field(default=random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.budget_s > 0:
+            raise ValueError(f"data.store_retry_s must be > 0, got {self.budget_s!r}")
+        if not 0 <= self.first_backoff_s <= self.max_backoff_s:
+            raise ValueError(f"first_backoff_s must be in [0, max_backoff_s={self.max_backoff_s}], got "
+                             f"{self.first_backoff_s!r}")
+
+    def retrying(self, retry_if: Callable[[BaseException], bool], before_sleep=None) -> tenacity.Retrying:
+        """A `tenacity.Retrying` that retries the errors ``retry_if`` accepts under this policy and re-raises the
+        last one when the budget is spent (or at once, for any other error). The budget starts now."""
+        started = self.clock()
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            return self.rng.uniform(0.0, min(self.max_backoff_s,
+                                             self.first_backoff_s * 2 ** (state.attempt_number - 1)))
+
+        def stop(state: tenacity.RetryCallState) -> bool:  # tenacity computes the wait first: upcoming_sleep
+            return self.clock() - started + state.upcoming_sleep > self.budget_s
+
+        return tenacity.Retrying(retry=tenacity.retry_if_exception(retry_if), wait=wait, stop=stop,
+                                 sleep=self.sleep, before_sleep=before_sleep, reraise=True)
+
+
+#: the policy of every `call` in this process (`configure`); a forked loader worker starts with its parent's
+POLICY = RetryPolicy()
+
+
+def configure(retry_s: float) -> None:
+    """Set this process's retry budget (``data.store_retry_s``); raises ValueError for one <= 0."""
+    global POLICY
+    POLICY = dataclasses.replace(POLICY, budget_s=float(retry_s))
+
+
+class StoreUnavailable(Exception):
+    """The object store answered ``url`` with transient errors (or not at all) for the whole retry budget.
+
+    Neither a ValueError (the input is fine: exit 2 would be wrong) nor an OSError (a reader takes an OSError for
+    a damaged piece and skips the rest of it: an outage must not lose data). A training job checkpoints the step
+    it reached and exits 75 (`albert_dist.exit_codes.EXIT_PREEMPTED`), so ``--resume auto`` continues. The message
+    is one line naming the URL; the constructor takes it alone, so a DataLoader worker's error is re-raised in
+    the training process as this type."""
+
+
 def call(url: str, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` retried on transient errors (`READ_ATTEMPTS`, backoff from `BACKOFF_S`); raises
-    `StoreError` for a fatal error or when the attempts run out. ``what`` names the operation in warnings."""
-    for attempt in range(1, READ_ATTEMPTS + 1):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - sorted into fatal / transient below
-            if _fatal(err):
-                raise StoreError(_describe(url, err)) from None
-            if attempt == READ_ATTEMPTS:
-                raise StoreError(f"{url}: {what} failed {attempt} times, giving up: {_describe(url, err)}") from None
-            delay = BACKOFF_S * 2 ** (attempt - 1)
-            _count(retries=1)
-            logger.warning("%s: %s failed (attempt %d of %d: %s: %s); retrying in %.2f s", url, what, attempt,
-                           READ_ATTEMPTS, type(err).__name__, " ".join(str(err).split())[:200], delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+    """``fn(*args, **kwargs)`` retried on transient errors under `POLICY`; ``what`` names the operation in the
+    warnings. Raises `StoreError` at once for a fatal error, `StoreUnavailable` when the budget is spent."""
+    policy = POLICY
+    first = policy.clock()
+
+    def warn(state: tenacity.RetryCallState) -> None:
+        err = state.outcome.exception()
+        _count(retries=1)
+        logger.warning("%s: %s failed (attempt %d, %.0f s of data.store_retry_s=%g: %s: %s); retrying in %.1f s",
+                       url, what, state.attempt_number, policy.clock() - first, policy.budget_s,
+                       type(err).__name__, " ".join(str(err).split())[:200], state.upcoming_sleep)
+
+    try:
+        return policy.retrying(lambda err: not _fatal(err), before_sleep=warn)(fn, *args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - sorted into fatal / transient below
+        if _fatal(err):
+            raise StoreError(_describe(url, err)) from None
+        raise StoreUnavailable(f"{url}: {what} kept failing for {policy.clock() - first:.0f} s "
+                               f"(data.store_retry_s={policy.budget_s:g}): {_describe(url, err).split(': ', 1)[1]}") from None
 
 
 def _remember(fs, info: dict) -> str:

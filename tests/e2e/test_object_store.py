@@ -158,7 +158,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
     import fsspec.config
     from fixtures.s3_server import FaultProxy, _clear_fsspec
 
-    monkeypatch.setattr(store, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(store, "POLICY", store.RetryPolicy(first_backoff_s=0.01, max_backoff_s=0.02))
     s3_server.bucket("raw")
     s3_server.upload(local_corpus["txt"], "s3://raw/corpus")
     s3_server.upload(local_corpus["parquet"], "s3://raw/parquet")
@@ -178,7 +178,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
     # one retry layer (albert_dist.data.store.call), bounded, each retry a warning with its attempt count
     assert store.COUNTERS["retries"] == sum(proxy.faults.values())
     warnings = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
-    assert len(warnings) == store.COUNTERS["retries"] and all("attempt 1 of 5" in w for w in warnings), warnings
+    assert len(warnings) == store.COUNTERS["retries"] and all("(attempt 1, " in w for w in warnings), warnings
 
 
 @pytest.mark.parametrize("case", ["bucket", "object", "credentials"])

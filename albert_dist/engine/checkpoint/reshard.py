@@ -27,6 +27,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from albert_dist.data.loader import next_batch
+
 #: Key that marks a `ReshardedLoader` state among the per-rank states of a checkpoint.
 RESHARDED_KEY = "albert_dist_resharded"
 
@@ -102,8 +104,8 @@ class ReshardedLoader:
             m, it = self._members[i], self._iters[i]
             # The sharer j of k takes batches j, j+k, ...: skip j before its first take, k-1 before the others.
             for _ in range(m["offset"] if m["taken"] == 0 else m["stride"] - 1):
-                next(it)
-            batch = next(it)
+                next_batch(it)  # a stream that gave up on the object store raises here too
+            batch = next_batch(it)
             m["taken"] += 1
             self._turn = (i + 1) % len(self._members)
             yield batch

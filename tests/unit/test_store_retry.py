@@ -1,0 +1,150 @@
+"""The object store's one retry policy (albert_dist.data.store.RetryPolicy, `call`) on a fake clock and a fake
+client (no sleeping), and what a training stream does when the policy gives up (`StoreUnavailable` reaches the
+training process as itself, and the loader's state before it resumes exactly)."""
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from albert_dist.data import store
+from albert_dist.data import stream as stream_mod
+from albert_dist.data.config import DataConfig
+from albert_dist.data.loader import build_train_loader, next_batch
+from fixtures.loader_checks import assert_same, data_cfg, take
+
+URL = "s3://bucket/shard-00.parquet"
+
+
+class FakeClock:
+    """Time that moves only when the code under test sleeps (or a fake request takes ``request_s``)."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 1000.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FlakyClient:
+    """A client call that fails with ``error`` until the fake clock reaches ``until`` (an outage), then answers."""
+
+    def __init__(self, clock: FakeClock, until: float, error: Exception, request_s: float = 0.05) -> None:
+        self.clock, self.until, self.error, self.request_s = clock, until, error, request_s
+        self.calls = 0
+
+    def get(self, start: int, end: int) -> bytes:
+        self.calls += 1
+        self.clock.now += self.request_s
+        if self.clock.now < self.until:
+            raise self.error
+        return bytes(end - start)
+
+
+@pytest.fixture
+def fake(monkeypatch) -> FakeClock:
+    clock = FakeClock()
+    monkeypatch.setattr(store, "POLICY", store.RetryPolicy(budget_s=300.0, clock=clock.clock, sleep=clock.sleep,
+                                                           rng=random.Random(0)))
+    monkeypatch.setattr(store, "COUNTERS", store.Counter())
+    return clock
+
+
+def test_an_outage_shorter_than_the_budget_is_outlasted(fake, caplog):
+    """A 30 s outage (connection refused) inside a 300 s budget: the read returns the bytes; the waits grow
+    exponentially, each drawn at random below its cap (full jitter), and each retry is one warning naming the URL."""
+    client = FlakyClient(fake, until=fake.now + 30.0, error=ConnectionRefusedError(111, "Connection refused"))
+    with caplog.at_level(logging.WARNING, logger="albert_dist.data.store"):
+        assert store.call(URL, "read of bytes 0-4", client.get, 0, 4) == bytes(4)
+    n = len(fake.sleeps)
+    assert client.calls == n + 1 and store.COUNTERS["retries"] == n
+    caps = [min(20.0, 0.5 * 2 ** i) for i in range(n)]
+    assert all(0 <= s <= cap for s, cap in zip(fake.sleeps, caps)), (fake.sleeps, caps)
+    assert len(set(fake.sleeps)) == n  # jittered: no two waits alike
+    assert sum(fake.sleeps) + client.calls * 0.05 >= 30.0  # it waited the outage out, no more than a wait past it
+    assert sum(fake.sleeps[:-1]) < 30.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == n and all(w.startswith(f"{URL}: read of bytes 0-4 failed (attempt ") for w in warnings)
+    assert "ConnectionRefusedError" in warnings[0] and "data.store_retry_s=300" in warnings[0]
+
+
+def test_an_outage_longer_than_the_budget_raises_store_unavailable_within_it(fake):
+    """The budget bounds the time from the first attempt to the last one: no sleep runs past it; the error is
+    one line naming the URL, the operation, the budget and the last error; neither a ValueError (exit 2: bad
+    input) nor an OSError (a reader would take it for a damaged piece and skip the rest of it)."""
+    start = fake.now
+    client = FlakyClient(fake, until=float("inf"), error=TimeoutError("read timed out"))
+    with pytest.raises(store.StoreUnavailable) as info:
+        store.call(URL, "read of bytes 0-4", client.get, 0, 4)
+    assert fake.now - start <= 300.0 + client.request_s
+    assert fake.now - start > 300.0 - 20.0 - 2 * client.request_s  # it used the budget (less one capped wait)
+    assert max(fake.sleeps) <= 20.0 and client.calls >= 15
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{URL}: read of bytes 0-4 kept failing for ")
+    assert "data.store_retry_s=300" in text and text.endswith("TimeoutError: read timed out")
+    assert not isinstance(info.value, (ValueError, OSError))
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError(2, "NoSuchKey"), PermissionError(13, "AccessDenied")])
+def test_a_missing_or_denied_object_is_not_retried(fake, error):
+    client = FlakyClient(fake, until=float("inf"), error=error)
+    with pytest.raises(store.StoreError, match=f"^{URL}: "):
+        store.call(URL, "read", client.get, 0, 4)
+    assert client.calls == 1 and fake.sleeps == []
+
+
+def test_configure_sets_the_budget_and_the_config_validates_it(fake):
+    store.configure(12.5)
+    assert store.POLICY.budget_s == 12.5 and store.POLICY.clock == fake.clock  # the rest of the policy kept
+    client = FlakyClient(fake, until=float("inf"), error=ConnectionResetError(104, "reset"))
+    with pytest.raises(store.StoreUnavailable, match=r"data\.store_retry_s=12\.5"):
+        store.call(URL, "list", client.get, 0, 1)
+    assert sum(fake.sleeps) <= 12.5
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match=rf"^data\.store_retry_s must be > 0 \(seconds\), got {bad}"):
+            DataConfig(store_retry_s=bad)
+        with pytest.raises(ValueError, match="data.store_retry_s must be > 0"):
+            store.configure(bad)
+    assert DataConfig().store_retry_s == 300.0
+
+
+def test_a_stream_that_gives_up_raises_in_the_trainer_and_its_state_resumes_exactly(monkeypatch):
+    """The stream's read gives up on the store in the middle of a window (0 workers here; a worker process is
+    tests/e2e/test_object_store_outage.py): `next_batch` raises `StoreUnavailable` with the reader's one line,
+    the loader yields nothing after it, and the loader's state taken before that batch resumes to exactly the
+    batches an uninterrupted run gives."""
+    cfg = data_cfg(0, shuffle_documents=2)
+    real = stream_mod.read_piece
+    records = 0
+
+    def outage_after_300_records(piece, *args, **kwargs):
+        nonlocal records
+        for rec in real(piece, *args, **kwargs):
+            records += 1
+            if records > 5:  # in the third shuffle window (2 documents each)
+                raise store.StoreUnavailable(f"{piece['path']}: read of bytes 0-9 kept failing for 300 s")
+            yield rec
+
+    monkeypatch.setattr(stream_mod, "read_piece", outage_after_300_records)
+    loader = build_train_loader(cfg, 8, rank=0, world_size=1)
+    it = iter(loader)
+    got, state = [], loader.state_dict()
+    with pytest.raises(store.StoreUnavailable, match=r"wikitext-2-train-0\d\.txt: read of bytes 0-9 kept failing"):
+        while True:
+            state = loader.state_dict()
+            got.append(next_batch(it))
+    monkeypatch.setattr(stream_mod, "read_piece", real)  # the store is back
+    reference = take(iter(build_train_loader(cfg, 8, rank=0, world_size=1)), len(got) + 5)
+    assert 0 < len(got)
+    assert_same(got, reference[:len(got)])
+    with pytest.raises(StopIteration):
+        next(it)
+
+    resumed = build_train_loader(cfg, 8, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert_same(got + take(iter(resumed), 5), reference)
