@@ -158,8 +158,8 @@ def _fatal(err: BaseException) -> bool:
 class RetryPolicy:
     """How long and how often a failed request is tried again: waits drawn uniformly from [0, min(max_backoff_s,
     first_backoff_s x 2^n)] before the (n+1)-th retry ("full jitter": AWS's "Exponential Backoff and Jitter", what
-    botocore's standard mode does, capped at its 20 s), until the next attempt would start more than ``budget_s``
-    after the first one. Jitter spreads the retries of the many ranks and loader workers an outage hits at once;
+    botocore's standard mode does, capped at its 20 s), the last attempt made when ``budget_s`` has passed since
+    the first one. Jitter spreads the retries of the many ranks and loader workers an outage hits at once;
     the budget (minutes) outlasts a blip, as S3/GCS clients and MosaicML streaming do.
 
     ``clock``, ``sleep`` and ``rng`` stand in for time and randomness in tests. Raises ValueError naming the
@@ -184,12 +184,12 @@ class RetryPolicy:
         last one when the budget is spent (or at once, for any other error). The budget starts now."""
         started = self.clock()
 
-        def wait(state: tenacity.RetryCallState) -> float:
-            return self.rng.uniform(0.0, min(self.max_backoff_s,
-                                             self.first_backoff_s * 2 ** (state.attempt_number - 1)))
+        def wait(state: tenacity.RetryCallState) -> float:  # the last one ends when the budget does
+            cap = min(self.max_backoff_s, self.first_backoff_s * 2 ** (state.attempt_number - 1))
+            return min(self.rng.uniform(0.0, cap), max(0.0, self.budget_s - (self.clock() - started)))
 
-        def stop(state: tenacity.RetryCallState) -> bool:  # tenacity computes the wait first: upcoming_sleep
-            return self.clock() - started + state.upcoming_sleep > self.budget_s
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return self.clock() - started >= self.budget_s
 
         return tenacity.Retrying(retry=tenacity.retry_if_exception(retry_if), wait=wait, stop=stop,
                                  sleep=self.sleep, before_sleep=before_sleep, reraise=True)

@@ -74,15 +74,14 @@ def test_an_outage_shorter_than_the_budget_is_outlasted(fake, caplog):
 
 
 def test_an_outage_longer_than_the_budget_raises_store_unavailable_within_it(fake):
-    """The budget bounds the time from the first attempt to the last one: no sleep runs past it; the error is
+    """The budget is the time from the first attempt to the last one (the last wait cut to end with it); the error is
     one line naming the URL, the operation, the budget and the last error; neither a ValueError (exit 2: bad
     input) nor an OSError (a reader would take it for a damaged piece and skip the rest of it)."""
     start = fake.now
     client = FlakyClient(fake, until=float("inf"), error=TimeoutError("read timed out"))
     with pytest.raises(store.StoreUnavailable) as info:
         store.call(URL, "read of bytes 0-4", client.get, 0, 4)
-    assert fake.now - start <= 300.0 + client.request_s
-    assert fake.now - start > 300.0 - 20.0 - 2 * client.request_s  # it used the budget (less one capped wait)
+    assert 300.0 <= fake.now - start <= 300.0 + client.request_s  # the last attempt when the budget ended
     assert max(fake.sleeps) <= 20.0 and client.calls >= 15
     text = str(info.value)
     assert "\n" not in text and text.startswith(f"{URL}: read of bytes 0-4 kept failing for ")

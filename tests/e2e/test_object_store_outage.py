@@ -1,0 +1,171 @@
+"""The `objstore-outage` bar: a 2-rank job training from S3 (moto's server, through a relay that can go down)
+under launch/pretrain_local.sh, with loader workers, outlasts an outage shorter than ``data.store_retry_s``; an
+outage longer than it ends the job with exit 75 after a checkpoint of the step it reached and one line naming
+the URL (no traceback); ``--resume auto`` then completes the run with every step logged once.
+
+The outage is the endpoint going away: the relay closes its port (connection refused) and cuts every open
+connection (a request in flight fails), then listens again on the same port in front of the same objects, as a
+restarted S3 server or a healed network does. The budget is 4 s here so that the test is cheap; the default is
+300 s (albert_dist.data.config.DataConfig.store_retry_s).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import free_port, read_metrics
+
+from albert_dist.engine import metric_names as names
+from albert_dist.engine.checkpoint.layout import read_latest, read_meta
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "launch" / "pretrain_local.sh"
+RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
+OVERRIDES = ["max_steps=80", "optimizer.warmup_steps=2", "log_interval_steps=1", "eval_interval_steps=0",
+             "checkpoint.save_interval_steps=1000", "data.max_seq_length=32", "model.max_position_embeddings=32",
+             "engine.train_micro_batch_size_per_gpu=2", "data.eval_examples=8", "tracking.enabled=false",
+             "progress_bar=false", "data.train=[s3://outage/shards]", "data.num_workers=1",
+             "data.shuffle_documents=1", "data.store_retry_s=4"]
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1:``port`` to ``upstream`` that can go down (`down`: the port closed, every open
+    connection cut) and come back on the same port (`up`)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream, self.port = upstream, free_port()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+
+    def up(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again at once
+        listener.settimeout(0.1)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        listener, self._listener = self._listener, None
+        listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._listener is listener:
+            try:
+                client, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            server = socket.create_connection(self.upstream)
+            with self._lock:
+                self._conns |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def _shards(folder: Path) -> Path:
+    """The bundled training sample's paragraphs as two parquet shards of 2-row groups: a loader worker reads a
+    piece every few steps, so reads go on through the whole run (and into the outage)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    for i in range(2):
+        text = (REPO / "data" / "sample" / f"wikitext-2-train-0{i}.txt").read_text(encoding="utf-8")
+        docs = [line.strip() for line in text.splitlines() if len(line.strip()) > 200][:400]  # paragraphs
+        pq.write_table(pa.table({"text": docs}), folder / f"part-{i}.parquet", row_group_size=2)
+    return folder
+
+
+def _launch(run_dir: Path, log: Path, env: dict, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, **env, "RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(os.sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    return subprocess.Popen(["bash", str(SCRIPT), "2", RECIPE, *OVERRIDES, *extra], cwd=REPO, env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(what: str, check, proc: subprocess.Popen, log: Path, timeout: float = 400.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None, f"the job ended (exit {proc.returncode}) before {what}:\n" + log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n" + log.read_text()[-4000:]
+        time.sleep(0.05)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(run_dir) if names.TRAIN_LOSS in r] if run_dir.exists() else []
+
+
+def test_an_outage_shorter_than_the_budget_is_outlasted_a_longer_one_is_exit_75_then_resume(s3_server, tmp_path):
+    s3_server.bucket("outage")
+    s3_server.upload(_shards(tmp_path / "shards"), "s3://outage/shards")
+    host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
+    relay = Relay((host, int(port)))
+    relay.up()
+    env = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
+    run_dir, first, second = tmp_path / "run", tmp_path / "first.log", tmp_path / "second.log"
+    proc = _launch(run_dir, first, env)
+    try:
+        # 1: down at step 10 until a worker has retried a read (a request failed), then back: outlasted
+        _wait("step 10", lambda: len(_steps(run_dir)) >= 10, proc, first)
+        relay.down()
+        _wait("a retried read", lambda: "failed (attempt 1, " in first.read_text(), proc, first)
+        relay.up()
+        # 2: down at step 20 for longer than data.store_retry_s: every rank checkpoints its step and exits 75
+        _wait("step 20", lambda: len(_steps(run_dir)) >= 20, proc, first)
+        relay.down()
+        assert proc.wait(timeout=400) == 75, first.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    log = first.read_text()
+    assert "Traceback" not in log, log[-5000:]
+    stopped = _steps(run_dir)[-1]
+    assert 20 <= stopped < 80 and _steps(run_dir) == list(range(1, stopped + 1))
+    assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"
+    assert read_meta(run_dir / "checkpoints" / f"step_{stopped}")["reason"] == "stop"
+    # the rank whose loader gave up names the object and the budget in one line; the other rank says why it stops
+    gave_up = [line for line in log.splitlines() if "kept failing for" in line]
+    assert gave_up and all("s3://outage/shards/part-" in line and "data.store_retry_s=4" in line
+                           and f"stopped at step {stopped} after a checkpoint; exit 75" in line for line in gave_up)
+
+    relay.up()  # the store is back: --resume auto completes the run
+    proc = _launch(run_dir, second, env, "--resume", "auto")
+    try:
+        assert proc.wait(timeout=400) == 0, second.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        relay.down()
+    assert f"resumed from {run_dir / 'checkpoints'}/step_{stopped} at step {stopped}" in second.read_text()
+    assert _steps(run_dir) == list(range(1, 81))  # every step logged once
