@@ -27,6 +27,12 @@ checkpoint when a training loader gave up); rerun with `--resume auto` to contin
 
 
 
+class TryAgainLater(Exception):
+    """A service the command needs (an object store) stayed unavailable for its retry budget: nothing is wrong with
+    the input, so a command prints its one line and exits `EXIT_PREEMPTED` (EX_TEMPFAIL), never 2 or a traceback.
+    `albert_dist.data.store.StoreUnavailable` is one."""
+
+
 def error_line(command: str, err: BaseException) -> str:
     """``"<command>: <reason>"``, the line a command prints before exiting with `EXIT_CONFIG_ERROR`.
 
@@ -37,4 +43,5 @@ def error_line(command: str, err: BaseException) -> str:
     return f"{command}: {reason}"
 
 
-__all__ = ["error_line", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED"]
+__all__ = ["error_line", "TryAgainLater",
+           "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED"]

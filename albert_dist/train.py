@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from albert_dist.config import load_config
-from albert_dist.data.store import StoreUnavailable
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
@@ -39,7 +38,7 @@ from albert_dist.engine.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.engine.run_lock import RunDirLock
 from albert_dist.engine.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
-                                   error_line)
+                                   TryAgainLater, error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
 
@@ -93,7 +92,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
-    except StoreUnavailable as err:  # outside the training loader (preflight, validation): one line, try again
+    except TryAgainLater as err:  # a store down outside the training loader (preflight, validation): one line
         if trainer is None or not trainer.started:
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_PREEMPTED

@@ -180,9 +180,11 @@ def plan(args: argparse.Namespace) -> int:
         ValueError, OSError: naming the file or field of bad input.
     """
     from albert_dist.config import load_config
+    from albert_dist.data import store
     from albert_dist.data.plan import plan_data
 
     cfg = load_config(args.config, args.overrides)
+    store.configure(cfg.data.store_retry_s)
     workers = cfg.data.num_workers if args.workers is None else args.workers
     plans = plan_data(cfg.data, args.ranks, workers)
     if args.json:

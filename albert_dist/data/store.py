@@ -42,6 +42,8 @@ from typing import Any, Callable, Optional
 
 import tenacity
 
+from albert_dist.exit_codes import TryAgainLater
+
 logger = logging.getLogger(__name__)
 
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -205,7 +207,7 @@ def configure(retry_s: float) -> None:
     POLICY = dataclasses.replace(POLICY, budget_s=float(retry_s))
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(TryAgainLater):
     """The object store answered ``url`` with transient errors (or not at all) for the whole retry budget.
 
     Neither a ValueError (the input is fine: exit 2 would be wrong) nor an OSError (a reader takes an OSError for
@@ -233,8 +235,9 @@ def call(url: str, what: str, fn, *args, **kwargs):
     except Exception as err:  # noqa: BLE001 - sorted into fatal / transient below
         if _fatal(err):
             raise StoreError(_describe(url, err)) from None
+        last = _describe(url, err).split(": ", 1)[1]  # without the URL, said first
         raise StoreUnavailable(f"{url}: {what} kept failing for {policy.clock() - first:.0f} s "
-                               f"(data.store_retry_s={policy.budget_s:g}): {_describe(url, err).split(': ', 1)[1]}") from None
+                               f"(data.store_retry_s={policy.budget_s:g}): {last}") from None
 
 
 def _remember(fs, info: dict) -> str:
@@ -290,12 +293,11 @@ def _check_root(fs, raw: str, inner: str) -> None:
     """Raise `StoreError` when the bucket (first path component) of ``raw`` does not exist or is denied."""
     bucket = inner.strip("/").split("/", 1)[0]
     try:
-        fs.ls(bucket, detail=False)
-    except Exception as err:  # noqa: BLE001 - sorted by `_describe`
-        if isinstance(err, FileNotFoundError):
+        call(raw, "list", fs.ls, bucket, detail=False)
+    except StoreError as err:
+        if "does not exist" in str(err):
             raise StoreError(f"{raw}: bucket {bucket!r} does not exist") from None
-        if _fatal(err):
-            raise StoreError(_describe(raw, err)) from None
+        raise
 
 
 @contextlib.contextmanager

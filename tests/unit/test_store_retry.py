@@ -147,3 +147,28 @@ def test_a_stream_that_gives_up_raises_in_the_trainer_and_its_state_resumes_exac
     resumed = build_train_loader(cfg, 8, rank=0, world_size=1)
     resumed.load_state_dict(state)
     assert_same(got + take(iter(resumed), 5), reference)
+
+
+def test_a_command_whose_store_stays_down_is_one_line_and_exit_75(monkeypatch, capsys):
+    """`albert-dist data plan` on an s3:// source whose endpoint refuses every connection, with a 1 s budget
+    (``data.store_retry_s``, read from the recipe): one line naming the URL and the budget, exit 75 (try again),
+    neither a traceback nor the bad-input exit 2."""
+    from fixtures.s3_server import CREDENTIALS, _clear_fsspec
+    from helpers import free_port
+
+    from albert_dist.cli import main as cli_main
+
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+                       "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(store, "POLICY", store.RetryPolicy())
+    _clear_fsspec()
+    try:
+        code = cli_main(["data", "plan", "--config", "configs/pretrain/albert-tiny-wikitext.yaml", "--ranks", "2",
+                         "data.train=[s3://down/corpus/*.parquet]", "data.store_retry_s=1"])
+    finally:
+        _clear_fsspec()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 75
+    assert len(err) == 1 and err[0].startswith("albert-dist data plan: s3://down/corpus/*.parquet: list kept failing")
+    assert "data.store_retry_s=1" in err[0]
