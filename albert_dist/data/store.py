@@ -212,9 +212,9 @@ class StoreUnavailable(TryAgainLater):
 
     Neither a ValueError (the input is fine: exit 2 would be wrong) nor an OSError (a reader takes an OSError for
     a damaged piece and skips the rest of it: an outage must not lose data). A training job checkpoints the step
-    it reached and exits 75 (`albert_dist.exit_codes.EXIT_PREEMPTED`), so ``--resume auto`` continues. The message
-    is one line naming the URL; the constructor takes it alone, so a DataLoader worker's error is re-raised in
-    the training process as this type."""
+    it reached and exits 75 (`albert_dist.exit_codes.EXIT_PREEMPTED`), so ``--resume auto`` continues (a loader
+    worker hands it to the training process: `albert_dist.data.loader.next_batch`). The message is one line naming
+    the URL."""
 
 
 def call(url: str, what: str, fn, *args, **kwargs):
