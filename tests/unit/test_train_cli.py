@@ -7,7 +7,7 @@ import pytest
 
 from albert_dist import cli, preflight
 from albert_dist import train as trainer
-from albert_dist.engine import distributed
+from albert_dist.engine import distributed, run_lock
 from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_without_run_dir_the_preflight_names_the_run_directory_and_holds_its_loc
 
 def test_two_jobs_named_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
     noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
-    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    monkeypatch.setattr(run_lock, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
     first = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     second = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     assert [first.run_dir.name, second.run_dir.name] == ["tiny-20260101-120000", "tiny-20260101-120000-2"]
@@ -96,7 +96,7 @@ def test_an_automatic_name_reserved_by_the_launch_script_is_not_taken(tmp_path, 
     start; a plain `albert-dist train` in that second took the unlocked directory, and the script's run was then
     refused as a second job in it."""
     noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
-    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    monkeypatch.setattr(run_lock, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
     (tmp_path / "runs/tiny-20260101-120000").mkdir(parents=True)  # the script's reservation
     lock = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     assert lock.run_dir.name == "tiny-20260101-120000-2"
