@@ -1,5 +1,6 @@
-"""bench/downstream/sharing_study.py: flags in one string (`--args`, what slurm/sharing_study.sbatch passes), the
-cell check, and a report that writes only under --out."""
+"""The bench's study scripts: bench/downstream/sharing_study.py's flags in one string (`--args`, what
+slurm/sharing_study.sbatch passes) and cell check; and every study's record written under its --out, into the
+repository's bench/results only when a flag says so."""
 from __future__ import annotations
 
 import argparse
@@ -74,3 +75,40 @@ def test_the_report_writes_under_out_and_into_bench_results_only_when_asked(tmp_
     assert (tmp_path / "sharing_study.png").stat().st_size > 0 and not (tmp_path / "repo-results").exists()
     assert S.main(["report", "--modes", "attention", "--out", str(tmp_path), "--results", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r/sharing_study.json").is_file() and (REPO / "bench/results/sharing_study.json").is_file()
+
+
+def test_what_pretraining_buys_writes_its_record_under_out_unless_told(tmp_path, monkeypatch):
+    """Like the study's report, it wrote bench/results/what_pretraining_buys.json whatever --out said."""
+    W = load_bench("downstream/what_pretraining_buys")
+    monkeypatch.setattr(W, "ROOT", tmp_path / "repo")  # where the old code wrote: <ROOT>/bench/results
+    result = {"task": "sst2", "primary_metric": "accuracy", "seeds": {"1": {"accuracy": 0.8}, "2": {"accuracy": 0.9}},
+              "finetune": {"learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 32,
+                           "max_seq_length": 64}, "train_examples": 200, "model": "m"}
+    for folder, init in ((tmp_path / "run", "pretrained"), (tmp_path / "out/random", "random")):
+        folder.mkdir(parents=True)
+        (folder / "downstream.json").write_text(json.dumps({"results": [{**result, "init": init}]}))
+    args = ["--run", str(tmp_path / "run"), "--glue-dir", "g", "--tasks", "sst2", "--out", str(tmp_path / "out"),
+            "--report-only"]
+    assert W.main(args) == 0
+    record = json.loads((tmp_path / "out/what_pretraining_buys.json").read_text())
+    assert record["ours (random init)"]["sst2"]["seeds"] == result["seeds"] and not (tmp_path / "repo").exists()
+    assert W.main([*args, "--results", str(tmp_path / "published")]) == 0
+    assert (tmp_path / "published/what_pretraining_buys.json").is_file() and not (tmp_path / "repo").exists()
+
+
+def test_object_cache_writes_into_bench_results_only_with_write_doc(tmp_path, monkeypatch):
+    O = load_bench("object_cache")
+    monkeypatch.setattr(O, "BENCH_DIR", tmp_path / "bench")  # where it writes its committed record
+    (tmp_path / "bench/results").mkdir(parents=True)
+    monkeypatch.setattr(O, "run", lambda mb: {"mb": mb})  # the measurement (a moto server) is not what is tested
+    monkeypatch.setattr(O, "table", lambda result: "| table |")
+    monkeypatch.setattr("sys.argv", ["object_cache.py", "--json", str(tmp_path / "mine.json")])
+    O.main()
+    assert json.loads((tmp_path / "mine.json").read_text()) == {"mb": 16}
+    assert list((tmp_path / "bench/results").iterdir()) == []
+    import _common  # bench/_common.py, on sys.path through load_bench
+
+    monkeypatch.setattr(_common, "write_block", lambda *a: None)
+    monkeypatch.setattr("sys.argv", ["object_cache.py", "--write-doc"])
+    O.main()
+    assert json.loads((tmp_path / "bench/results/object_cache.json").read_text()) == {"mb": 16}
