@@ -146,7 +146,7 @@ def _batch_job(tmp_path: Path, script: str, *args: str, **environ: str) -> tuple
         d.mkdir(parents=True)
     for name in ("common.sh", script):
         shutil.copy(REPO / "slurm" / name, checkout / "slurm")
-    for name in ("albert_dist", "configs", "bench"):
+    for name in ("albert_dist", "configs", "bench", "launch"):
         (checkout / name).symlink_to(REPO / name)
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "srun").chmod(0o755)
@@ -204,8 +204,9 @@ def test_a_sharing_study_cell_that_trained_another_model_fails_before_fine_tunin
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("how", ["argument", "recipe"])
-def test_a_batch_job_runs_in_the_run_directory_its_ranks_use(tmp_path, how):
+@pytest.mark.parametrize("script, how", [("pretrain.sbatch", "argument"), ("pretrain.sbatch", "recipe"),
+                                         ("deepspeed.sbatch", "argument")])
+def test_a_batch_job_runs_in_the_run_directory_its_ranks_use(tmp_path, script, how):
     """`sbatch slurm/pretrain.sbatch run_dir=X` trained in X, but the batch shell named runs/slurm-<job id> in its
     log (slurm/deepspeed.sbatch wrote its hostfile there), and a recipe's run_dir was overridden. Now the run
     directory is the one the ranks resolve (run_dir= argument > ALBERT_RUN_DIR > recipe > runs/slurm-<job id>)."""
@@ -215,8 +216,21 @@ def test_a_batch_job_runs_in_the_run_directory_its_ranks_use(tmp_path, how):
         recipe = tmp_path / "mine.yaml"
         recipe.write_text((REPO / "configs/pretrain/albert-tiny-wikitext.yaml").read_text() + f"\nrun_dir: {chosen}\n")
         args, environ = ["max_steps=3"], {"ALBERT_CONFIG": str(recipe)}
-    proc, calls = _batch_job(tmp_path, "pretrain.sbatch", *args, **environ)
+    # deepspeed.sbatch's nossh mode: one srun of per-node launchers, the stand-in's to record
+    environ.update(ALBERT_SLURM_CPU="1", ALBERT_DS_LAUNCHER="nossh", ALBERT_DIST="albert-dist")
+    proc, calls = _batch_job(tmp_path, script, *args, **environ)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     train = calls[-1]
     assert [a for a in train if a.startswith("run_dir=")][-1] == f"run_dir={chosen}" and f"run dir {chosen};" in proc.stdout
     assert (chosen / "config.yaml").is_file() and not (tmp_path / "checkout/runs").exists()
+    assert (chosen / "hostfile").is_file() == (script == "deepspeed.sbatch")
+
+
+@pytest.mark.integration
+def test_a_deepspeed_batch_job_whose_port_cannot_be_derived_starts_nothing(tmp_path):
+    """`export MASTER_PORT=$(...)` hid the failure of the command inside it (export's own status is 0): the job
+    went on to launch with an empty port. Now a step that builds the launch command and fails ends the job."""
+    proc, calls = _batch_job(tmp_path, "deepspeed.sbatch", "max_steps=3", SLURM_JOB_ID="not-a-number",
+                             ALBERT_SLURM_CPU="1", ALBERT_DS_LAUNCHER="nossh", ALBERT_DIST="albert-dist")
+    assert proc.returncode != 0 and calls == [], (proc.stdout, proc.stderr)
+    assert "invalid literal for int()" in proc.stderr and "hostfile" not in proc.stdout
