@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -43,7 +42,7 @@ from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.engine.distributed import DistEnv
-from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
+from albert_dist.engine.run_lock import RunDirLock, auto_run_dir
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -265,27 +264,17 @@ def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock
 
 
 def lock_auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> RunDirLock:
-    """The lock of a new run directory: the first of `runs/<recipe_name>-<UTC time>[-<k>]` (absolute: ranks
-    of other nodes may start in another working directory) that this process creates, so two jobs started
-    in the same second get two directories. Created with mkdir, as launch/pretrain_local.sh reserves its
-    automatic name: a directory that exists (the script's reservation, not locked until its ranks start) is
-    never taken.
+    """The lock of a new run directory named and created by `albert_dist.engine.run_lock.auto_run_dir` (the
+    first free `runs/<recipe_name>-<UTC time>[-<k>]`).
 
     Raises:
         ValueError: no free name after 99 tries, or a directory or its lock file cannot be created.
     """
-    base = (runs / f"{recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
-    for k in range(1, 100):
-        candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
-        try:
-            candidate.parent.mkdir(parents=True, exist_ok=True)
-            candidate.mkdir()
-            return RunDirLock(candidate).acquire()
-        except (FileExistsError, RunDirBusy):
-            continue
-        except OSError as err:
-            raise ValueError(f"cannot lock the run directory {str(candidate)!r}: {err.strerror or err}") from None
-    raise ValueError(f"run_dir: no free run directory {base}[-k] after 99 tries")
+    run_dir = auto_run_dir(recipe_name, runs)
+    try:
+        return RunDirLock(run_dir).acquire()
+    except OSError as err:  # RunDirBusy (a ValueError) passes: a directory made a moment ago has no other holder
+        raise ValueError(f"cannot lock the run directory {str(run_dir)!r}: {err.strerror or err}") from None
 
 
 # ------------------------------------------------------------------------------------------------ memory fit

@@ -63,6 +63,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
     stop = StopFlag()
     stop.install()
     multi_rank = False
+    env = None  # until discovered: a rank that cannot tell its place prints its own refusal
     try:
         env = discover()
         multi_rank = env.world_size > 1
@@ -104,10 +105,12 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
     except _REFUSED as err:
-        if isinstance(err, PreflightRefused):  # another rank refused: its one line is the job's (a launcher merges
-            return EXIT_CONFIG_ERROR           # the ranks' output; N ranks printed it N times)
-        if trainer is None or not trainer.started:  # refused before any process group: nothing ran
-            print(error_line("albert-dist train", err), file=sys.stderr)
+        if isinstance(err, PreflightRefused) or trainer is None or not trainer.started:
+            # Refused before any process group: nothing ran. One line for the job (a launcher merges the ranks'
+            # output: 64 ranks refusing one config printed it 64 times): rank 0's, which holds the verdict, its
+            # own refusal or the first other rank's ("rank k: ..."); the other ranks exit 2 silently.
+            if env is None or env.rank == 0:
+                print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
         if isinstance(err, ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
             exit_deadline(EXIT_CONFIG_ERROR)

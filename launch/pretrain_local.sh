@@ -6,9 +6,9 @@
 # On a GPU machine NUM_RANKS GPUs are used (nccl); without GPUs DeepSpeed's CPU accelerator starts NUM_RANKS
 # CPU processes (gloo), each with one torch thread unless OMP_NUM_THREADS says otherwise.
 # Outputs: runs/<recipe>-<UTC time>/ (config.yaml, ds_config.json, metrics.jsonl, checkpoints/); the path is
-# printed at the end. Set RUN_DIR=... to choose it (and add --resume auto to continue an interrupted run); the
-# automatic name is reserved with mkdir, so two runs started in the same second get <name> and <name>-2 (as
-# `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
+# printed at the end. Set RUN_DIR=... or run_dir=... to choose it (and add --resume auto to continue an
+# interrupted run); the automatic name is reserved with mkdir, so two runs started in the same second get <name>
+# and <name>-2 (as `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
 # Exit codes (README): 0 trained to max_steps (the run's newest checkpoint says so: the launcher's 0 alone is not
 # trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
 # by a signal after a checkpoint (the command to continue is printed), 130 (128 + N) interrupted, nothing saved
@@ -47,26 +47,15 @@ if ! command -v deepspeed >/dev/null 2>&1; then
     echo "$0: no 'deepspeed' command on PATH: activate the venv first (source .venv/bin/activate; 'make install' creates it)" >&2
     exit 2
 fi
-# The automatic run directory: the first of runs/<recipe>-<UTC time>[-k] this script creates (mkdir is atomic, so
-# a second script started in the same second takes -2, as albert_dist.preflight.lock_auto_run_dir does).
+# The run directory the ranks will use, as they resolve it (a `run_dir=` override, else RUN_DIR, else the
+# recipe's run_dir), or a new runs/<recipe>-<UTC time>[-k] reserved with mkdir as their rank 0 would name it:
+# `albert-dist train --print-run-dir`, the one home of the rule. This script judges that directory and passes it
+# on; a config that does not load is refused here, its one line printed once (exit 2).
+RUN_DIR_ARGS=(${RUN_DIR:+"run_dir=${RUN_DIR}"} "$@")
+RESOLVED=$(python -m albert_dist.cli train --config "${RECIPE}" "${RUN_DIR_ARGS[@]}" --print-run-dir auto) || exit
+RUN_DIR=${RESOLVED%%$'\n'*}
 RESERVED=""
-if [[ -z ${RUN_DIR:-} ]]; then
-    base="runs/$(basename "${RECIPE}" .yaml)-$(date -u +%Y%m%d-%H%M%S)"
-    mkdir -p runs
-    for k in $(seq 99); do
-        candidate="${base}"
-        ((k == 1)) || candidate="${base}-${k}"
-        if mkdir "${candidate}" 2>/dev/null; then
-            RUN_DIR="${candidate}"
-            RESERVED=1
-            break
-        fi
-    done
-    if [[ -z ${RESERVED} ]]; then
-        echo "$0: no free run directory ${base}[-k] after 99 tries: set RUN_DIR=..." >&2
-        exit 2
-    fi
-fi
+[[ ${RESOLVED} == *$'\n'new ]] && RESERVED=1
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
 PORT="${MASTER_PORT:-$(python -c 'from albert_dist.engine.distributed import free_port; print(free_port())')}"

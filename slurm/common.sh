@@ -2,16 +2,13 @@
 # Shared by slurm/pretrain.sbatch and slurm/deepspeed.sbatch (sourced from the batch shell; jobs are submitted
 # from the repository root, which is where the batch shell starts).
 #
-# Defines: the job's settings (CONFIG, RUN_DIR, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, and
-# `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
+# Defines: the job's settings (CONFIG, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, `resolve_run_dir`
+# (RUN_DIR), and `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
 # checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, and maps
 # a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
-# shellcheck disable=SC2034 # CONFIG and RUN_DIR are read by the sbatch scripts that source this file
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
-# shellcheck disable=SC2034
-RUN_DIR=${ALBERT_RUN_DIR:-runs/slurm-${SLURM_JOB_ID}}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
 MAX_REQUEUES=${ALBERT_MAX_REQUEUES:-20}
@@ -46,6 +43,17 @@ if [[ -z ${MASTER_ADDR:-} ]]; then
     MASTER_ADDR=$(scontrol show node "$_first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 || true)
     export MASTER_ADDR=${MASTER_ADDR:-$_first_node}
 fi
+
+# resolve_run_dir [OVERRIDE...]
+#   Sets RUN_DIR to the run directory the ranks of `train --config $CONFIG run_dir=$RUN_DIR OVERRIDE...` use, as
+#   they resolve it (`albert-dist train --print-run-dir`): a run_dir= among the overrides, else ALBERT_RUN_DIR,
+#   else the recipe's run_dir, else runs/slurm-<job id> (the same for every requeued run of the job); absolute.
+#   A config that does not load ends the job here, before any srun: its one line, exit 2.
+resolve_run_dir() {
+    # shellcheck disable=SC2034 # RUN_DIR is read by the sbatch scripts that source this file
+    RUN_DIR=$("$PYTHON" -m albert_dist.cli train --config "$CONFIG" ${ALBERT_RUN_DIR:+"run_dir=$ALBERT_RUN_DIR"} "$@" \
+        --print-run-dir "runs/slurm-$SLURM_JOB_ID") || { log "the job's config does not load (above): exit 2"; exit 2; }
+}
 
 # run_preemptible STOP_COMMAND -- COMMAND...
 #   Runs COMMAND in the background (bash runs a trap only between foreground commands, so a foreground srun

@@ -507,7 +507,7 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
     """
     files = discover_files(source, where) if files is None else files
     try:  # every file's format first (cheap), so an unreadable kind fails here, not in the middle of a run
-        formats = [file_format(path, source.format) for path in files]
+        formats = [file_format(path, source.format, source.paths) for path in files]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     for path, (kind, compression) in zip(files, formats):

@@ -35,7 +35,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -159,8 +159,12 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
     return files
 
 
-def file_format(path: str, declared: str) -> tuple[str, str]:
+def file_format(path: str, declared: str, source_paths: Optional[Sequence[str]] = None) -> tuple[str, str]:
     """(kind, compression) of a file: kind in txt|jsonl|parquet, compression in ""|".gz"|".zst".
+
+    ``source_paths``: the source's ``paths``, so that the refusal of a file of unknown suffix gives the right
+    hint: one found through a directory or glob of them (a script or notes beside the data) is left out by a
+    glob naming only the data files; a format set for the source would read it as data too.
 
     Raises ValueError naming the file for a suffix that names no known format when ``declared`` is "auto", and
     for a compressed parquet file (parquet compresses inside; a .gz/.zst around it cannot be read in place).
@@ -173,10 +177,18 @@ def file_format(path: str, declared: str) -> tuple[str, str]:
         kind = next((k for k, suffixes in KIND_SUFFIXES if stem.endswith(suffixes)), "")
         if not kind:
             known = ", ".join(s for _, suffixes in KIND_SUFFIXES for s in suffixes)
+            base = os.path.basename(path)
+            named = source_paths is None or path in {r if store.is_url(r) else str(resolve_path(r))
+                                                     for r in source_paths}
             # a side file named one by one is what an unquoted glob gives (the shell expanded dir/* into it)
-            hint = (f"; {os.path.basename(path)} is a side file that a quoted glob or a directory skips: quote "
-                    "the glob ('dir/*') so the shell does not expand it" if is_side_file(os.path.basename(path))
-                    else "; set the source's format explicitly")
+            if is_side_file(base):
+                hint = (f"; {base} is a side file that a quoted glob or a directory skips: quote the glob "
+                        "('dir/*') so the shell does not expand it")
+            elif not named:
+                hint = (f"; {base} is no data file but lies in the source's directory or glob: name only the "
+                        f"data files with a glob ('{os.path.dirname(path)}/*.<suffix>') or move it out")
+            else:
+                hint = "; set the source's format explicitly"
             raise ValueError(f"cannot tell the format of {path} from its suffix (known: {known}, each optionally "
                              f"{' or '.join(COMPRESSIONS)}){hint}")
     if kind == "parquet" and compression:
@@ -277,7 +289,7 @@ def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots:
     stats: Counter = Counter()
     files = discover_files(source, where) if files is None else files
     try:
-        formats = [file_format(path, source.format) for path in files]
+        formats = [file_format(path, source.format, source.paths) for path in files]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     sizes = [store.file_size(path) for path in files]

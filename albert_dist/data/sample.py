@@ -100,7 +100,7 @@ class ByteBudgetSample:
             files = discover_files(source, where)
             check_text_field(source, where, files)
             for path in files:
-                kind, compression = file_format(path, source.format)
+                kind, compression = file_format(path, source.format, source.paths)
                 self.plan.append(FilePlan(path, kind, compression, source.text_field, source.txt_documents,
                                           store.file_size(path), 0.0))
         ratios = _compression_ratios([p for p in self.plan if p.compression])

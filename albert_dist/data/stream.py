@@ -203,7 +203,7 @@ class SourceStream:
         path = rec.get("path")
         if not path:
             return f"record {self.records_in_epoch - 1} of epoch {self.epoch} of {self.source.paths[0]}"
-        kind, compression = file_format(path, self.source.format)
+        kind, compression = file_format(path, self.source.format, self.source.paths)
         return record_location(kind, compression, path, int(rec["pos"]), int(rec.get("group", -1)))
 
     def _end_epoch(self) -> None:

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -119,4 +120,29 @@ class RunDirLock:
             self._fd = None
 
 
-__all__ = ["LOCK_FILE", "RunDirBusy", "RunDirLock"]
+def auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> Path:
+    """A new run directory for a job without a fixed `run_dir`: the first of `runs/<recipe_name>-<UTC
+    time>[-<k>]` (absolute: ranks of other nodes may start in another working directory) that this call creates
+    with mkdir, so two jobs started in the same second get two directories and a name another job reserved (not
+    locked until its ranks start) is never taken. The one home of the rule: rank 0's preflight
+    (`albert_dist.preflight.lock_auto_run_dir`) and the launch scripts (`albert-dist train --print-run-dir
+    auto`) both name a run here.
+
+    Raises:
+        ValueError: no free name after 99 tries, or the directory cannot be created, naming it.
+    """
+    base = (runs / f"{recipe_name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}").absolute()
+    for k in range(1, 100):
+        candidate = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise ValueError(f"cannot create the run directory {str(candidate)!r}: {err.strerror or err}") from None
+    raise ValueError(f"run_dir: no free run directory {base}[-k] after 99 tries")
+
+
+__all__ = ["LOCK_FILE", "RunDirBusy", "RunDirLock", "auto_run_dir"]

@@ -7,8 +7,12 @@ so ``none`` holds L x the encoder block of ``all``; then every run is fine-tuned
 
     python bench/downstream/sharing_study.py pretrain   # the 4 pretraining runs (deepspeed launcher, --ranks)
     python bench/downstream/sharing_study.py finetune   # albert-dist finetune on each run (child MLflow runs)
-    python bench/downstream/sharing_study.py report     # table (markdown) + bench/results/sharing_study.{json,png}
+    python bench/downstream/sharing_study.py report     # table (markdown) + <--out>/sharing_study.{json,png}
     python bench/downstream/sharing_study.py all        # the three in order
+    python bench/downstream/sharing_study.py check      # each cell's run has the mode and sizes it was asked for
+
+Everything is written under ``--out``; the committed figures are refreshed only when asked
+(``report --results bench/results``).
 
 The sizes are flags (``--layers --hidden --embedding --intermediate --heads --steps``), so a cluster runs the
 paper's (``--layers 12 --hidden 768 --embedding 128 --intermediate 3072 --heads 12``, its corpus and steps);
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -29,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MODES = ("none", "ffn", "attention", "all")
 #: The corpus and recipe every cell shares: the README's main job on WikiText-2's whole train split (bundled).
 RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext2.yaml"
-RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import write_block  # noqa: E402
 
@@ -53,6 +57,7 @@ def pretrain(args: argparse.Namespace) -> None:
         out = run_dir(args, mode)
         if (out / "final_model").exists():
             print(f"[sharing] {mode}: {out}/final_model exists, skipped", flush=True)
+            check_cell(args, mode)
             continue
         t0 = time.time()
         cmd = ["bash", str(ROOT / "launch" / "pretrain_local.sh"), str(args.ranks), str(args.recipe),
@@ -60,6 +65,43 @@ def pretrain(args: argparse.Namespace) -> None:
         print(f"[sharing] {mode}: {' '.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True, env={**os.environ, "RUN_DIR": str(out)})
         (out / "study_wall_s.json").write_text(json.dumps({"pretrain_wall_s": round(time.time() - t0, 1)}) + "\n")
+        check_cell(args, mode)
+
+
+class CellMismatch(ValueError):
+    """A cell's run is not the model it was asked for (the message names the run directory and each field)."""
+
+
+def check_cell(args: argparse.Namespace, mode: str) -> None:
+    """The cell's run trained what the cell asked for: its resolved config (``<run dir>/config.yaml``) is unchanged
+    by the cell's overrides (`cell_overrides`, applied through the config's own override path), so a job that
+    trained another model (a dropped or misparsed flag: the recipe's ``sharing: all`` under the name ``ffn``)
+    fails here instead of entering the table under the wrong name. Records the check in ``study_cell.json``.
+
+    Raises:
+        CellMismatch: no config.yaml in the run directory, or a field that differs, naming it, what the run has
+            and what the cell asked for.
+    """
+    from albert_dist.config import apply_overrides, load_config, to_container
+
+    out = run_dir(args, mode)
+    if not (out / "config.yaml").is_file():
+        raise CellMismatch(f"{out}: no config.yaml, the cell '{mode}' did not train there")
+    asked = cell_overrides(args, mode)
+    have = to_container(load_config(out / "config.yaml"))
+    want = to_container(apply_overrides(load_config(out / "config.yaml"), asked))
+    diffs = [f"{key} is {a!r}, the cell asked for {b!r}" for key, a, b in _differences(have, want)]
+    if diffs:
+        raise CellMismatch(f"{out}: the run is not the cell '{mode}': " + "; ".join(diffs))
+    (out / "study_cell.json").write_text(json.dumps({"sharing": mode, "overrides": asked, "checked": True}) + "\n")
+
+
+def _differences(a: object, b: object, key: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, value in a, value in b) wherever two nested dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))]
+    return [] if a == b else [(key, a, b)]
 
 
 def finetune(args: argparse.Namespace) -> None:
@@ -67,7 +109,7 @@ def finetune(args: argparse.Namespace) -> None:
     run; scores in the cell's downstream.json), with the extra fine-tuning flags ``--finetune-args``."""
     for mode in args.modes:
         cmd = [sys.executable, "-m", "albert_dist.cli", "finetune", str(run_dir(args, mode)), "--task", *args.tasks,
-               "--data-dir", args.glue_dir, "--seeds", *map(str, args.seeds), *args.finetune_args.split()]
+               "--data-dir", args.glue_dir, "--seeds", *map(str, args.seeds), *shlex.split(args.finetune_args)]
         print(f"[sharing] {mode}: {' '.join(cmd)}", flush=True)
         subprocess.run(cmd, check=True, env={**os.environ, "TQDM_DISABLE": "1"})
 
@@ -100,7 +142,8 @@ def cell_figures(args: argparse.Namespace, mode: str) -> dict:
 
 
 def report(args: argparse.Namespace) -> None:
-    """The study's table (markdown, stdout) and bench/results/sharing_study.{json,png}: score against parameters."""
+    """The study's table (markdown, stdout) and sharing_study.{json,png} (score against parameters) in ``--results``
+    (default ``--out``: the committed bench/results figures change only when asked)."""
     rows = [cell_figures(args, mode) for mode in args.modes if (run_dir(args, mode) / "config.yaml").exists()]
     head = ["sharing", "parameters", "pretrain wall (min)", "val MLM acc", *[f"{t} dev" for t in args.tasks]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -115,8 +158,9 @@ def report(args: argparse.Namespace) -> None:
     print("\n".join(lines))
     if args.doc:
         write_block(args.doc, "sharing figures", "\n".join(lines))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": sys.argv[1:]}, indent=1) + "\n")
+    results = Path(args.results or args.out)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": sys.argv[1:]}, indent=1) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,14 +181,21 @@ def report(args: argparse.Namespace) -> None:
         ax.set_title(f"{task}: sharing modes at equal steps")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(RESULTS / "sharing_study.png", dpi=110)
-    print(f"wrote {RESULTS / 'sharing_study.json'} and {RESULTS / 'sharing_study.png'}")
+    fig.savefig(results / "sharing_study.png", dpi=110)
+    print(f"wrote {results / 'sharing_study.json'} and {results / 'sharing_study.png'}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); 0, 1 when `check_cell` finds a cell that is not what it was asked, 2
+    for flags that do not parse (argparse's usage line, or the one line for a ``--args`` string)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("phase", choices=("pretrain", "finetune", "report", "all", "overrides"),
-                   help="overrides: print one cell's trainer overrides, one per line (slurm/sharing_study.sbatch)")
+    p.add_argument("phase", choices=("pretrain", "finetune", "report", "all", "overrides", "check"),
+                   help="overrides: print one cell's trainer overrides, one per line (slurm/sharing_study.sbatch); "
+                        "check: each cell's run has what the cell asked for (also after each pretrain)")
+    p.add_argument("--args", default="", metavar="STRING",
+                   help="more of these flags (not --modes or --out) in one string, split as a POSIX shell would "
+                        "(shlex: quotes keep a value's words together; nothing is expanded or run): "
+                        "slurm/sharing_study.sbatch passes ALBERT_STUDY_ARGS here")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--out", default=str(ROOT / "runs" / "sharing-study"), help="one run directory per mode below it")
     p.add_argument("--recipe", default=str(RECIPE))
@@ -157,18 +208,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--experiment", default="sharing-study")
     p.add_argument("--doc", default=None, help="report: write the table into this markdown file between the markers")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="report: write sharing_study.{json,png} here (default --out; bench/results for the committed "
+                        "figures)")
     p.add_argument("--glue-dir", default=str(ROOT.parent / "shared" / "corpora"), help="GLUE task folders")
     p.add_argument("--tasks", nargs="+", default=["sst2", "stsb"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--finetune-args", default="--max-train-samples 2000 --learning-rate 1e-3 --batch-size 32 "
                    "--max-seq-length 64", help="more `albert-dist finetune` flags, one string (default: docs/sharing.md's)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides for every cell")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_intermixed_args(argv)  # overrides may come after the options
+    if args.args:
+        try:
+            more = shlex.split(args.args)
+        except ValueError as err:  # an unclosed quote
+            p.error(f"--args {args.args!r}: {err}")
+        if any(w.split("=")[0] in ("--modes", "--out", "--args") for w in more):  # the caller's: a job's own cell
+            p.error(f"--args {args.args!r}: --modes, --out and --args are the caller's, not the string's")
+        args = p.parse_intermixed_args([*argv, *more])
     if args.phase == "overrides":
         if len(args.modes) != 1:
             p.error("overrides: give exactly one --modes MODE")
         print("\n".join(cell_overrides(args, args.modes[0])))
         return 0
+    try:
+        if args.phase == "check":
+            for mode in args.modes:
+                check_cell(args, mode)
+                print(f"[sharing] {mode}: {run_dir(args, mode)} has what the cell asked for", flush=True)
+            return 0
+        return _run_phases(args)
+    except CellMismatch as err:
+        print(f"sharing_study: {err}", file=sys.stderr)
+        return 1
+
+
+def _run_phases(args: argparse.Namespace) -> int:
     if args.phase in ("pretrain", "all"):
         pretrain(args)
     if args.phase in ("finetune", "all"):

@@ -8,9 +8,9 @@ and hyper-parameters; one table of dev scores (median, min-max over the seeds).
 
 The run's fine-tunes are child runs of its MLflow run (scores on it as ``downstream/<task>/<metric>``); the random
 init and the peer log standalone runs. Results: ``<out>/<model>/downstream.json`` per model (the run's in its own
-directory), the table on stdout and in ``bench/results/what_pretraining_buys.json`` (``-<block>.json`` for another
-``--block``); ``--doc FILE`` writes the
-table between the ``downstream figures`` markers of FILE (`_common.write_block`).
+directory), the table on stdout and in ``<--results>/what_pretraining_buys.json`` (``-<block>.json`` for another
+``--block``; ``--results`` defaults to ``--out``, bench/results for the committed figures); ``--doc FILE`` writes
+the table between the ``downstream figures`` markers of FILE (`_common.write_block`).
 """
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / "downstream"), help="downstream.json of random/peer")
     p.add_argument("--report-only", action="store_true", help="only read the downstream.json files")
     p.add_argument("--doc", default=None, help="write the table into this markdown file between the markers")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="write what_pretraining_buys[-<block>].json here (default --out; bench/results for the "
+                        "committed figures)")
     p.add_argument("--block", default="downstream figures", help="the markers' name (<!-- NAME start/end -->)")
     p.add_argument("extra", nargs="*", help="more `albert-dist finetune` flags (after --)")
     args = p.parse_args(argv)
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.tasks[0]}; lr {hp['learning_rate']:g}, {hp['num_train_epochs']:g} epochs, batch "
              f"{hp['per_device_train_batch_size']}, max length {hp['max_seq_length']}.")
     print(text)
-    results = ROOT / "bench" / "results"
+    results = Path(args.results or args.out)
     results.mkdir(parents=True, exist_ok=True)
     # one record per table: the default block's, else one named after the block
     name = "what_pretraining_buys" + ("" if args.block == "downstream figures" else "-" + args.block.replace(" ", "-"))

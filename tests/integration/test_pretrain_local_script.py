@@ -53,8 +53,8 @@ def _launch(tmp_path: Path, *args: str) -> list[str]:
     (("4",), "4", DEFAULT, []),
     (("2", "max_steps=50"), "2", DEFAULT, ["max_steps=50"]),  # an override is not taken for the recipe
     (("max_steps=5",), "2", DEFAULT, ["max_steps=5"]),
-    (("2", "configs/pretrain/albert-base-lamb.yaml", "x=1", "--resume", "auto"), "2",
-     "configs/pretrain/albert-base-lamb.yaml", ["x=1", "--resume", "auto"]),
+    (("2", "configs/pretrain/albert-base-lamb.yaml", "seed=1", "--resume", "auto"), "2",
+     "configs/pretrain/albert-base-lamb.yaml", ["seed=1", "--resume", "auto"]),
 ])
 def test_arguments_reach_the_launcher(tmp_path, args, ranks, recipe, rest):
     argv = _launch(tmp_path, *args)
@@ -72,7 +72,7 @@ def _continue_command(stdout: str) -> list[str]:
 @pytest.mark.parametrize("args, expected_tail", [
     (("2", "max_steps=50", "data.train=[{paths: [my corpus/*.txt]}]"),
      ["max_steps=50", "data.train=[{paths: [my corpus/*.txt]}]", "--resume", "auto"]),
-    (("4", "configs/pretrain/albert-base-lamb.yaml", "x=1", "--resume", "auto"), ["x=1", "--resume", "auto"]),
+    (("4", "configs/pretrain/albert-base-lamb.yaml", "seed=1", "--resume", "auto"), ["seed=1", "--resume", "auto"]),
 ])
 def test_after_a_preemption_it_prints_the_exact_command_to_continue(tmp_path, args, expected_tail):
     proc = _run(tmp_path, *args, exit_code=75, before_exit=_checkpoint(tmp_path / "run", "step_7", "stop"))
@@ -243,33 +243,72 @@ def test_two_sigints_before_any_checkpoint_are_exit_130_interrupted_unsaved(tmp_
                                               "max_steps=50"]
 
 
-def test_two_runs_started_in_the_same_second_get_two_run_directories(tmp_path):
-    """Without RUN_DIR, two runs in the same second both computed runs/<recipe>-<time>; the second was refused
-    ("in use by another job", exit 2). Now the name is reserved with mkdir: the second gets <name>-2, as
-    `albert-dist train` does (albert_dist.preflight.lock_auto_run_dir). A copy of the script in a scratch
-    checkout keeps runs/ out of the real one; a stand-in `date` makes "the same second" certain."""
+def _checkout(tmp_path: Path) -> Path:
+    """A scratch checkout (the script, and links to the package and configs it asks for the run directory), so a
+    run without RUN_DIR names its directory under this checkout's runs/, not the real one's."""
     checkout = tmp_path / "checkout"
     (checkout / "launch").mkdir(parents=True)
     shutil.copy(REPO / "launch/pretrain_local.sh", checkout / "launch")
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin/date").write_text("#!/bin/bash\necho 20240101-000000\n")
-    (tmp_path / "bin/date").chmod(0o755)
-    finish = ('for a; do [[ $a == run_dir=* ]] && d=${a#run_dir=}; done; '
-              + _checkpoint("$d", "step_50", "final", step=50))
+    for name in ("albert_dist", "configs"):
+        (checkout / name).symlink_to(REPO / name)
+    return checkout
+
+
+# the stand-in's finish: the final checkpoint in the run directory the ranks were given (the last run_dir=)
+FINISH_IN_GIVEN_RUN_DIR = ('for a; do [[ $a == run_dir=* ]] && d=${a#run_dir=}; done; '
+                           + _checkpoint("$d", "step_50", "final", step=50))
+
+
+def test_two_runs_without_a_run_dir_get_two_new_run_directories(tmp_path):
+    """Without RUN_DIR or run_dir=, each run gets a new runs/<recipe>-<UTC time>[-k] (named and created by
+    `albert-dist train --print-run-dir auto`, the ranks' own rule: albert_dist.engine.run_lock.auto_run_dir, whose
+    same-second case tests/unit/test_train_cli.py checks), passed to the ranks and judged there."""
+    checkout = _checkout(tmp_path)
     dirs = []
     for _ in range(2):
-        proc = _run(tmp_path, "1", before_exit=finish, script=checkout / "launch/pretrain_local.sh",
+        proc = _run(tmp_path, "1", before_exit=FINISH_IN_GIVEN_RUN_DIR, script=checkout / "launch/pretrain_local.sh",
                     env={"RUN_DIR": None, "MASTER_PORT": "29999"})
         assert proc.returncode == 0, (proc.stdout, proc.stderr)
-        dirs.append(next(a for a in proc.stdout.splitlines() if a.startswith("run_dir=")))
-    assert dirs == ["run_dir=runs/albert-tiny-wikitext-20240101-000000", "run_dir=runs/albert-tiny-wikitext-20240101-000000-2"]
-    assert (checkout / "runs/albert-tiny-wikitext-20240101-000000-2/checkpoints/latest").is_file()
+        dirs.append(Path(next(a for a in proc.stdout.splitlines() if a.startswith("run_dir="))[len("run_dir="):]))
+        assert f"pretraining finished; outputs in {dirs[-1]}" in proc.stdout
+    assert dirs[0] != dirs[1] and sorted(dirs) == sorted((checkout / "runs").iterdir())
+    assert all(d.name.startswith("albert-tiny-wikitext-20") and (d / "checkpoints/latest").is_file() for d in dirs)
+
+
+@pytest.mark.parametrize("how", ["override", "override over RUN_DIR", "recipe"])
+def test_the_run_directory_the_ranks_use_is_the_one_judged_and_nothing_else_is_created(tmp_path, how):
+    """The issue's `launch/pretrain_local.sh 2 max_steps=4 run_dir=DIR`: the ranks trained into DIR, the script
+    reserved and judged an auto-named runs/ directory of its own, said "interrupted before its first checkpoint
+    (exit 130)" and left that empty directory. Now the directory is the one the ranks resolve, however it was
+    named (a run_dir= override, which wins over RUN_DIR as on the ranks' command line; a recipe's run_dir)."""
+    checkout = _checkout(tmp_path)
+    chosen = tmp_path / "chosen"
+    args = ["2", "max_steps=4", f"run_dir={chosen}"]
+    env = {"RUN_DIR": str(tmp_path / "env-dir") if how == "override over RUN_DIR" else None, "MASTER_PORT": "29999"}
+    if how == "recipe":
+        recipe = tmp_path / "mine.yaml"
+        recipe.write_text((REPO / DEFAULT).read_text() + f"\nrun_dir: {chosen}\n")
+        args = ["2", str(recipe), "max_steps=4"]
+    proc = _run(tmp_path, *args, before_exit=FINISH_IN_GIVEN_RUN_DIR, script=checkout / "launch/pretrain_local.sh",
+                env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"pretraining finished; outputs in {chosen}" in proc.stdout and "interrupted" not in proc.stdout
+    assert (chosen / "checkpoints/latest").is_file()
+    assert not (checkout / "runs").exists() and not (tmp_path / "env-dir").exists()
+
+
+def test_a_config_error_is_refused_once_before_the_launcher_and_leaves_no_run_directory(tmp_path):
+    """An override that does not load: one line (not one per rank), exit 2, no launcher started, no runs/."""
+    checkout = _checkout(tmp_path)
+    proc = _run(tmp_path, "2", "max_steps=oops", script=checkout / "launch/pretrain_local.sh",
+                env={"RUN_DIR": None, "MASTER_PORT": "29999"})
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.count("albert-dist train: ") == 1 and "max_steps" in proc.stderr, proc.stderr
+    assert "--num_gpus" not in proc.stdout and not (checkout / "runs").exists()
 
 
 def test_a_config_error_leaves_no_empty_automatic_run_directory(tmp_path):
-    checkout = tmp_path / "checkout"
-    (checkout / "launch").mkdir(parents=True)
-    shutil.copy(REPO / "launch/pretrain_local.sh", checkout / "launch")
+    checkout = _checkout(tmp_path)
     proc = _run(tmp_path, "1", exit_code=2, script=checkout / "launch/pretrain_local.sh",
                 env={"RUN_DIR": None, "MASTER_PORT": "29999"})
     assert proc.returncode == 2, (proc.stdout, proc.stderr)

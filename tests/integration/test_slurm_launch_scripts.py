@@ -112,3 +112,125 @@ def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_cod
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
     assert says in proc.stdout, proc.stdout
+
+
+# A stand-in `srun` records each call's argv (one file per call, one word a line); a training call writes the run's
+# resolved config.yaml as the trainer would (what the cell's check reads), without the overrides FAKE_SRUN_DROP
+# names (a run that trained another model).
+FAKE_SRUN = r'''#!/bin/bash
+n=$(find "$SRUN_LOG" -name '*.argv' | wc -l)
+printf '%s\n' "$@" > "$SRUN_LOG/$n.argv"
+[[ " $* " == *" train "* ]] || exit 0
+exec "$PYTHON" - "$@" <<'PY'
+import os, sys
+from pathlib import Path
+from albert_dist.config import load_config, to_yaml
+argv = sys.argv[sys.argv.index("train") + 1:]
+config, drop = argv[argv.index("--config") + 1], os.environ.get("FAKE_SRUN_DROP")
+overrides = [a for a in argv if "=" in a and not a.startswith("-") and not (drop and a.startswith(drop))]
+cfg = load_config(config, overrides)
+Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+(Path(cfg.run_dir) / "config.yaml").write_text(to_yaml(cfg))
+PY
+'''
+
+
+def _batch_job(tmp_path: Path, script: str, *args: str, **environ: str) -> tuple[subprocess.CompletedProcess, list]:
+    """slurm/<script> as (array task 1 of) job 78 in a scratch checkout (links to the package, configs and bench),
+    under a fake Slurm: the batch shell's variables (tests/fixtures/slurm_env.py, without SLURM_STEP_ID) and the
+    stand-in `srun`. Returns the job and the argv of each srun call, in order."""
+    from tests.fixtures.slurm_env import slurm_step
+
+    checkout, bin_dir, log = tmp_path / "checkout", tmp_path / "bin", tmp_path / "srun-calls"
+    for d in (checkout / "slurm", bin_dir, log):
+        d.mkdir(parents=True)
+    for name in ("common.sh", script):
+        shutil.copy(REPO / "slurm" / name, checkout / "slurm")
+    for name in ("albert_dist", "configs", "bench", "launch"):
+        (checkout / name).symlink_to(REPO / name)
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    env = {k: v for k, v in slurm_step(0, 0, 0, ntasks=1, nodelist="n1", tasks_per_node="1", job_id="78").items()
+           if k != "SLURM_STEP_ID"}
+    env.update(SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="1", SLURM_JOB_NAME="albert", MASTER_ADDR="127.0.0.1",
+               GLUE_DIR=str(tmp_path), PYTHON=sys.executable, SRUN_LOG=str(log), HOME=str(tmp_path),
+               PATH=f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin", **environ)
+    proc = subprocess.run(["bash", f"slurm/{script}", *args], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=120)
+    calls = [(log / f"{i}.argv").read_text().splitlines() for i in range(len(list(log.iterdir())))]
+    return proc, calls
+
+
+def _sharing_study_job(tmp_path: Path, study_args: str, drop: str = "") -> tuple[subprocess.CompletedProcess, list]:
+    """slurm/sharing_study.sbatch as array task 1 (ffn) of array job 77 (`_batch_job`)."""
+    return _batch_job(tmp_path, "sharing_study.sbatch", ALBERT_STUDY_ARGS=study_args, FAKE_SRUN_DROP=drop)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("study_args", ["--stepz 10", "--steps 10 --finetune-args '--epochs 1", "--modes all",
+                                        "--steps 10 max_steps=oops"])
+def test_the_sharing_study_job_with_flags_that_do_not_parse_trains_nothing(tmp_path, study_args):
+    """The issue's job array: ALBERT_STUDY_ARGS was word-split, `sharing_study.py overrides` exited 2 inside an
+    unchecked `mapfile < <(...)`, and every task trained the recipe's default model under its cell's name. Now a
+    flag that does not parse (or an override the config refuses) ends the job before any srun."""
+    proc, calls = _sharing_study_job(tmp_path, study_args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert calls == [] and not (tmp_path / "checkout/runs").exists(), calls
+
+
+@pytest.mark.integration
+def test_the_sharing_study_job_hands_srun_the_cells_overrides_and_checks_its_run(tmp_path):
+    """Good flags, a quoted multi-word value among them: the cell's overrides reach the training srun, the
+    fine-tune srun gets the flags as one string (split by the study as a shell would), and the run is checked
+    to be the cell's model before it is fine-tuned."""
+    study_args = "--steps 10 --layers 2 --finetune-args '--max-train-samples 200 --epochs 1'"
+    proc, calls = _sharing_study_job(tmp_path, study_args)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    train, finetune = calls
+    run_dir = tmp_path / "checkout/runs/sharing-77/ffn"
+    assert train[train.index("--config") + 1:train.index("--config") + 5] == [
+        "configs/pretrain/albert-tiny-wikitext2.yaml", "--resume", "auto", f"run_dir={run_dir}"]
+    assert {"model.sharing=ffn", "max_steps=10", "model.num_hidden_layers=2", "model.num_hidden_groups=1"} <= set(train)
+    assert finetune[2:] == [sys.executable, "bench/downstream/sharing_study.py", "--modes", "ffn", "--out",
+                            "runs/sharing-77", f"--args={study_args}", "finetune", "--glue-dir", str(tmp_path)]
+    assert "ffn: runs/sharing-77/ffn has what the cell asked for" in proc.stdout
+
+
+@pytest.mark.integration
+def test_a_sharing_study_cell_that_trained_another_model_fails_before_fine_tuning(tmp_path):
+    proc, calls = _sharing_study_job(tmp_path, "--steps 10", drop="model.sharing=")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert len(calls) == 1 and "model.sharing is 'all', the cell asked for 'ffn'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("script, how", [("pretrain.sbatch", "argument"), ("pretrain.sbatch", "recipe"),
+                                         ("deepspeed.sbatch", "argument")])
+def test_a_batch_job_runs_in_the_run_directory_its_ranks_use(tmp_path, script, how):
+    """`sbatch slurm/pretrain.sbatch run_dir=X` trained in X, but the batch shell named runs/slurm-<job id> in its
+    log (slurm/deepspeed.sbatch wrote its hostfile there), and a recipe's run_dir was overridden. Now the run
+    directory is the one the ranks resolve (run_dir= argument > ALBERT_RUN_DIR > recipe > runs/slurm-<job id>)."""
+    chosen = tmp_path / "chosen"
+    args, environ = [f"run_dir={chosen}", "max_steps=3"], {"ALBERT_RUN_DIR": str(tmp_path / "env-dir")}
+    if how == "recipe":
+        recipe = tmp_path / "mine.yaml"
+        recipe.write_text((REPO / "configs/pretrain/albert-tiny-wikitext.yaml").read_text() + f"\nrun_dir: {chosen}\n")
+        args, environ = ["max_steps=3"], {"ALBERT_CONFIG": str(recipe)}
+    # deepspeed.sbatch's nossh mode: one srun of per-node launchers, the stand-in's to record
+    environ.update(ALBERT_SLURM_CPU="1", ALBERT_DS_LAUNCHER="nossh", ALBERT_DIST="albert-dist")
+    proc, calls = _batch_job(tmp_path, script, *args, **environ)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    train = calls[-1]
+    assert [a for a in train if a.startswith("run_dir=")][-1] == f"run_dir={chosen}" and f"run dir {chosen};" in proc.stdout
+    assert (chosen / "config.yaml").is_file() and not (tmp_path / "checkout/runs").exists()
+    assert (chosen / "hostfile").is_file() == (script == "deepspeed.sbatch")
+
+
+@pytest.mark.integration
+def test_a_deepspeed_batch_job_whose_port_cannot_be_derived_starts_nothing(tmp_path):
+    """`export MASTER_PORT=$(...)` hid the failure of the command inside it (export's own status is 0): the job
+    went on to launch with an empty port. Now a step that builds the launch command and fails ends the job."""
+    proc, calls = _batch_job(tmp_path, "deepspeed.sbatch", "max_steps=3", SLURM_JOB_ID="not-a-number",
+                             ALBERT_SLURM_CPU="1", ALBERT_DS_LAUNCHER="nossh", ALBERT_DIST="albert-dist")
+    assert proc.returncode != 0 and calls == [], (proc.stdout, proc.stderr)
+    assert "invalid literal for int()" in proc.stderr and "hostfile" not in proc.stdout

@@ -296,9 +296,16 @@ def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path
         assert list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20)) == docs
     lines = [r.getMessage() for r in caplog.records if "side file" in r.getMessage()]
     assert len(lines) == 1 and "ignored 6 side file(s)" in lines[0] and "README.md" in lines[0]
+    # one non-data file in the directory: a glob naming the data files leaves it out; a format set for the whole
+    # source (the old hint) would read it as data. Named on its own, a file of unknown suffix may be data.
     (tmp_path / "notes.docx").write_text("x")
-    with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx.*set the source's format"):
+    with pytest.raises(ValueError, match=r"cannot tell the format of .*notes.docx.*notes.docx is no data file but "
+                                         r"lies in the source's directory or glob: name only the data files with a "
+                                         rf"glob \('{tmp_path}/\*.<suffix>'\)") as refused:
         list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20))
+    assert "set the source's format" not in str(refused.value)
+    with pytest.raises(ValueError, match="cannot tell the format of .*notes.docx.*set the source's format"):
+        list(iter_texts([SourceConfig(paths=[str(tmp_path / "notes.docx")])], "data.train", 1 << 20))
     # the shell's expansion of an unquoted dir/* names the side files one by one: say to quote the glob
     (tmp_path / "notes.docx").unlink()
     named = sorted(str(p) for p in tmp_path.iterdir())

@@ -7,7 +7,7 @@ import pytest
 
 from albert_dist import cli, preflight
 from albert_dist import train as trainer
-from albert_dist.engine import distributed
+from albert_dist.engine import distributed, run_lock
 from albert_dist.engine.run_lock import RunDirBusy, RunDirLock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_without_run_dir_the_preflight_names_the_run_directory_and_holds_its_loc
 
 def test_two_jobs_named_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
     noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
-    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    monkeypatch.setattr(run_lock, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
     first = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     second = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     assert [first.run_dir.name, second.run_dir.name] == ["tiny-20260101-120000", "tiny-20260101-120000-2"]
@@ -96,7 +96,7 @@ def test_an_automatic_name_reserved_by_the_launch_script_is_not_taken(tmp_path, 
     start; a plain `albert-dist train` in that second took the unlocked directory, and the script's run was then
     refused as a second job in it."""
     noon = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
-    monkeypatch.setattr(preflight, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
+    monkeypatch.setattr(run_lock, "datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: noon)}))
     (tmp_path / "runs/tiny-20260101-120000").mkdir(parents=True)  # the script's reservation
     lock = preflight.lock_auto_run_dir("tiny", tmp_path / "runs")
     assert lock.run_dir.name == "tiny-20260101-120000-2"
@@ -115,3 +115,34 @@ def test_a_recipe_path_is_found_from_any_directory_as_data_paths_are(tmp_path, m
     with pytest.raises(FileNotFoundError, match=r"config file not found: configs/nope\.yaml \(looked for "
                                                 + re.escape(str(tmp_path / "configs/nope.yaml")) + " and "):
         load_config("configs/nope.yaml")
+
+
+@pytest.mark.parametrize("rank, own_error, prints", [
+    (0, True, "albert-dist train: override 'max_steps=oops'"),  # rank 0's own refusal: the job's line
+    (1, True, None),  # every rank refuses the same config: only rank 0 says so
+    (0, False, "albert-dist train: rank 1: data.train: only rank 1 sees this"),  # rank 0 prints another's verdict
+])
+def test_a_refused_multi_rank_job_prints_its_line_once_on_rank_0(rank, own_error, prints, monkeypatch, capsys):
+    """A config error through a launcher was printed by every rank (64 ranks: 64 lines). Each rank of a 2-rank
+    job is played here in turn, the rendezvous store stood in for: rank 0 prints the job's one line, its own
+    refusal or the first other rank's (the store's verdict); the other ranks exit 2 without a word."""
+    from albert_dist.engine.rendezvous import PreflightRefused
+    from albert_dist.engine.stop import StopFlag
+
+    monkeypatch.setattr(trainer, "discover", lambda: distributed.DistEnv(rank, 2, rank, 2, 0, "127.0.0.1", 1, 1, "torchrun"))
+    monkeypatch.setattr(trainer, "open_store", lambda env: object())
+    monkeypatch.setattr(StopFlag, "retire", StopFlag.restore)  # a test process keeps its signal handlers
+
+    def agree(store, env, error):
+        if error is None:
+            raise PreflightRefused("rank 1: data.train: only rank 1 sees this")
+
+    monkeypatch.setattr(trainer, "agree", agree)
+    if not own_error:
+        monkeypatch.setattr(trainer, "preflight", lambda *a, **k: (None, []))
+        monkeypatch.setattr(trainer, "Trainer", lambda *a, **k: None)
+    overrides = [*BASE, "max_steps=oops"] if own_error else BASE
+    assert trainer.main(RECIPE, overrides) == trainer.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("albert-dist train:")]
+    assert lines == ([] if prints is None else [next(line for line in lines if line.startswith(prints))]), err

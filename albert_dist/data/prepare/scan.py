@@ -66,7 +66,7 @@ def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], 
         files = discover_files(source, where)
         check_text_field(source, where, files)
         for path in files:
-            kind, compression = file_format(path, source.format)
+            kind, compression = file_format(path, source.format, source.paths)
             st = store.stat(path)  # an object's version is its ETag/generation, a file's its mtime
             size = st["size"]
             inputs.append({"path": path, "bytes": size, "kind": kind, "compression": compression,
