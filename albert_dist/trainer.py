@@ -12,7 +12,7 @@ in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and
 checkpoint (`albert_dist.engine.checkpoint`).
 
 SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
-the same step (a MAX all-reduce of the flag after every step), a checkpoint is written (recorded as a stop's)
+the same step (a MAX all-reduce of the flag after every step, a host tensor over gloo: no device drain), a checkpoint is written (recorded as a stop's)
 and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from albert_dist.engine.checkpoint.manager import CheckpointManager, every
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
+from albert_dist.engine.distributed import broadcast_object, discover, host_group, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
@@ -100,6 +100,7 @@ class Trainer:
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
         self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
+        self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -111,6 +112,7 @@ class Trainer:
         self._stop.install()
         self.dist_env = init_distributed(store=self.store)
         self.started = True
+        self._host_group = host_group()  # the stop flag's (`_agree_stop`)
         rank, world = self.dist_env.rank, self.dist_env.world_size
         self.run_dir = Path(self._agree_run_dir())
         self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
@@ -266,10 +268,15 @@ class Trainer:
         return EXIT_OK
 
     def _agree_stop(self) -> bool:
-        """True on every rank if any rank got a stop signal (one MAX all-reduce per optimiser step)."""
-        flag = torch.tensor([float(self._stop.signum)], device=self.device)
+        """True on every rank if any rank got a stop signal (one MAX all-reduce per optimiser step).
+
+        A host tensor over a gloo group (`host_group`), never the device: on a GPU the flag's copy to the device
+        and the read of the reduced value would drain the device's queue after every step. Every rank calls this
+        after the same step, so all see the same flag and stop together. (Agreeing only every k steps would keep
+        a device collective, drain every k-th step and stop up to k-1 steps late.)"""
+        flag = torch.tensor([self._stop.signum], dtype=torch.int32)
         if is_multi_rank():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
         return bool(flag.item())
 
     def _log_train(self, acc: MetricAccumulator, lr: float, sop_weight: float) -> dict[str, float]:

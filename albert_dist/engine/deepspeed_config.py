@@ -62,6 +62,10 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
         # The trainer logs through its tracker; silence DeepSpeed's own periodic prints.
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer is on and synchronized by default (deepspeed/utils/config.py): it drains the
+        # device at every forward of an engine without training_data (ours) and at every engine.step(), i.e. twice
+        # per micro-step (deepspeed/utils/timer.py ThroughputTimer). The trainer measures throughput itself.
+        "timers": {"throughput": {"enabled": False}},
     }
     if engine.precision == "bf16":
         # `immediate_grad_update` stays at DeepSpeed's default (false): with the backward prologue running
