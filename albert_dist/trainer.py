@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
+from albert_dist.config import TrainConfig, config_hash, for_world_size, to_container, to_yaml
 from albert_dist.data.loader import build_train_loader
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
@@ -77,10 +77,10 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
                  store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
-        self.cfg = cfg
+        self.dist_env = discover()
+        self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
-        self.dist_env = discover()
         world = self.dist_env.world_size
         # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
         plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)

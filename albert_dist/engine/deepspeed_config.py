@@ -12,22 +12,54 @@ that differs from the loop's makes ZeRO-2 keep only part of the accumulated micr
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import math
+from typing import Any, Optional, Sequence
 
-from albert_dist.engine.config import EngineConfig, global_batch_size
+from albert_dist.engine.config import EngineConfig, global_batch_size, resolve_accumulation
+from albert_dist.model.config import AlbertConfig
+from albert_dist.model.sharing import parameter_numels
 
-def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: Optional[str] = None) -> dict:
+#: DeepSpeed 0.19's reduce bucket default (elements), sized for billion-parameter models
+DEEPSPEED_BUCKET = 500_000_000
+#: Bucket sizes are rounded up to a multiple of this (DeepSpeed wants the all-gather bucket a multiple of its
+#: alignment factor); it is also the smallest bucket, so a tiny model keeps one bucket
+BUCKET_GRAIN = 1_000_000
+
+
+def model_bucket_size(numels: Sequence[int]) -> int:
+    """Elements per ZeRO reduce and all-gather bucket for a model whose parameter tensors have `numels` elements:
+    a quarter of the parameters, at least the largest tensor (its gradient fits one bucket), rounded up to
+    `BUCKET_GRAIN`, at most DeepSpeed's default. Why: DeepSpeed's fixed 5e8 allocates 1 GB (bf16) or 2 GB (fp32)
+    of bucket for any model (ALBERT-base has 1.2e7 parameters); a quarter keeps a step's reduction to a few
+    collectives while the bucket holds a quarter of a gradient copy."""
+    wanted = max(max(numels, default=0), math.ceil(sum(numels) / 4))
+    return min(DEEPSPEED_BUCKET, max(BUCKET_GRAIN, math.ceil(wanted / BUCKET_GRAIN) * BUCKET_GRAIN))
+
+
+def bucket_defaults(model: AlbertConfig, zero_stage: int) -> dict[str, int]:
+    """The `zero_optimization` bucket sizes albert_dist sets for `model` where the config leaves them unset:
+    reduce (ZeRO 1-3) and all-gather (ZeRO 1-2), `model_bucket_size` each; none at ZeRO-0."""
+    size = model_bucket_size(parameter_numels(model))
+    keys = {1: ("reduce_bucket_size", "allgather_bucket_size"), 2: ("reduce_bucket_size", "allgather_bucket_size"),
+            3: ("reduce_bucket_size",)}.get(zero_stage, ())
+    return {key: size for key in keys}
+
+
+def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: Optional[str] = None,
+                           model: Optional[AlbertConfig] = None) -> dict:
     """The DeepSpeed config dict for the `engine:` section on `world_size` ranks (the content of the run's ds_config.json).
 
     `accelerator` is DeepSpeed's accelerator name ("cpu", "cuda", ...); None asks
-    `deepspeed.accelerator.get_accelerator()`. Raises `ValueError` for a batch triple that does not multiply
-    out (see `global_batch_size`), for fp16 on CPU (DeepSpeed's CPU accelerator has no fp16 support), and for
-    bf16 on an accelerator without bf16.
+    `deepspeed.accelerator.get_accelerator()`. With `model`, bucket sizes the config leaves unset are scaled to
+    it (`bucket_defaults`); without, DeepSpeed's defaults stay. Raises `ValueError` for a batch triple that does
+    not multiply out (see `global_batch_size`), for fp16 on CPU (DeepSpeed's CPU accelerator has no fp16
+    support), and for bf16 on an accelerator without bf16.
 
     The client optimiser (torch AdamW or LAMB, built by `albert_dist.engine.optim`) is passed to
     `deepspeed.initialize` rather than named here, so `zero_allow_untested_optimizer` is set and
     `zero_force_ds_cpu_optimizer` is off (DeepSpeed would otherwise demand its C++ CPU Adam on CPU).
     """
+    engine = resolve_accumulation(engine, world_size)
     train_batch_size = global_batch_size(engine, world_size)
     if accelerator is None:
         from deepspeed.accelerator import get_accelerator
@@ -46,6 +78,8 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
         raise ValueError(f"engine.precision=bf16 is not supported by accelerator {accelerator!r}")
 
     zero: dict[str, Any] = {"stage": engine.zero_stage}
+    if model is not None:
+        zero.update(bucket_defaults(model, engine.zero_stage))
     zero.update(engine.zero_optimization.to_dict())
     for name in ("offload_optimizer", "offload_param"):
         offload = getattr(engine, name)
