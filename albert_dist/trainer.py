@@ -5,8 +5,9 @@ One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward
 The backward pass of step s takes `mlm_loss + sop_weight_at(cfg.objective, s) * sop_loss`
 (`albert_dist.engine.objective`), each normalised over the whole global batch: MLM per masked token, SOP per
 labelled sequence (`albert_dist.engine.loss`). Every `log_interval_steps`: losses (``train/loss`` = mlm_loss +
-sop_loss, unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm
-(``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to the tracker (rank 0).
+sop_loss, unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm,
+steps DeepSpeed skipped (``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to
+the tracker (rank 0).
 Every `eval_interval_steps` and after the last step: validation on the fixed validation set (``val/``); names
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
@@ -227,6 +228,7 @@ class Trainer:
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._saved_interval = []
+        self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -292,6 +294,15 @@ class Trainer:
                        names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
                        names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
+        # DeepSpeed skips a step whose gradients hold inf/NaN (bf16's check_grad_overflow, on by default) and says
+        # nothing; our step counter and the data advance all the same. A host int: no sync.
+        skipped = int(self.engine.skipped_steps)
+        record[names.TRAIN_SKIPPED_STEPS] = float(skipped)
+        if skipped > self._skipped_seen and self.dist_env.rank == 0:
+            logger.warning("%d optimizer step(s) up to step %d skipped by DeepSpeed (inf/NaN gradients): no weight "
+                           "update and no learning-rate step for them; %d skipped in all", skipped - self._skipped_seen,
+                           self.step, skipped)
+        self._skipped_seen = skipped
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]

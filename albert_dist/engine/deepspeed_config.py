@@ -3,7 +3,7 @@
 Only what ALBERT pretraining needs is modelled (DeepSpeed config reference,
 https://www.deepspeed.ai/docs/config-json/): the batch triple `train_batch_size = train_micro_batch_size_per_gpu
 x gradient_accumulation_steps x world_size`, gradient clipping, precision (fp32, bf16 with fp32 gradient
-accumulation, fp16 with dynamic loss scaling on GPU) and ZeRO stage 0-3 with a small validated pass-through of
+accumulation; fp16 is refused by `EngineConfig`) and ZeRO stage 0-3 with a small validated pass-through of
 `zero_optimization` options. Everything else keeps DeepSpeed's defaults.
 
 The gradient-accumulation count written here is the one the training loop uses (it reads it back from the
@@ -52,8 +52,7 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
     `accelerator` is DeepSpeed's accelerator name ("cpu", "cuda", ...); None asks
     `deepspeed.accelerator.get_accelerator()`. With `model`, bucket sizes the config leaves unset are scaled to
     it (`bucket_defaults`); without, DeepSpeed's defaults stay. Raises `ValueError` for a batch triple that does
-    not multiply out (see `global_batch_size`), for fp16 on CPU (DeepSpeed's CPU accelerator has no fp16
-    support), and for bf16 on an accelerator without bf16.
+    not multiply out (see `global_batch_size`) and for bf16 on an accelerator without bf16.
 
     The client optimiser (torch AdamW or LAMB, built by `albert_dist.engine.optim`) is passed to
     `deepspeed.initialize` rather than named here, so `zero_allow_untested_optimizer` is set and
@@ -66,14 +65,9 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
 
         accel = get_accelerator()
         accelerator = accel.device_name()
-        fp16_ok = bool(accel.is_fp16_supported())
         bf16_ok = bool(accel.is_bf16_supported())
     else:
-        fp16_ok = accelerator != "cpu"
         bf16_ok = True
-    if engine.precision == "fp16" and (accelerator == "cpu" or not fp16_ok):
-        raise ValueError(f"engine.precision=fp16 needs a GPU (fp16 with loss scaling); accelerator is "
-                         f"{accelerator!r}. Use precision=bf16 or fp32")
     if engine.precision == "bf16" and not bf16_ok:
         raise ValueError(f"engine.precision=bf16 is not supported by accelerator {accelerator!r}")
 
@@ -113,6 +107,4 @@ def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: O
         # (measured: gradients 1.4e-8 apart on every such cell of tests/distributed/test_grad_matrix.py, against
         # 0.2 % of the update with bf16 reduction), for twice the gradient bytes on the wire.
         ds["communication_data_type"] = engine.accumulation_dtype
-    elif engine.precision == "fp16":
-        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return ds

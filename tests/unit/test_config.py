@@ -190,10 +190,10 @@ def test_fp32_has_no_mixed_precision_sections():
 
 
 def test_precision_rules():
-    with pytest.raises(ValueError, match="fp16 needs a GPU"):
-        build_deepspeed_config(load_config(None, ["engine.precision=fp16"]).engine, 1, accelerator="cpu")
-    ds = build_deepspeed_config(load_config(None, ["engine.precision=fp16"]).engine, 1, accelerator="cuda")
-    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    # fp16 is refused at load, with its reason (untestable on CPU; a loss scale log2(GA x world) too high)
+    with pytest.raises(ValueError, match=re.escape("engine.precision=fp16 is not supported: its dynamic loss "
+                                                   "scaling is untested here")):
+        load_config(None, ["engine.precision=fp16"])
     # DeepSpeed accumulates bf16 gradients in fp32 only inside its ZeRO optimisers.
     with pytest.raises(ValueError, match="zero_stage >= 1"):
         EngineConfig(zero_stage=0, precision="bf16", grad_accum_dtype="fp32")
