@@ -13,8 +13,8 @@ in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and
 checkpoint (`albert_dist.engine.checkpoint`).
 
 SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
-the same step (a MAX all-reduce of the flag after every step, a host tensor over gloo: no device drain), a checkpoint is written (recorded as a stop's)
-and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
+the same step (a MAX all-reduce of the flag after every step, a host tensor over gloo: no device drain), a
+checkpoint is written (recorded as a stop's) and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
 """
 from __future__ import annotations
 
