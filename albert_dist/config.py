@@ -22,7 +22,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
 from albert_dist.data.paths import resolve_location, resolve_path
-from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig, global_batch_size
+from albert_dist.engine.config import (CheckpointConfig, EngineConfig, OptimConfig, global_batch_size,
+                                       resolve_accumulation)
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
 from albert_dist.on_resume import APPLIES, NOTE_KEY, QUIET, REFUSE, RULE_KEY, RULES, flatten, on_resume
@@ -463,6 +464,15 @@ def model_config_of(config: dict, source: str) -> AlbertConfig:
         ValueError: unknown key, wrong type or invalid value (naming `model.<field>`).
     """
     return _load([(source, {"model": dict(config.get("model") or {})})]).model
+
+
+def for_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """`cfg` as a job of `world_size` ranks runs it: ``engine.gradient_accumulation_steps: auto`` resolved
+    (`albert_dist.engine.config.resolve_accumulation`), so the run's config.yaml, its MLflow params and the
+    resume checks see the number used; `cfg` itself when nothing is to resolve. Raises `ValueError` as
+    `resolve_accumulation`."""
+    engine = resolve_accumulation(cfg.engine, world_size)
+    return cfg if engine is cfg.engine else replace(cfg, engine=engine)
 
 
 def check_derived(cfg: TrainConfig, world_size: int) -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
+from albert_dist.config import TrainConfig, apply_overrides, check_derived, for_world_size, resume_rules, to_container
 from albert_dist.data import cache, store
 from albert_dist.data.hub import check_hub_source
 from albert_dist.data.plan import check_slots_readable, plan_source
@@ -87,6 +87,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
             message naming the field, file or flag and the value (exit code 2).
     """
     store.configure(cfg.data.store_retry_s)  # first: the checks below read the store too
+    cfg = for_world_size(cfg, env.world_size)
     train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
     check_output_dirs(cfg)
     if resume_from is not None:
@@ -215,8 +216,9 @@ def plan_job(cfg: TrainConfig, world_size: int, rank: int = 0, resume_from: Opti
         ValueError: a batch triple that does not multiply out, a precision the accelerator lacks, `--resume auto`
             without a fixed directory; FileNotFoundError, CheckpointError, ConfigDriftError: as `plan_load`.
     """
+    cfg = for_world_size(cfg, world_size)
     global_batch = check_derived(cfg, world_size)
-    ds_config = build_deepspeed_config(cfg.engine, world_size)
+    ds_config = build_deepspeed_config(cfg.engine, world_size, model=cfg.model)
     if resume_from is not None:
         return JobPlan(global_batch, ds_config)
     return JobPlan(global_batch, ds_config,
@@ -327,7 +329,7 @@ def candidate_changes(cfg: TrainConfig) -> list[list[str]]:
     """
     e = cfg.engine
     out: list[list[str]] = []
-    if memory.zero_option(e, "reduce_bucket_size") > SMALL_BUCKET and e.zero_stage >= 1:
+    if memory.zero_option(e, "reduce_bucket_size", cfg.model) > SMALL_BUCKET and e.zero_stage >= 1:
         out.append([f"engine.zero_optimization.reduce_bucket_size={SMALL_BUCKET}"])
     if e.zero_stage < 2:
         out.append(["engine.zero_stage=2"])

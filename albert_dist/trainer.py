@@ -5,19 +5,20 @@ One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward
 The backward pass of step s takes `mlm_loss + sop_weight_at(cfg.objective, s) * sop_loss`
 (`albert_dist.engine.objective`), each normalised over the whole global batch: MLM per masked token, SOP per
 labelled sequence (`albert_dist.engine.loss`). Every `log_interval_steps`: losses (``train/loss`` = mlm_loss +
-sop_loss, unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm
-(``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to the tracker (rank 0).
+sop_loss, unweighted, so runs with different SOP schedules compare), sop_weight, accuracies, lr, grad norm,
+steps DeepSpeed skipped (``train/``), tokens/s, samples/s, MFU (``perf/``) and peak memory (``mem/``) go to
+the tracker (rank 0).
 Every `eval_interval_steps` and after the last step: validation on the fixed validation set (``val/``); names
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
 SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
-the same step (a MAX all-reduce of the flag after every step), a checkpoint is written (recorded as a stop's)
-and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`). A training source in an object store stops the
-job the same way when a rank's loader gives up on it (`albert_dist.data.store.StoreUnavailable`, after
-``data.store_retry_s``): such a job fetches the next step's batches before the agreement (the loader's state
-taken before them is what the checkpoint saves), so the rank that has none stops with the others instead of
-leaving them in the step's collectives.
+the same step (a MAX all-reduce of the flag after every step, a host tensor over gloo: no device drain), a
+checkpoint is written (recorded as a stop's) and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`). A
+training source in an object store stops the job the same way when a rank's loader gives up on it
+(`albert_dist.data.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
+batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
+that has none stops with the others instead of leaving them in the step's collectives.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
+from albert_dist.config import TrainConfig, config_hash, for_world_size, to_container, to_yaml
 from albert_dist.data import store
 from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.engine.checkpoint.layout import tag_for
@@ -43,7 +44,7 @@ from albert_dist.engine.checkpoint.manager import CheckpointManager, every
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
+from albert_dist.engine.distributed import broadcast_object, discover, host_group, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
@@ -84,10 +85,10 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
                  store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
-        self.cfg = cfg
+        self.dist_env = discover()
+        self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
-        self.dist_env = discover()
         world = self.dist_env.world_size
         # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
         plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
@@ -110,6 +111,7 @@ class Trainer:
         self._loader_state: Optional[dict] = None  # the loader's state before batches fetched ahead (`_prefetch`)
         self._next_batches: list = []
         self._unavailable: Optional[store.StoreUnavailable] = None
+        self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -121,6 +123,7 @@ class Trainer:
         self._stop.install()
         self.dist_env = init_distributed(store=self.store)
         self.started = True
+        self._host_group = host_group()  # the stop flag's (`_agree_stop`)
         rank, world = self.dist_env.rank, self.dist_env.world_size
         self.run_dir = Path(self._agree_run_dir())
         self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
@@ -235,6 +238,7 @@ class Trainer:
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._saved_interval = []
+        self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -289,10 +293,15 @@ class Trainer:
 
     def _agree_stop(self, extra: float = 0.0) -> float:
         """The largest stop flag of every rank (one MAX all-reduce per optimiser step): 0 to go on, a signal number,
-        or `STORE_STOP_FLAG` (``extra``) from a rank whose loader gave up on the object store."""
-        flag = torch.tensor([max(float(self._stop.signum), extra)], device=self.device)
+        or `STORE_STOP_FLAG` (``extra``) from a rank whose loader gave up on the object store.
+
+        A host tensor over a gloo group (`host_group`), never the device: on a GPU the flag's copy to the device
+        and the read of the reduced value would drain the device's queue after every step. Every rank calls this
+        after the same step, so all see the same flag and stop together. (Agreeing only every k steps would keep
+        a device collective, drain every k-th step and stop up to k-1 steps late.)"""
+        flag = torch.tensor([max(int(self._stop.signum), int(extra))], dtype=torch.int32)
         if is_multi_rank():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
         return float(flag.item())
 
     def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
@@ -337,6 +346,15 @@ class Trainer:
                        names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
                        names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
+        # DeepSpeed skips a step whose gradients hold inf/NaN (bf16's check_grad_overflow, on by default) and says
+        # nothing; our step counter and the data advance all the same. A host int: no sync.
+        skipped = int(self.engine.skipped_steps)
+        record[names.TRAIN_SKIPPED_STEPS] = float(skipped)
+        if skipped > self._skipped_seen and self.dist_env.rank == 0:
+            logger.warning("%d optimizer step(s) up to step %d skipped by DeepSpeed (inf/NaN gradients): no weight "
+                           "update and no learning-rate step for them; %d skipped in all", skipped - self._skipped_seen,
+                           self.step, skipped)
+        self._skipped_seen = skipped
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]

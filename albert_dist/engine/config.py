@@ -6,8 +6,8 @@ process group starts) stays cheap and free of import cycles.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Optional, get_args
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Optional, Union, get_args
 
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, on_resume
 
@@ -99,16 +99,18 @@ class EngineConfig:
     """ZeRO stage: 0 (data parallel), 1 (optimiser states), 2 (+ gradients), 3 (+ parameters) partitioned."""
     train_micro_batch_size_per_gpu: int = field(default=8, metadata=on_resume(RESTART_STREAMS))
     """Sequences per rank per forward/backward pass (micro-step)."""
-    gradient_accumulation_steps: int = field(default=1, metadata=on_resume(
+    gradient_accumulation_steps: Union[int, str] = field(default=1, metadata=on_resume(
         APPLIES, "accumulates the new number of micro-steps; the global batch must stay the same (checked), so the "
                  "trajectory continues"))
-    """Micro-steps per optimiser step; the training loop runs exactly this many."""
+    """Micro-steps per optimiser step; the training loop runs exactly this many. "auto": train_batch_size /
+    (micro x world size), resolved when the world size is known (`resolve_accumulation`), so one recipe fits any
+    number of ranks that divides its global batch."""
     train_batch_size: Optional[int] = field(default=None, metadata=on_resume(QUIET))
     """Global sequences per optimiser step; must equal micro x accumulation x world size (None: derived)."""
     gradient_clipping: float = field(default=1.0, metadata=on_resume(APPLIES))
     """Clip the global gradient 2-norm to this value before each step (0: no clipping)."""
     precision: Precision = field(default="fp32", metadata=on_resume(REFUSE))
-    """"fp32", "bf16" (bf16 weights/activations, fp32 master weights) or "fp16" (dynamic loss scaling, GPU only)."""
+    """"fp32" or "bf16" (bf16 weights/activations, fp32 master weights); "fp16" is refused (see `__post_init__`)."""
     grad_accum_dtype: Optional[GradAccumDtype] = field(default=None, metadata=on_resume(REFUSE))
     """bf16 only: dtype gradients are accumulated and reduced across ranks in, "fp32" (needs ZeRO >= 1) or "bf16";
     None: fp32 at ZeRO 1-3, bf16 at ZeRO-0 (see `accumulation_dtype`)."""
@@ -144,15 +146,28 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"engine.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        for name in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.train_micro_batch_size_per_gpu < 1:
+            raise ValueError(f"engine.train_micro_batch_size_per_gpu must be >= 1, "
+                             f"got {self.train_micro_batch_size_per_gpu!r}")
+        ga = self.gradient_accumulation_steps
+        if isinstance(ga, str) and ga != AUTO or not isinstance(ga, str) and ga < 1:
+            raise ValueError(f"engine.gradient_accumulation_steps must be an integer >= 1 or {AUTO!r}, got {ga!r}")
         if self.train_batch_size is not None and self.train_batch_size < 1:
             raise ValueError(f"engine.train_batch_size must be >= 1 or null, got {self.train_batch_size!r}")
+        if ga == AUTO and self.train_batch_size is None:
+            raise ValueError(f"engine.gradient_accumulation_steps={AUTO} needs engine.train_batch_size (the global "
+                             "batch it is derived from); got train_batch_size=null")
         if self.gradient_clipping < 0.0:
             raise ValueError(f"engine.gradient_clipping must be >= 0, got {self.gradient_clipping!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"engine.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision == "fp16":
+            # Refused rather than shipped untested: DeepSpeed's CPU accelerator has no fp16, so no test here can
+            # run its loss scaler, and the loss handed to engine.backward is multiplied by accumulation x world size
+            # (engine/loss.py), which the dynamic scaler would meet log2(GA x world) halvings too high (skipped steps).
+            raise ValueError("engine.precision=fp16 is not supported: its dynamic loss scaling is untested here (no "
+                             "fp16 on DeepSpeed's CPU accelerator) and would start log2(gradient_accumulation_steps x "
+                             "world size) halvings too high; use bf16 (GPUs since Ampere) or fp32")
         if self.grad_accum_dtype is not None and self.grad_accum_dtype not in GRAD_ACCUM_DTYPES:
             raise ValueError(f"engine.grad_accum_dtype must be one of {GRAD_ACCUM_DTYPES}, "
                              f"got {self.grad_accum_dtype!r}")
@@ -186,14 +201,38 @@ class EngineConfig:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 
 
-def global_batch_size(engine: EngineConfig, world_size: int) -> int:
-    """train_batch_size = micro x accumulation x world size: the one place this rule is checked.
+#: `EngineConfig.gradient_accumulation_steps` derived from the global batch and the world size
+AUTO = "auto"
 
-    Raises `ValueError` naming all four numbers when `engine.train_batch_size` is set and differs, or when
-    `world_size` < 1.
+
+def resolve_accumulation(engine: EngineConfig, world_size: int) -> EngineConfig:
+    """`engine` with ``gradient_accumulation_steps: auto`` replaced by train_batch_size / (micro x `world_size`);
+    `engine` itself when the accumulation is a number. The one place "auto" is resolved (`global_batch_size`
+    checks the triple after it).
+
+    Raises `ValueError` naming the fields and values when train_batch_size is not a multiple of micro x world size,
+    or when `world_size` < 1.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if engine.gradient_accumulation_steps != AUTO:
+        return engine
+    micro, target = engine.train_micro_batch_size_per_gpu, engine.train_batch_size
+    if target % (micro * world_size):
+        raise ValueError(f"engine.gradient_accumulation_steps={AUTO}: engine.train_batch_size ({target}) is not a "
+                         f"multiple of train_micro_batch_size_per_gpu ({micro}) x world size ({world_size}) = "
+                         f"{micro * world_size}; change the micro batch or the number of ranks")
+    return replace(engine, gradient_accumulation_steps=target // (micro * world_size))
+
+
+def global_batch_size(engine: EngineConfig, world_size: int) -> int:
+    """train_batch_size = micro x accumulation x world size: the one place this rule is checked (an "auto"
+    accumulation resolved first, `resolve_accumulation`).
+
+    Raises `ValueError` naming all four numbers when `engine.train_batch_size` is set and differs, or as
+    `resolve_accumulation`.
+    """
+    engine = resolve_accumulation(engine, world_size)
     derived = engine.train_micro_batch_size_per_gpu * engine.gradient_accumulation_steps * world_size
     if engine.train_batch_size is not None and engine.train_batch_size != derived:
         raise ValueError(

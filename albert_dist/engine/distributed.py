@@ -274,6 +274,23 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
+def host_group() -> Any:
+    """The process group for collectives of small host (CPU) tensors, such as the stop flag each step: None (the
+    default group) when that is gloo already (CPU jobs), else a gloo group of every rank, made here.
+
+    Why: the same collective through NCCL needs the tensor on the device, and reading its result back drains the
+    device's queue every time. Collective when it makes a group (`torch.distributed.new_group`): every rank calls
+    it at the same point, after the process group is up.
+    """
+    if not is_multi_rank():
+        return None
+    import torch.distributed as tdist
+
+    if tdist.get_backend() == "gloo":
+        return None
+    return tdist.new_group(backend="gloo")
+
+
 def barrier() -> None:
     """Wait for every rank (collective); nothing to wait for on one rank."""
     if is_multi_rank():
@@ -317,14 +334,47 @@ def default_torch_extensions_dir(environ: Optional[dict[str, str]] = None, prefi
     return environ.get("TORCH_EXTENSIONS_DIR", "")
 
 
+def bind_device(dist_env: DistEnv, accel: Any = None, environ: Optional[dict[str, str]] = None) -> Optional[int]:
+    """Select this rank's accelerator device, index ``local_rank % visible devices``, for albert_dist and for
+    DeepSpeed; None on CPU (nothing to select).
+
+    The modulo covers every binding: a task that sees the node's GPUs (``--gpus-per-node``: index = local rank)
+    and one the launcher narrowed to its own (``srun --gpus-per-task=1`` / ``--gpu-bind=single:1``:
+    CUDA_VISIBLE_DEVICES holds one device, index 0, while SLURM_LOCALID runs 0..7). DeepSpeed selects the device
+    from ``LOCAL_RANK`` itself (the engine's ``_set_distributed_vars``, ``comm/torch.py``'s ``device_id``, ZeRO-3's
+    ``partition_parameters``), so ``LOCAL_RANK`` in `environ` (default os.environ) becomes the device index;
+    `dist_env` keeps the true local rank for albert_dist's bookkeeping (one download per node, the logs).
+
+    Args:
+        accel: DeepSpeed's accelerator (default ``get_accelerator()``).
+
+    Raises:
+        RuntimeError: an accelerator that sees no device (CUDA_VISIBLE_DEVICES empty on a GPU job).
+    """
+    if accel is None:
+        from deepspeed.accelerator import get_accelerator
+
+        accel = get_accelerator()
+    if accel.device_name() == "cpu":
+        return None
+    count = accel.device_count()
+    if count < 1:
+        raise RuntimeError(f"accelerator {accel.device_name()!r} sees no device (CUDA_VISIBLE_DEVICES="
+                           f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    index = dist_env.local_rank % count
+    accel.set_device(index)  # NCCL needs it before the first collective
+    (os.environ if environ is None else environ)["LOCAL_RANK"] = str(index)
+    return index
+
+
 def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
     """Discover this process's place, export it as env:// variables and start the process group.
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
     ``get_accelerator().communication_backend_name()``) and MPI discovery off, since :func:`discover`
-    already covered Slurm. On an accelerator, selects device ``local_rank % visible devices`` first (NCCL
-    needs it before the first collective; the modulo covers tasks that see only their own GPU). A second
-    call returns the discovery without re-initialising.
+    already covered Slurm. On an accelerator, selects the device first (:func:`bind_device`: index
+    ``local_rank % visible devices``, also as DeepSpeed's ``LOCAL_RANK``). A second call, while the group is
+    up, returns the first call's discovery without re-initialising.
 
     Args:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
@@ -333,21 +383,23 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
 
     Raises:
         ValueError: from :func:`discover`, or ``timeout_s <= 0``.
+        RuntimeError: from :func:`bind_device`.
     """
+    global _STARTED
     if timeout_s <= 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0")
-    dist_env = discover()
-    export_env(dist_env)
-    default_torch_extensions_dir()
     import deepspeed
     import torch.distributed as tdist
     from deepspeed.accelerator import get_accelerator
 
+    if (tdist.is_initialized() and _STARTED is not None and (_STARTED.rank, _STARTED.world_size)
+            == (tdist.get_rank(), tdist.get_world_size())):  # LOCAL_RANK may be the device index now: not rediscovered
+        return _STARTED
+    dist_env = discover()
+    export_env(dist_env)
+    default_torch_extensions_dir()
     accel = get_accelerator()
-    if accel.device_name() != "cpu":
-        # local_rank indexes the node's GPUs, unless the launcher already narrowed each task to its own
-        # (srun --gpus-per-task / --gpu-bind=single: CUDA_VISIBLE_DEVICES holds one device, index 0)
-        accel.set_device(dist_env.local_rank % max(1, accel.device_count()))
+    device = bind_device(dist_env, accel)
     if not tdist.is_initialized():
         if store is not None:  # DeepSpeed then wraps the group it finds
             tdist.init_process_group(accel.communication_backend_name(), store=store, rank=dist_env.rank,
@@ -355,8 +407,15 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
         deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
                                    distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
                                    verbose=dist_env.rank == 0)
-    log.info("process group up: %s backend %s", dist_env.describe(), accel.communication_backend_name())
+    _STARTED = dist_env
+    where = "cpu" if device is None else f"{accel.device_name(device)} of {accel.device_count()} visible"
+    log.info("process group up: %s backend %s; device %s (CUDA_VISIBLE_DEVICES=%s)", dist_env.describe(),
+             accel.communication_backend_name(), where, os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
     return dist_env
+
+
+#: The discovery of the process group this process started (`init_distributed`), while it is up.
+_STARTED: Optional[DistEnv] = None
 
 
 def setup_logging(rank: int) -> None:

@@ -23,8 +23,9 @@ DeepSpeed's documented layout.) DeepSpeed's own estimators (`estimate_zero2_mode
 `estimate_zero3_model_states_mem_needs`: 4 x largest layer + 18/N) assume 16-bit parameters and gradients; they
 leave out what is counted here as buffers:
 
-* the gradient-reduction bucket, `reduce_bucket_size` elements (DeepSpeed's default 5e8: 2 GB in fp32 whatever
-  the model's size) in the reduction dtype: fp32 at ZeRO-1/2 in fp32 and at ZeRO-3, the weights' dtype at
+* the gradient-reduction bucket, `reduce_bucket_size` elements (unset: scaled to the model,
+  `deepspeed_config.model_bucket_size`, where DeepSpeed's 5e8 default is 2 GB in fp32 whatever the model's size)
+  in the reduction dtype: fp32 at ZeRO-1/2 in fp32 and at ZeRO-3, the weights' dtype at
   bf16 ZeRO-2, none at bf16 ZeRO-1 (`BF16_Optimizer` reduces from its flat fp32 gradients); ZeRO-1/2 allocate it
   in every backward pass, ZeRO-3 once;
 * ZeRO-3's gathered parameters: a module's whole parameters while it runs, kept gathered while reused within
@@ -52,6 +53,7 @@ from typing import Optional
 from albert_dist.data.config import DataConfig, masking_budget
 from albert_dist.data.sizes import fmt_bytes
 from albert_dist.engine.config import EngineConfig
+from albert_dist.engine.deepspeed_config import bucket_defaults
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.sharing import block_parameter_counts, parameter_numels, shares_attention, shares_ffn
 
@@ -110,10 +112,12 @@ class ActivationEstimate:
         return asdict(self)
 
 
-def zero_option(engine: EngineConfig, name: str) -> int:
-    """`engine.zero_optimization.<name>` (a field or an `extra` option), or DeepSpeed's default
-    (`DEEPSPEED_DEFAULTS`) when unset."""
+def zero_option(engine: EngineConfig, name: str, model: Optional[AlbertConfig] = None) -> int:
+    """`engine.zero_optimization.<name>` (a field or an `extra` option); when unset, the bucket size the DeepSpeed
+    config gets for `model` (`deepspeed_config.bucket_defaults`), else DeepSpeed's default (`DEEPSPEED_DEFAULTS`)."""
     value = engine.zero_optimization.to_dict().get(name)
+    if value is None and model is not None:
+        value = bucket_defaults(model, engine.zero_stage).get(name)
     return int(DEEPSPEED_DEFAULTS[name] if value is None else value)
 
 
@@ -132,7 +136,7 @@ def model_state_bytes(model: AlbertConfig, engine: EngineConfig, world_size: int
     stage, precision = engine.zero_stage, engine.precision
     w = ELEMENT_BYTES[precision]
     part = math.ceil(n / N)  # elements of one rank's partition (DeepSpeed pads to equal partitions)
-    bucket = zero_option(engine, "reduce_bucket_size")
+    bucket = zero_option(engine, "reduce_bucket_size", model)
     offload_opt = engine.offload_optimizer.device != "none"
     offload_param = engine.offload_param.device != "none"
     gathered = buffers = 0
@@ -242,7 +246,7 @@ def describe(est: MemoryEstimate, model: AlbertConfig, data: DataConfig, engine:
              f"{world_size} rank{'s' if world_size != 1 else ''}, {e.precision})"]
     if est.buffers_bytes:
         parts.append(f"gradient buckets {fmt_bytes(est.buffers_bytes)} (reduce_bucket_size "
-                     f"{zero_option(e, 'reduce_bucket_size'):.3g})")
+                     f"{zero_option(e, 'reduce_bucket_size', model):.3g})")
     if est.gathered_bytes:
         parts.append(f"ZeRO-3 gathered parameters {fmt_bytes(est.gathered_bytes)}")
     parts.append(f"activations {fmt_bytes(est.activations_bytes)} (micro-batch {e.train_micro_batch_size_per_gpu} x "

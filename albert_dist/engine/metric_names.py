@@ -3,7 +3,7 @@
 Names are grouped by a ``<section>/`` prefix, which the MLflow UI turns into one chart section each and
 which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
 
-    train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, sop_weight, grad_norm, lr
+    train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, sop_weight, grad_norm, lr, skipped_steps
                                                             (every log_interval_steps)
     val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
                                                             (every eval_interval_steps; the fixed set's
@@ -37,6 +37,8 @@ TRAIN_GRAD_NORM = TRAIN + "grad_norm"
 """Global gradient norm before clipping, mean over the interval's steps."""
 TRAIN_LR = TRAIN + "lr"
 """Learning rate the step's update used."""
+TRAIN_SKIPPED_STEPS = TRAIN + "skipped_steps"
+"""Optimizer steps DeepSpeed skipped so far (inf/NaN gradients: no update, no lr-schedule step), cumulative."""
 VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS = (VAL + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
 VAL_MLM_ACCURACY, VAL_SOP_ACCURACY = VAL + MLM_ACCURACY, VAL + SOP_ACCURACY
 VAL_MLM_ACCURACY_OVER_UNIGRAM = VAL + "mlm_accuracy_over_unigram"
@@ -68,7 +70,7 @@ BEST: dict[str, Optional[str]] = {
     **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
                                 VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
                                 PERF_POSITIONS_PER_S, PERF_MFU)},
-    **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT,)},
+    **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT, TRAIN_SKIPPED_STEPS)},
 }
 
 #: What `albert-dist compare` plots by default (one panel each; val/ drawn in the train/ panel, with markers).

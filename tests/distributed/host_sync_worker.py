@@ -5,7 +5,9 @@
 On CPU there is no device to wait for, so the reads a GPU would wait on are counted instead: every call of
 ``Tensor.item``, ``tolist``, ``cpu``, ``numpy``, ``__bool__``, ``__int__``, ``__float__``, ``__index__`` and
 ``__array__`` during `Trainer.train()` (`torch.cuda.set_sync_debug_mode("error")` is the GPU's own check, in
-bench/gpu_step.py). Each call is attributed to
+bench/gpu_step.py), and every device drain that check cannot see: ``synchronize`` through DeepSpeed's accelerator
+(``get_accelerator().synchronize``, a no-op on CPU) and torch's (``torch.cpu``, ``torch.cuda``,
+``torch.accelerator``), recorded as method ``synchronize``. Each call is attributed to
 
 * a *phase* of the loop: ``stop`` (`Trainer._agree_stop`, the documented stop-flag read after every step),
   ``log`` (`_log_train`, at log steps only), ``eval`` (`evaluate`), ``save`` (`save`), else ``step``: the
@@ -13,7 +15,11 @@ bench/gpu_step.py). Each call is attributed to
 * an *owner*: the innermost frame outside torch's own package: albert_dist's code (``ours``), DeepSpeed's
   (``deepspeed``) or anything else (``other``), with that frame's ``file:function``.
 
-Writes ``{"steps": N, "calls": [{"phase", "owner", "site", "method", "step"}]}`` (JSON) to ``DIR/rank<r>.json``.
+and to the training forward it follows: ``micro`` = training forwards begun since the step began (0 before the
+step's first; 1..GA-1 inside the accumulation window; GA in the last micro-step and its optimizer step).
+
+Writes ``{"steps": N, "ga": GA, "calls": [{"phase", "owner", "site", "method", "step", "micro"}]}`` (JSON) to
+``DIR/rank<r>.json``.
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from the environment.
 """
 from __future__ import annotations
@@ -27,6 +33,8 @@ from pathlib import Path
 import torch
 
 METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__")
+#: (module path, attribute) of the device-wide synchronize functions counted besides the accelerator's
+SYNC_FUNCTIONS = (("torch.cpu", "synchronize"), ("torch.cuda", "synchronize"), ("torch.accelerator", "synchronize"))
 TORCH_DIR = str(Path(torch.__file__).parent)
 
 
@@ -39,6 +47,7 @@ class SyncCounter:
         self.active = False
         self._phase = "step"
         self._busy = False  # a counted call that itself calls a counted method (__bool__ inside tolist...)
+        self.forwards = 0  # training forwards begun (`count_forwards`)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -56,22 +65,52 @@ class SyncCounter:
         owner = "ours" if "/albert_dist/" in filename else "deepspeed" if "/deepspeed/" in filename else "other"
         site = f"{filename.rsplit('/site-packages/', 1)[-1].rsplit('/albert_dist/', 1)[-1]}:" \
                f"{frame.f_code.co_name if frame is not None else '?'}"
+        ga = getattr(self.trainer, "ga_steps", 1)
         self.calls.append({"phase": self._phase, "owner": owner, "site": site, "method": method,
-                           "step": self.trainer.step})
+                           "step": self.trainer.step, "micro": self.forwards - self.trainer.step * ga})
 
-    def wrap(self, method: str):
-        original = getattr(torch.Tensor, method)
+    def wrap(self, method: str, original=None):
+        """`original` (default: ``torch.Tensor.<method>``) counted as `method` while active."""
+        original = getattr(torch.Tensor, method) if original is None else original
 
-        def counted(tensor, *args, **kwargs):
+        def counted(*args, **kwargs):
             if self.active and not self._busy:
                 self._busy = True
                 try:
                     self.record(method)
                 finally:
                     self._busy = False
-            return original(tensor, *args, **kwargs)
+            return original(*args, **kwargs)
 
         return counted
+
+    def count_synchronize(self, mp) -> None:
+        """Count every device synchronize (`SYNC_FUNCTIONS` and DeepSpeed's accelerator's) through `mp`, a
+        `pytest.MonkeyPatch`."""
+        import importlib
+
+        from deepspeed.accelerator import get_accelerator
+
+        accel = get_accelerator()  # DeepSpeed's singleton: every get_accelerator() call returns this object
+        mp.setattr(accel, "synchronize", self.wrap("synchronize", accel.synchronize))
+        for module, name in SYNC_FUNCTIONS:
+            try:
+                owner = importlib.import_module(module)
+            except ImportError:
+                continue
+            if hasattr(owner, name):
+                mp.setattr(owner, name, self.wrap("synchronize", getattr(owner, name)))
+
+    def count_forwards(self, mp, engine) -> None:
+        """Count `engine`'s training forwards (``micro`` of each record) through `mp`."""
+        original = engine.forward
+
+        def forward(*args, **kwargs):
+            if self.active and self._phase == "step":
+                self.forwards += 1
+            return original(*args, **kwargs)
+
+        mp.setattr(engine, "forward", forward)
 
 
 def main(argv: list[str]) -> int:
@@ -95,6 +134,7 @@ def main(argv: list[str]) -> int:
         for method in METHODS:
             if hasattr(torch.Tensor, method):
                 mp.setattr(torch.Tensor, method, counter.wrap(method))
+        counter.count_synchronize(mp)
         for name, phase in (("_agree_stop", "stop"), ("_log_train", "log"), ("evaluate", "eval"), ("save", "save")):
             original = getattr(Trainer, name)
 
@@ -105,6 +145,7 @@ def main(argv: list[str]) -> int:
             mp.setattr(Trainer, name, in_phase)
         try:
             trainer.setup()
+            counter.count_forwards(mp, trainer.engine)
             counter.active = True
             code = trainer.train()
             counter.active = False
@@ -112,7 +153,7 @@ def main(argv: list[str]) -> int:
             counter.active = False
             trainer.close("FINISHED")
     out = Path(args.out) / f"rank{trainer.dist_env.rank}.json"
-    out.write_text(json.dumps({"steps": trainer.step, "calls": counter.calls}))
+    out.write_text(json.dumps({"steps": trainer.step, "ga": trainer.ga_steps, "calls": counter.calls}))
     return code
 
 

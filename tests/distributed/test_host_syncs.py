@@ -1,4 +1,4 @@
-"""No device->host sync in albert_dist's micro-step: the real training loop, 2 gloo ranks, under a counter.
+"""No device->host sync and no device drain in the micro-steps: the real training loop, 2 gloo ranks, under a counter.
 
 `host_sync_worker.py` counts every host read of a tensor (``item``, ``tolist``, ``cpu``, ``numpy``, ``__bool__``,
 ``__int__``, ``__float__``, ``__index__``, ``__array__``) during `Trainer.train()`, by loop phase and by owner
@@ -6,10 +6,13 @@
 both with clipping on and gradient accumulation 2, 6 steps logged every 3. Between log steps albert_dist reads
 nothing from the device but the documented stop flag (one read per optimiser step, `Trainer._agree_stop`); at a
 log step `_log_train` reads the interval's sums. DeepSpeed's own reads inside `engine.step` are counted and
-reported (docs/training-loop.md), not asserted: they are upstream's.
+reported (docs/training-loop.md), not asserted: they are upstream's. Device drains (``synchronize`` through
+DeepSpeed's accelerator or torch, albert_dist's or DeepSpeed's) are asserted: none inside the accumulation window,
+at most one per optimizer step (DeepSpeed's throughput timer, on by default, made two per micro-step).
 
-Control: the same counter sees the dynamic MLM gather's host read (``int(counts.max())``) in a plain forward, and
-none in the static gather's.
+Controls: the same counter sees the dynamic MLM gather's host read (``int(counts.max())``) in a plain forward, and
+none in the static gather's; it sees the synchronize of DeepSpeed's throughput timer under DeepSpeed's default
+config, and none under ours. The stop flag is agreed on a host tensor over `host_group`, never a device copy.
 """
 from __future__ import annotations
 
@@ -47,7 +50,12 @@ def run_job(tmp_path: Path, zero_stage: int) -> list[dict]:
 def test_micro_steps_read_nothing_from_the_device(tmp_path, zero_stage):
     for rank, result in enumerate(run_job(tmp_path, zero_stage)):
         assert result["steps"] == STEPS
-        calls = result["calls"]
+        calls = [c for c in result["calls"] if c["method"] != "synchronize"]
+        syncs = [c for c in result["calls"] if c["method"] == "synchronize"]
+        in_window = [c for c in syncs if c["phase"] == "step" and 0 < c["micro"] < result["ga"]]
+        assert result["ga"] == 2 and not in_window, f"rank {rank}: device synchronize inside the accumulation " \
+                                                    f"window: {Counter(c['site'] for c in in_window)}"
+        assert len(syncs) <= STEPS and max(Counter(c["step"] for c in syncs).values(), default=0) <= 1, syncs
         ours = [c for c in calls if c["owner"] == "ours"]
         in_steps = [c for c in ours if c["phase"] == "step"]
         assert not in_steps, f"rank {rank}: host reads in the micro-steps: {Counter(c['site'] for c in in_steps)}"
@@ -92,3 +100,47 @@ def test_control_the_counter_sees_the_dynamic_gather(monkeypatch):
         seen[slots] = [(c["site"], c["method"]) for c in counter.calls if c["owner"] == "ours"]
     assert ("model/albert.py:forward", "__int__") in seen[None]
     assert seen[5] == []
+
+
+def test_control_the_counter_sees_deepspeeds_throughput_timer(monkeypatch):
+    """DeepSpeed's ThroughputTimer drains the device at start and stop under its default config (the counter sees
+    both), and not at all under the config albert_dist generates."""
+    from deepspeed.utils.config import get_timers_config
+    from deepspeed.utils.timer import ThroughputTimer
+
+    from albert_dist.engine.config import EngineConfig
+    from albert_dist.engine.deepspeed_config import build_deepspeed_config
+
+    counter = SyncCounter(_Step())
+    counter.count_synchronize(monkeypatch)
+    counter.active = True
+    seen = {}
+    for name, ds_config in (("default", {}), ("ours", build_deepspeed_config(EngineConfig(), 1, accelerator="cpu"))):
+        counter.calls.clear()
+        timer = ThroughputTimer(get_timers_config(ds_config), batch_size=1, start_step=0)
+        timer.start()  # engine.forward without training_data
+        timer.stop(global_step=True)  # engine.step()
+        seen[name] = [c["site"] for c in counter.calls]
+    assert seen == {"default": ["deepspeed/utils/timer.py:start", "deepspeed/utils/timer.py:stop"], "ours": []}
+
+
+def test_the_stop_flag_is_agreed_on_a_host_tensor_over_the_host_group(monkeypatch):
+    """`Trainer._agree_stop` all-reduces a CPU tensor over `host_group`'s group, even when the trainer's device is
+    not the CPU (the meta device stands in for a GPU: a tensor there cannot be read at all)."""
+    import signal
+
+    from albert_dist import trainer as T
+    from albert_dist.engine.stop import StopFlag
+
+    reduced = []
+
+    def all_reduce(tensor, op=None, group=None):
+        reduced.append((tensor.device.type, group))
+        tensor.fill_(int(signal.SIGTERM))  # another rank was signalled
+
+    monkeypatch.setattr(T, "is_multi_rank", lambda: True)
+    monkeypatch.setattr(T.dist, "all_reduce", all_reduce)
+    trainer = object.__new__(T.Trainer)
+    trainer._stop, trainer._host_group, trainer.device = StopFlag(), "gloo-side-group", torch.device("meta")
+    assert trainer._agree_stop() is True
+    assert reduced == [("cpu", "gloo-side-group")]

@@ -187,3 +187,100 @@ def test_torch_extensions_dir_defaults_to_the_venvs_own(tmp_path, monkeypatch):
     # the defaults: this process's environment and the running venv
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     assert D.default_torch_extensions_dir() == f"{sys.prefix}/torch_extensions"
+
+
+class OneGpuTask:
+    """DeepSpeed's accelerator API as a task of ``srun --gpus-per-task=1`` (or ``--gpu-bind=single:1``) sees it:
+    one CUDA device, index 0, whatever the task's local rank; any other index is CUDA's "invalid device ordinal"."""
+
+    def __init__(self):
+        self.selected: list[int] = []
+
+    def device_name(self, index=None):
+        return "cuda" if index is None else f"cuda:{index}"
+
+    def device_count(self):
+        return 1
+
+    def set_device(self, index):
+        if int(index) != 0:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        self.selected.append(int(index))
+
+    def device(self, index=None):
+        return ("cuda", index)
+
+    def communication_backend_name(self):
+        return "nccl"
+
+
+def test_gpus_per_task_every_local_rank_uses_the_one_visible_device(monkeypatch, caplog):
+    """Local rank 3 of a node whose tasks each see one GPU: albert_dist and DeepSpeed (its engine's
+    `_set_distributed_vars`, comm/torch.py's `device_id`) all select device 0; the DistEnv keeps local rank 3."""
+    import importlib
+    import logging
+    import types
+    from datetime import timedelta
+
+    import deepspeed
+    import deepspeed.runtime.engine as ds_engine
+    import torch
+    import torch.distributed as tdist
+
+    accel = OneGpuTask()
+    for var, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+                       "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                       "CUDA_VISIBLE_DEVICES": "5", "TORCH_EXTENSIONS_DIR": "/tmp/x"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(D, "_STARTED", None)
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: accel)
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    seen = {}
+    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.update(local_rank=D.os.environ["LOCAL_RANK"]))
+    with caplog.at_level(logging.INFO, logger=D.__name__):
+        env = D.init_distributed()
+    assert env.local_rank == 3 and accel.selected == [0] and seen == {"local_rank": "0"}
+    assert "device cuda:0 of 1 visible (CUDA_VISIBLE_DEVICES=5)" in caplog.text
+
+    # DeepSpeed's engine reads LOCAL_RANK (`_configure_with_arguments`) and selects that device
+    monkeypatch.setattr(ds_engine, "get_accelerator", lambda: accel)
+    monkeypatch.setattr(ds_engine.dist, "get_world_size", lambda *a, **k: 4)
+    monkeypatch.setattr(ds_engine.dist, "get_rank", lambda *a, **k: 3)
+    engine = types.SimpleNamespace()
+    ds_engine.DeepSpeedEngine._configure_with_arguments(engine, None, None)
+    ds_engine.DeepSpeedEngine._set_distributed_vars(engine, None)
+    assert engine.device == torch.device("cuda:0") and accel.selected == [0, 0]
+    # and binds its NCCL group to it (comm/torch.py: device_id=get_accelerator().device(LOCAL_RANK))
+    group_kwargs = {}
+    ds_comm_torch = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
+    monkeypatch.setattr(ds_comm_torch, "get_accelerator", lambda: accel)
+
+    def init_process_group(backend, timeout=None, init_method=None, rank=-1, world_size=-1, device_id=None):
+        group_kwargs["device_id"] = device_id  # DeepSpeed passes it when the signature has it (torch >= 2.3)
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda *a: "nccl")
+    ds_comm_torch.TorchBackend.init_process_group(types.SimpleNamespace(), "nccl", timedelta(seconds=1), None, 3, 4)
+    assert group_kwargs["device_id"] == ("cuda", 0)
+
+
+def test_bind_device_uses_the_local_rank_among_the_nodes_gpus():
+    """--gpus-per-node: every task sees the node's 8 GPUs; local rank 3 takes index 3. CPU: nothing selected."""
+
+    class EightGpus(OneGpuTask):
+        def device_count(self):
+            return 8
+
+        def set_device(self, index):
+            self.selected.append(index)
+
+    env = D.DistEnv(11, 16, 3, 8, 1, "127.0.0.1", 29500, 2, "torchrun")
+    accel, environ = EightGpus(), {"LOCAL_RANK": "3"}
+    assert D.bind_device(env, accel, environ) == 3 and accel.selected == [3] and environ == {"LOCAL_RANK": "3"}
+
+    class Cpu(OneGpuTask):
+        def device_name(self, index=None):
+            return "cpu"
+
+    environ = {"LOCAL_RANK": "3"}
+    assert D.bind_device(env, Cpu(), environ) is None and environ == {"LOCAL_RANK": "3"}

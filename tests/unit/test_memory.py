@@ -56,8 +56,10 @@ def test_model_states_estimate_matches_deepspeeds_tensors():
     """Parameters + gradients + optimiser, the buckets and ZeRO-3's gathered parameters, every measured cell."""
     bad = []
     for key, v in _measured()["states"].items():
+        # measured with DeepSpeed's bucket default (bench/memory_scale.py builds its config without the model)
         cfg = load_config(None, [f"model.preset={v['preset']}", f"engine.zero_stage={v['stage']}",
-                                 f"engine.precision={v['precision']}", *v.get("overrides", [])])
+                                 f"engine.precision={v['precision']}",
+                                 "engine.zero_optimization.reduce_bucket_size=500000000", *v.get("overrides", [])])
         est = memory.model_state_bytes(cfg.model, cfg.engine, v["world_size"])
         m = v["per_rank_max"]
         pairs = [("states", v["model_states_bytes"], est.model_states_bytes, HI),
@@ -186,4 +188,7 @@ def test_train_exits_2_before_the_process_group_on_a_small_gpu(monkeypatch, caps
     err = capsys.readouterr().err
     assert code == train_app.EXIT_CONFIG_ERROR, err
     assert err.startswith("albert-dist train: memory per device (estimate)") and "GPU 0 (fake 1 GiB)" in err
-    assert "the smallest change that fits: engine.zero_optimization.reduce_bucket_size=50000000" in err
+    # the bucket is already scaled to the model (1e6 elements, not DeepSpeed's 5e8): the micro-batch must shrink
+    assert "gradient buckets 3.8 MiB (reduce_bucket_size 1e+06)" in err
+    assert ("the smallest change that fits: engine.train_micro_batch_size_per_gpu=64 "
+            "engine.gradient_accumulation_steps=4") in err

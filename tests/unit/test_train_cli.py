@@ -36,6 +36,8 @@ def no_process_group(monkeypatch):
     (["--resume", "/nonexistent/ckpt"], ["checkpoint.resume", "/nonexistent/ckpt"]),
     (["--resume", "auto"], ["--resume auto", "run_dir"]),
     (["--resume-from", "deadbeef"], ["--resume-from", "deadbeef"]),
+    (["engine.gradient_accumulation_steps=auto", "engine.train_batch_size=9"],
+     ["engine.gradient_accumulation_steps=auto", "engine.train_batch_size (9)", "world size (1) = 16"]),
 ])
 def test_bad_input_is_exit_2_naming_field_and_value(args, fragments, capsys):
     assert cli.main(["train", "--config", RECIPE, *BASE, *args]) == trainer.EXIT_CONFIG_ERROR
