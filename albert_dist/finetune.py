@@ -18,6 +18,7 @@ checkpoint's step. See docs/finetune.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from albert_dist.exit_codes import EXIT_CONFIG_ERROR, error_line
 
@@ -113,6 +114,50 @@ def finetune_config(args: argparse.Namespace, task: str, max_positions: int):
         bf16=args.bf16, deepspeed=args.deepspeed)
 
 
+#: Suffixes of a file task's `data` (its train file), which tells it from a GLUE directory in entries written
+#: before `task_identity` was recorded.
+_FILE_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet", ".gz")
+
+
+def _task_identity(entry: dict[str, Any]) -> str:
+    from albert_dist.downstream.tasks import file_task_identity
+
+    if entry.get("task_identity"):
+        return str(entry["task_identity"])
+    data = str(entry.get("data", ""))
+    return file_task_identity(data) if Path(data).suffix.lower() in _FILE_SUFFIXES else f"glue:{entry.get('task')}"
+
+
+def check_task_names(results: Path, tasks: list) -> None:
+    """Refuse a task whose name already names another task in `results` (downstream.json): its entries and the
+    run's ``downstream/<name>/*`` headline would mix two tasks (two file tasks in one folder both default to
+    the folder's name).
+
+    Raises:
+        TaskError: naming the name, both tasks and --task-name.
+    """
+    from albert_dist.downstream.tasks import TaskError
+
+    taken = {}
+    for entry in read_results(results):
+        taken.setdefault(entry.get("task"), (_task_identity(entry), entry.get("data")))
+    for task in tasks:
+        identity, data = taken.get(task.name, (task.identity, None))
+        if identity != task.identity:
+            raise TaskError(f"task name {task.name!r} already names another task in {results} ({data}); "
+                            f"give {task.source} another name with --task-name")
+
+
+def setup_line(task: Any, cfg: Any, train_examples: int, dev_examples: int, seeds: list[int],
+               subset_seed: int) -> str:
+    """What a task's scores depend on besides the model, as one line (the run's ``downstream/<task>/setup`` tag,
+    `albert_dist.downstream.tracking.DownstreamRuns.log_summary`): data, subset sizes, seeds, hyper-parameters."""
+    hyper = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "deepspeed"}  # how it ran, not what
+    return " ".join([f"data={task.source}", f"train={train_examples}", f"dev={dev_examples}",
+                     f"seeds={','.join(map(str, seeds))}", f"subset_seed={subset_seed}",
+                     *(f"{k}={v}" for k, v in hyper.items())])
+
+
 def summarize(per_seed: dict[int, dict[str, float]], metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """Median, min and max over seeds of each metric (the anchors' report: MosaicBERT, Cramming)."""
     return {m: {"median": statistics.median(s[m] for s in per_seed.values()),
@@ -121,25 +166,73 @@ def summarize(per_seed: dict[int, dict[str, float]], metrics: tuple[str, ...]) -
 
 
 def write_results(path: Path, entry: dict[str, Any]) -> None:
-    """Add `entry` to ``downstream.json`` (``{"results": [...]}``), replacing an earlier entry of the same task,
-    init, model, step, hyper-parameters and subset sizes (a rerun of the same fine-tunes); under an exclusive
-    lock on ``downstream.json.lock`` beside it, so concurrent commands scoring one run keep every entry."""
-    import fcntl
-
-    key = ("task", "init", "model", "step", "finetune", "train_examples", "dev_examples")
+    """Add `entry` to ``downstream.json`` (``{"results": [...]}``), replacing an earlier entry of the same
+    fine-tune (`same_finetune`: a rerun, whatever named its model); under an exclusive lock on
+    ``downstream.json.lock`` beside it (`_results_lock`), so concurrent commands scoring one run keep every entry.
+    An interrupt (Ctrl-C) leaves the previous file whole, and no lock or temporary file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # several `finetune` processes may score one run at once (a task or checkpoint each): one writer at a time
-    with open(path.with_suffix(".json.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        results = [r for r in data.get("results", []) if any(r.get(k) != entry.get(k) for k in key)]
+    with _results_lock(path.with_suffix(".json.lock")):
+        results = [r for r in read_results(path) if not same_finetune(r, entry)]
         results.append(entry)
         tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """The entries of a ``downstream.json`` ([] when there is none, or it is unreadable)."""
+    try:
+        return list(json.loads(path.read_text()).get("results", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+#: What makes two downstream.json entries the same fine-tune (besides the model, `_model_key`).
+ENTRY_KEY = ("task", "init", "step", "finetune", "train_examples", "dev_examples")
+
+
+def _model_key(entry: dict[str, Any]) -> Any:
+    # the resolved identity (an MLflow run id, or a resolved path); entries written before it existed: the model
+    return entry.get("model_identity") or entry.get("model")
+
+
+def same_finetune(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """`a` and `b` are the same fine-tune: same task, init, step, hyper-parameters and subset sizes, and the same
+    model whatever named it (a run directory and its MLflow run id are one model: `ModelSource.identity`)."""
+    return all(a.get(k) == b.get(k) for k in ENTRY_KEY) and _model_key(a) == _model_key(b)
+
+
+@contextlib.contextmanager
+def _results_lock(lock_path: Path) -> Iterator[None]:
+    """An exclusive flock on `lock_path`, removed when released (so no lock file outlives a command). A waiter
+    that wakes on a file its holder has just removed sees another inode at the path and locks again, the usual
+    flock-and-unlink protocol."""
+    import fcntl
+
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                held = os.stat(lock_path)
+            except FileNotFoundError:
+                held = None
+            mine = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if held is not None and (held.st_ino, held.st_dev) == (mine.st_ino, mine.st_dev):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while still holding it: the next waiter relocks a fresh file
+        os.close(fd)
 
 
 def format_table(entries: list[dict[str, Any]]) -> str:
@@ -200,6 +293,7 @@ def finetune(args: argparse.Namespace) -> int:
             out_dir = Path(args.output) if args.output else source.run_dir
             if out_dir is None:
                 raise ValueError(f"{args.model} is not a run directory: pass --output DIR for {RESULTS_FILE}")
+            check_task_names(out_dir / RESULTS_FILE, tasks)
             state = source.encoder_state() if args.init == "pretrained" else None
             if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
                 from albert_dist.downstream.train import build_model
@@ -274,10 +368,13 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
                         tracking_error = _tracked(lambda: children.__setitem__(seed, runs.log_child(
                             f"{task.name}-{'' if step is None else f'step{step}-'}seed{seed}-{args.init}", params, scores)))
                 summary = summarize(per_seed, task.metrics)
+                setup = setup_line(task, cfg, len(train), len(dev), args.seeds, args.subset_seed)
+                headline: list[bool] = []
                 if runs is not None and tracking_error is None:
-                    tracking_error = _tracked(lambda: runs.log_summary(
-                        task.name, {m: s["median"] for m, s in summary.items()}, step or 0))
-                entry = {"task": task.name, "init": args.init, "model": source.description, "kind": source.kind,
+                    tracking_error = _tracked(lambda: headline.append(runs.log_summary(
+                        task.name, {m: s["median"] for m, s in summary.items()}, step or 0, setup)))
+                entry = {"task": task.name, "task_identity": task.identity, "init": args.init,
+                         "model": source.description, "model_identity": source.identity, "kind": source.kind,
                          "step": step, "data": task.source, "train_examples": len(train), "dev_examples": len(dev),
                          "primary_metric": task.metrics[0], "finetune": dataclasses.asdict(cfg),
                          "subset_seed": args.subset_seed, "seeds": {str(k): v for k, v in per_seed.items()},
@@ -285,12 +382,16 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
                          "mlflow": None if runs is None else {"tracking_uri": runs.tracking_uri,
                                                               "run_id": runs.run_id,
                                                               "children": {str(k): v for k, v in children.items()},
+                                                              "headline": bool(headline and headline[0]),
                                                               "error": tracking_error},
                          "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
                 entries.append(entry)
                 if main:
                     write_results(out_dir / RESULTS_FILE, entry)
         status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"  # MLflow's status of a run a user stopped
+        raise
     finally:
         if runs is not None and tracking_error is None:
             _tracked(lambda: runs.close(status))

@@ -7,7 +7,8 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
    probed for a usable record and every hub source resolved (`albert_dist.data.hub`); the tokenizer a
    sentencepiece model with ALBERT's ids that fits `model.vocab_size`; `data.max_seq_length` within the position
-   table) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
+   table; `check_data_settings`: the Chinese segmenter importable, a segmenter without whole-word masking
+   warned) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
    created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
@@ -37,6 +38,7 @@ from albert_dist.data import cache, store
 from albert_dist.data.hub import check_hub_source
 from albert_dist.data.plan import check_slots_readable, plan_source
 from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.text import load_chinese_segmenter
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
@@ -89,6 +91,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
     store.configure(cfg.data.store_retry_s)  # first: the checks below read the store too
     cfg = for_world_size(cfg, env.world_size)
     train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
+    check_data_settings(cfg, log=env.rank == 0)
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
@@ -149,6 +152,31 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
     return train_pieces if world_size else None
+
+
+def check_data_settings(cfg: TrainConfig, log: bool = True) -> None:
+    """What the loader workers will need of ``data``, checked here where it is one line: the Chinese segmenter
+    ``data.chinese_word_segmentation`` names can be imported (`albert_dist.data.text.load_chinese_segmenter`;
+    otherwise every worker dies of an ImportError after the process group and the MLflow run started). With
+    `log`, a segmenter that does nothing for masking (``data.whole_word_masking=false``: every piece is a unit)
+    is warned.
+
+    Raises:
+        ValueError: naming data.chinese_word_segmentation, the import error and the two ways out.
+    """
+    seg = cfg.data.chinese_word_segmentation
+    if seg == "none":
+        return
+    try:
+        load_chinese_segmenter(seg)
+    except ImportError as exc:
+        raise ValueError(f"data.chinese_word_segmentation={seg}: the segmenter cannot be imported (rjieba, or "
+                         f"jieba: {exc}): install it or set data.chinese_word_segmentation=none") from None
+    if log and not cfg.data.whole_word_masking:
+        logger.warning("data.chinese_word_segmentation=%s does not change the masking with "
+                       "data.whole_word_masking=false (every piece is a unit of its own) and costs the segmenter's "
+                       "time: set data.whole_word_masking=true for whole-word masking, or "
+                       "data.chinese_word_segmentation=none", seg)
 
 
 def output_dirs(cfg: TrainConfig) -> list[tuple[str, Path]]:

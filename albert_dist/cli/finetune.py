@@ -2,11 +2,12 @@
 
     albert-dist finetune RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR [--step N] [--init random] ...
 
-Exit codes: 0, or 2 for bad input found before any training (one line).
+Exit codes: 0, 2 for bad input found before any training (one line), 130 after Ctrl-C (one line).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 from albert_dist.finetune import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, DEFAULT_WARMUP_RATIO,
                                   RESULTS_FILE)
@@ -62,8 +63,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pretraining run's, else albert_dist")
 
 
-def run(args: argparse.Namespace) -> int:
-    """`albert_dist.finetune.finetune`; its exit code."""
-    from albert_dist.finetune import finetune
+#: Exit code after Ctrl-C (SIGINT): 128 + 2, as a shell reports a command the signal ended.
+EXIT_INTERRUPTED = 130
 
-    return finetune(args)
+
+def run(args: argparse.Namespace) -> int:
+    """`albert_dist.finetune.finetune`; its exit code, or `EXIT_INTERRUPTED` with one line after Ctrl-C (the
+    results of the tasks that finished are in downstream.json; the one being written is whole or not there)."""
+    try:
+        from albert_dist.finetune import finetune
+
+        return finetune(args)
+    except KeyboardInterrupt:
+        print(f"albert-dist finetune: interrupted (Ctrl-C); the tasks that finished are in {RESULTS_FILE}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -225,29 +225,37 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         single_warned: set[int] = set()  # sources already reported as a single repeating document
         barren: list[int] = []  # epochs of every source when the current run of example-less documents began
 
-        def read_document() -> list[Example]:
-            nonlocal barren
+        def read_document() -> tuple[int, str, np.random.Generator, list[int]]:
+            """The next document: (its source, text, generator, every source's epoch once it was read)."""
             i = int(mix.choice(len(streams), p=self.weights)) if len(streams) > 1 else 0
             text, (epoch, index) = streams[i].next_document()
-            rng = np.random.default_rng([self.cfg.seed, i, slot, epoch, index])
-            examples = self._builder.build(text, rng)
-            if streams[i].single_document and i not in single_warned and self.split == "train":
-                single_warned.add(i)
-                logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
-                               "examples repeat about every %d batches of this slot (new masks and SOP pairs each "
-                               "time): add documents, or split this one at blank lines", i, slot, num_slots,
-                               len(examples), max(1, -(-len(examples) // self.micro_batch_size)))
-            if examples:
-                barren = []
-            elif not barren:
-                barren = [s.epoch for s in streams]
-            elif all(s.epoch >= e + 2 for s, e in zip(streams, barren)):
-                # a full epoch of every source without one example: fail instead of spinning forever
-                raise ValueError(
-                    f"data.{self.split}: slot {slot} of {num_slots} read a whole epoch of every source without "
-                    "one example (documents shorter than 2 tokens?)"
-                )
-            return examples
+            return i, text, np.random.default_rng([self.cfg.seed, i, slot, epoch, index]), [s.epoch for s in streams]
+
+        def build_window(docs: list[tuple[int, str, np.random.Generator, list[int]]]) -> list[Example]:
+            """The examples of `docs`, built together (`ExampleBuilder.build_documents`: the same examples as one
+            by one), then each document's checks in reading order."""
+            nonlocal barren
+            built = self._builder.build_documents([d[1] for d in docs], [d[2] for d in docs])
+            out: list[Example] = []
+            for (i, _, _, epochs), examples in zip(docs, built):
+                if streams[i].single_document and i not in single_warned and self.split == "train":
+                    single_warned.add(i)
+                    logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
+                                   "examples repeat about every %d batches of this slot (new masks and SOP pairs "
+                                   "each time): add documents, or split this one at blank lines", i, slot,
+                                   num_slots, len(examples), max(1, -(-len(examples) // self.micro_batch_size)))
+                if examples:
+                    barren = []
+                elif not barren:
+                    barren = epochs
+                elif all(e >= b + 2 for e, b in zip(epochs, barren)):
+                    # a full epoch of every source without one example: fail instead of spinning forever
+                    raise ValueError(
+                        f"data.{self.split}: slot {slot} of {num_slots} read a whole epoch of every source "
+                        "without one example (documents shorter than 2 tokens?)"
+                    )
+                out.extend(examples)
+            return out
 
         def next_window() -> None:
             """Fill ``pending`` with the next window: the examples of ``window`` documents, shuffled together.
@@ -257,9 +265,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             it and skips ``consumed``."""
             nonlocal pending, consumed, before
             before = snapshot()
-            pending, consumed = [], 0
-            for _ in range(window):
-                pending.extend(read_document())
+            pending, consumed = build_window([read_document() for _ in range(window)]), 0
             if window > 1 and pending:
                 start = [s.epoch for s in streams] + [s.docs_in_epoch for s in streams]
                 order = np.random.default_rng([self.cfg.seed, slot, 5, *start]).permutation(len(pending))

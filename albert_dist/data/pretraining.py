@@ -89,38 +89,79 @@ class ExampleBuilder:
         """(tokens (T,) int32, sentence offsets (n+1,) int64, word starts (T,) bool) of the document's non-empty
         sentences. Word starts come from the vocabulary table, or from the Chinese segmenter when one is set and
         the document holds a CJK character (the segmenter runs here, in the loader worker that builds examples)."""
-        sentences = split_sentences(text)
-        segment = self.segment is not None and has_cjk(text)
-        # the segmenter needs the pieces' text; their ids then come from the same strings (one encode, not two)
-        pieces = self.sp.encode(sentences, out_type=str if segment else int, num_threads=1)
-        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        if segment:
+        tokens, offsets, starts, _ = self.encode_documents([text])
+        return tokens, offsets[0], starts
+
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+        """`encode_document` of several documents at once (one sentencepiece call per kind, one segmenter
+        pass): (tokens (T,) int32 and word starts (T,) bool, the documents back to back; per document its
+        sentence offsets (n_d+1,) int64, relative to its first token; (D+1,) int64 each document's first token)."""
+        sentences = [split_sentences(t) for t in texts]
+        segment = [self.segment is not None and has_cjk(t) for t in texts]
+        docs: list = [None] * len(texts)  # per document: (tokens, sentence lengths, starts)
+        for as_str in (False, True):
+            which = [d for d in range(len(texts)) if segment[d] == as_str]
+            if not which:
+                continue
+            # the segmenter needs the pieces' text; their ids then come from the same strings (one encode, not two)
+            pieces = self.sp.encode([s for d in which for s in sentences[d]], out_type=str if as_str else int,
+                                    num_threads=1)
+            lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
             flat = list(chain.from_iterable(pieces))
-            tokens = np.asarray(self.sp.piece_to_id(flat), dtype=np.int32)
-            starts = segmented_word_starts(flat, self.segment)
-        else:
-            tokens = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
-            starts = self.word_start[tokens]
-        lengths = lengths[lengths > 0]
-        return tokens, np.concatenate(([0], np.cumsum(lengths))), starts
+            if as_str:
+                tokens = np.asarray(self.sp.piece_to_id(flat), dtype=np.int32)
+                sent_bounds = np.cumsum([0, *(len(sentences[d]) for d in which)])
+                doc_pieces = np.diff(np.concatenate(([0], lengths.cumsum()))[sent_bounds])  # (D,) pieces each
+                starts = segmented_word_starts(flat, self.segment, doc_pieces.tolist())
+            else:
+                tokens = np.fromiter(flat, dtype=np.int32, count=len(flat))
+                starts = self.word_start[tokens]
+            tok_at, sent_at = 0, 0
+            for d in which:
+                n = len(sentences[d])
+                lens = lengths[sent_at : sent_at + n]
+                total = int(lens.sum())
+                docs[d] = (tokens[tok_at : tok_at + total], lens, starts[tok_at : tok_at + total])
+                tok_at, sent_at = tok_at + total, sent_at + n
+        doc_tokens = np.fromiter((len(doc[0]) for doc in docs), dtype=np.int64, count=len(docs))
+        offsets = [np.concatenate(([0], np.cumsum(lens[lens > 0]))) for _, lens, _ in docs]
+        tokens = np.concatenate([doc[0] for doc in docs]) if docs else np.zeros(0, np.int32)
+        starts = np.concatenate([doc[2] for doc in docs]) if docs else np.zeros(0, bool)
+        return tokens, offsets, starts, np.concatenate(([0], np.cumsum(doc_tokens)))
 
     def build(self, text: str, rng: np.random.Generator) -> list[Example]:
         """All examples of one document, in order (ALBERT's ``create_instances_from_document`` for SOP)."""
-        tokens, offsets, starts = self.encode_document(text)
+        return self.build_documents([text], [rng])[0]
+
+    def build_documents(self, texts: list[str], rngs: list[np.random.Generator]) -> list[list[Example]]:
+        """`build` of each document with its own generator, the array work done once for them all (a loader's
+        window): each document's draws are the ones `build` makes, in the same order, so the examples are
+        identical to building the documents one by one."""
+        tokens, offsets, starts, doc_first = self.encode_documents(texts)
         positions = np.arange(len(tokens))  # pairs are cut as positions, then gathered with their word starts
-        n_sent = len(offsets) - 1
-        target = self.max_num_tokens
-        if rng.random() < self.cfg.short_seq_prob:
-            target = int(rng.integers(2, self.max_num_tokens + 1))
         pairs: list[tuple[np.ndarray, np.ndarray, int]] = []
-        first = 0
-        for i in range(n_sent):
-            if i == n_sent - 1 or offsets[i + 1] - offsets[first] >= target:
-                pair = self._pair(positions, starts, offsets, first, i + 1, rng)
-                if pair is not None:
-                    pairs.append(pair)
-                first = i + 1
-        return self._mask(pairs, tokens, starts, rng) if pairs else []
+        pair_doc: list[int] = []
+        for d, rng in enumerate(rngs):
+            doc_pos = positions[doc_first[d] : doc_first[d + 1]]
+            n_sent = len(offsets[d]) - 1
+            target = self.max_num_tokens
+            if rng.random() < self.cfg.short_seq_prob:
+                target = int(rng.integers(2, self.max_num_tokens + 1))
+            first = 0
+            for i in range(n_sent):
+                if i == n_sent - 1 or offsets[d][i + 1] - offsets[d][first] >= target:
+                    pair = self._pair(doc_pos, starts, offsets[d], first, i + 1, rng)
+                    if pair is not None:
+                        pairs.append(pair)
+                        pair_doc.append(d)
+                    first = i + 1
+        examples = self._mask(pairs, np.array(pair_doc, dtype=np.int64), tokens, starts, rngs) if pairs else []
+        per_doc = np.bincount(np.array(pair_doc, dtype=np.int64), minlength=len(texts)).tolist()
+        out, at = [], 0
+        for n in per_doc:
+            out.append(examples[at : at + n])
+            at += n
+        return out
 
     def _pair(self, tokens, starts, offsets, first: int, stop: int, rng) -> "tuple[np.ndarray, np.ndarray, int] | None":
         """(A, B, sop_label) from sentences [first, stop) of the document, truncated; None if too short.
@@ -169,7 +210,7 @@ class ExampleBuilder:
 
     def choose_ngrams_batch(
         self, word_starts: np.ndarray, word_example: np.ndarray, num_tokens: int, budgets: np.ndarray,
-        rng: np.random.Generator,
+        rng: "np.random.Generator | list[np.random.Generator]", example_doc: "np.ndarray | None" = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Tile the words of several examples into n-grams and pick the masked ones, all examples at once.
 
@@ -182,15 +223,23 @@ class ExampleBuilder:
         budget as that loop does in practice). Returns ``(tile_words, tile_tokens, tile_example, chosen)``,
         each (T,); the tiles cover the flat tokens in order, so ``np.repeat(chosen, tile_tokens)`` is the
         (num_tokens,) token mask.
+
+        ``rng``: one generator, or one per document with ``example_doc`` (E,) non-decreasing, the document of
+        each example; each document then draws from its own generator what it would alone: 2 x its words
+        uniforms (n-gram lengths, then its tiles' visiting keys).
         """
+        rngs = rng if isinstance(rng, list) else [rng]
         n_words, n_examples = len(word_starts), len(budgets)
         word_bounds = np.concatenate((word_starts, [num_tokens]))
         first_word = word_example.searchsorted(np.arange(n_examples))  # (E,)
         words_in_example = np.diff(np.append(first_word, n_words))
-        u = rng.random(2 * n_words)  # n-gram lengths, then visiting keys (tiles <= words)
+        word_doc = np.zeros(n_words, dtype=np.int64) if example_doc is None else example_doc[word_example]
+        doc_words = np.bincount(word_doc, minlength=len(rngs)).tolist()  # (D,)
+        u = [rng.random(2 * w) for rng, w in zip(rngs, doc_words)]  # per document: lengths, then visiting keys
+        u_len = u[0][: doc_words[0]] if len(u) == 1 else np.concatenate([x[:w] for x, w in zip(u, doc_words)])
         n = np.ones(n_words, dtype=np.int64)
         for threshold in self.ngram_cdf:  # inverse CDF; max_ngram - 1 comparisons beat a searchsorted
-            n += u[:n_words] >= threshold
+            n += u_len >= threshold
         # the j-th draw of an example is the length of its j-th tile: per-example cumulative sums
         total = n.cumsum()
         before = np.where(first_word > 0, total[first_word - 1], 0)  # (E,)
@@ -201,7 +250,14 @@ class ExampleBuilder:
         tile_start = first_word[tile_example] + start_rel[k]
         tile_end = first_word[tile_example] + np.minimum(end_rel[k], words_in_example[tile_example])
         tile_tokens = word_bounds[tile_end] - word_bounds[tile_start]
-        order = np.lexsort((u[n_words : n_words + len(k)], tile_example))  # by example, random inside
+        if len(u) == 1:
+            keys = u[0][n_words : n_words + len(k)]
+        else:  # a document's j-th tile takes the j-th key of its own draws (tiles <= words)
+            tile_doc = word_doc[tile_start]
+            pool_at = np.cumsum([0, *doc_words])[:-1]  # (D,) where each document's keys start in the pool
+            rank = np.arange(len(k)) - tile_doc.searchsorted(np.arange(len(rngs)))[tile_doc]
+            keys = np.concatenate([x[w:] for x, w in zip(u, doc_words)])[pool_at[tile_doc] + rank]
+        order = np.lexsort((keys, tile_example))  # by example, random inside
         chosen = np.zeros(len(k), dtype=bool)
         left = np.asarray(budgets, dtype=np.int64).copy()
         examples = np.arange(n_examples)
@@ -219,11 +275,12 @@ class ExampleBuilder:
             order = order[~take]
         return tile_end - tile_start, tile_tokens, tile_example, chosen
 
-    def _mask(self, pairs: list[tuple[np.ndarray, np.ndarray, int]], tokens: np.ndarray, word_start: np.ndarray,
-              rng) -> list[Example]:
-        """``[CLS] A [SEP] B [SEP]`` for every pair of a document with whole-word n-gram masking, vectorised over
-        the document's examples (see the module docstring for the rules). A and B hold positions into the
-        document's ``tokens`` (T,) int32 and ``word_start`` (T,) bool."""
+    def _mask(self, pairs: list[tuple[np.ndarray, np.ndarray, int]], pair_doc: np.ndarray, tokens: np.ndarray,
+              word_start: np.ndarray, rngs: list) -> list[Example]:
+        """``[CLS] A [SEP] B [SEP]`` for every pair of the documents with whole-word n-gram masking, vectorised
+        over all their examples (see the module docstring for the rules). A and B hold positions into the
+        documents' ``tokens`` (T,) int32 and ``word_start`` (T,) bool; ``pair_doc`` (E,) non-decreasing: the
+        document of each pair, whose generator ``rngs[d]`` draws its masks."""
         n_ex = len(pairs)
         la = np.fromiter((len(p[0]) for p in pairs), dtype=np.int64, count=n_ex)
         lb = np.fromiter((len(p[1]) for p in pairs), dtype=np.int64, count=n_ex)
@@ -239,7 +296,8 @@ class ExampleBuilder:
         starts[(off + la)[lb > 0]] = True  # B's first piece starts a word even when the cut fell inside one
         word_starts = starts.nonzero()[0]
         budgets = masking_budget(cand, self.cfg.masked_lm_prob, self.cfg.max_predictions_per_seq)  # (E,)
-        _, tile_tokens, _, chosen = self.choose_ngrams_batch(word_starts, ex_of[word_starts], len(flat), budgets, rng)
+        _, tile_tokens, _, chosen = self.choose_ngrams_batch(word_starts, ex_of[word_starts], len(flat), budgets,
+                                                             rngs, pair_doc)
         sel = np.repeat(chosen, tile_tokens).nonzero()[0]  # (k,) flat candidates to predict
 
         # layout: example e occupies out[out_off[e] : out_off[e] + cand[e] + 3]
@@ -253,8 +311,14 @@ class ExampleBuilder:
         out[out_off + cand + 2] = SEP_ID
         pos = new_idx[sel]
         original = out[pos]
-        u = rng.random(2 * len(pos))
-        r, rand = u[: len(pos)], u[len(pos) :]
+        if len(rngs) == 1:
+            u = rngs[0].random(2 * len(pos))
+            r, rand = u[: len(pos)], u[len(pos) :]
+        else:  # each document's draws: its masked tokens' "what becomes of it", then their random ids
+            doc_sel = np.bincount(pair_doc[ex_of[sel]], minlength=len(rngs)).tolist()
+            u = [rng.random(2 * m) for rng, m in zip(rngs, doc_sel)]
+            r = np.concatenate([x[:m] for x, m in zip(u, doc_sel)])
+            rand = np.concatenate([x[m:] for x, m in zip(u, doc_sel)])
         replace = r >= self.keep_below
         out[pos[r < self.mask_below]] = MASK_ID
         out[pos[replace]] = FIRST_NORMAL_ID + (rand[replace] * (self.vocab_size - FIRST_NORMAL_ID)).astype(np.int32)

@@ -6,7 +6,7 @@ Torch-free and tokenizer-agnostic (a sentencepiece processor is passed in), so `
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -76,7 +76,8 @@ def _is_cjk(code_points: np.ndarray) -> np.ndarray:
     return out
 
 
-def segmented_word_starts(pieces: list[str], cut: "Callable[[str], list[str]]") -> np.ndarray:
+def segmented_word_starts(pieces: list[str], cut: "Callable[[str], list[str]]",
+                          doc_pieces: "Sequence[int] | None" = None) -> np.ndarray:
     """(T,) bool: which of a document's sentencepiece pieces start a whole word, with Chinese words from ``cut``.
 
     ``pieces``: the document's pieces as strings (sentencepiece's ``out_type=str``: its normalised text, "▁" for
@@ -87,16 +88,29 @@ def segmented_word_starts(pieces: list[str], cut: "Callable[[str], list[str]]") 
     touch Chinese come from the segmenter; a word boundary inside a piece joins the two words (a piece cannot
     be split), so a masked unit is always a run of whole words. Source: albert_zh's create_pretraining_data
     (``jieba.lcut``, continuation characters marked "##" for whole-word masking).
+
+    ``doc_pieces`` (D,): several documents' pieces back to back, this many each (default: one document); each
+    document is cut on its own and looks at no character of another, so the result is the documents' own
+    results concatenated (one pass of the array work for a loader's window of documents).
     """
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-    begin = np.minimum(lengths.cumsum() - lengths, max(int(lengths.sum()) - 1, 0))  # (T,) char offset
+    ends = lengths.cumsum()  # (T,) char offset after each piece
     text = "".join(pieces)
     code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (C,)
-    words = cut(text.replace("\u2581", " "))
+    piece_bounds = np.cumsum([0, *([len(pieces)] if doc_pieces is None else doc_pieces)])  # (D+1,)
+    char_bounds = np.concatenate(([0], ends))[piece_bounds].tolist()  # (D+1,) each document's first character
+    spaced = text.replace("\u2581", " ")
+    words = [w for a, b in zip(char_bounds[:-1], char_bounds[1:]) for w in cut(spaced[a:b])]
     word_lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
     word_start = np.zeros(len(code_points) + 1, dtype=bool)
     word_start[word_lengths.cumsum() - word_lengths] = True
     cjk = _is_cjk(code_points)
     touches_cjk = cjk.copy()
     touches_cjk[1:] |= cjk[:-1]
+    firsts = np.array(char_bounds[:-1], dtype=np.int64)
+    firsts = firsts[firsts < len(code_points)]
+    touches_cjk[firsts] = cjk[firsts]  # a document's first character has no character before it
+    # (T,) char offset of each piece, kept inside its document
+    last = np.maximum(np.array(char_bounds[1:]) - 1, np.array(char_bounds[:-1]))
+    begin = np.minimum(ends - lengths, np.repeat(last, np.diff(piece_bounds)))
     return (code_points[begin] == 0x2581) | (word_start[begin] & touches_cjk[begin])

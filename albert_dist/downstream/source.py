@@ -62,6 +62,9 @@ class ModelSource:
     """The pretraining run in MLflow (None: not tracked, or unknown)."""
     tracking_uri: Optional[str] = None
     """The store the pretraining run lives in (None: the default store)."""
+    identity: str = ""
+    """The model whatever named it: ``mlflow:<run id>`` for a tracked run (its directory or its id), else
+    ``path:<resolved directory>``; `albert_dist.finetune.same_finetune` keys downstream.json entries by it."""
 
     def encoder_state(self) -> dict[str, torch.Tensor]:
         """The pretraining state dict; `SourceError` when it does not load."""
@@ -148,7 +151,8 @@ def from_run_dir(run_dir: Path, step: Optional[int]) -> ModelSource:
     where = found.checkpoint.relative_to(run_dir) if found.checkpoint.is_relative_to(run_dir) else found.checkpoint
     return ModelSource("run", f"{run_dir} ({where})", found.model, _run_tokenizer(found.tokenizer, str(run_dir)), at,
                        lambda: load_state_dict(found.checkpoint), run_dir=run_dir,
-                       parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"))
+                       parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"),
+                       identity=f"mlflow:{state['run_id']}" if state.get("run_id") else f"path:{run_dir.resolve()}")
 
 
 def from_transformers_dir(path: Path) -> ModelSource:
@@ -201,7 +205,7 @@ def from_transformers_dir(path: Path) -> ModelSource:
                         ", ".join(fresh))
         return from_transformers(hf).state_dict()
 
-    return ModelSource("hf", str(path), config, tokenizer, None, load)
+    return ModelSource("hf", str(path), config, tokenizer, None, load, identity=f"path:{path.resolve()}")
 
 
 def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:
@@ -256,7 +260,7 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
                        _run_tokenizer(tokenizer_path, f"MLflow run {run_id}"), at,
                        lambda: load_state_dict(tag_dir),
                        run_dir=run_dir if run_dir is not None and run_dir.is_dir() else None,
-                       parent_run_id=run_id, tracking_uri=uri)
+                       parent_run_id=run_id, tracking_uri=uri, identity=f"mlflow:{run_id}")
 
 
 def _download_final_model(client: Any, run_id: str, cache_dir: Path) -> Path:

@@ -105,6 +105,9 @@ class TaskData:
     metrics: tuple[str, ...]
     source: str
     """Where it was read from, for params and messages."""
+    identity: str = ""
+    """What the task is, whatever its name: ``glue:<task>`` (any copy of GLUE's data), ``file:<resolved train
+    file>``; two tasks of one name but another identity must not share downstream.json or a headline."""
 
     @property
     def num_labels(self) -> int:
@@ -138,6 +141,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     if suffix in (".tsv", ".txt"):
         header, rows, skipped = _read_tsv(path)
+        if not rows and header:
+            raise TaskError(f"{path}: no usable rows ({_skipped_why(skipped, header, False)})")
         if skipped:
             log.warning("%s: %d rows with another field count than the header skipped", path, skipped)
         return [dict(zip(header, row)) for row in rows]
@@ -215,11 +220,25 @@ def _check_same_label_set(train: list, dev: list, train_where: str, dev_where: s
     return tuple(sorted(train_set, key=lambda k: (float(k), k) if numeric else (0.0, k)))
 
 
+def _skipped_why(skipped: int, header: Sequence[str], fixed_columns: bool) -> str:
+    """Why a file gave no rows, for its error line: the count skipped and the field count they lacked."""
+    if not skipped:
+        return "only a header row" if not fixed_columns else "the file holds no rows"
+    if fixed_columns:
+        return (f"{skipped} rows skipped: none has the task's {len(header)} tab-separated columns "
+                f"({', '.join(header)}; no header row)")
+    return f"{skipped} rows skipped: none has the header's {len(header)} fields"
+
+
 # ---- GLUE ----
 def _glue_split(spec: GlueTask, path: Path) -> Split:
     if not path.is_file():
         raise TaskError(f"{path}: no such file (--data-dir in GLUE's layout: train.tsv and {spec.dev_file})")
     header, rows, skipped = _read_tsv(path, spec.columns)
+    if not header:
+        raise TaskError(f"{path}: empty file (no header row)")
+    if not rows:  # every row skipped: another task's file (cola's 4 headerless columns on SST-2's 2), or none
+        raise TaskError(f"{path}: no usable rows ({_skipped_why(skipped, header, spec.columns is not None)})")
     if skipped:
         log.warning("%s: %d malformed rows skipped (field count differs from the header's)", path, skipped)
     for flag, name in (("text", spec.text_column), ("text pair", spec.pair_column), ("label", spec.label_column)):
@@ -246,7 +265,7 @@ def load_glue(task: str, data_dir: Optional[str]) -> TaskData:
         if not root.is_dir():
             raise TaskError(f"--data-dir {data_dir}: not a directory")
         train, dev = _glue_split(spec, root / "train.tsv"), _glue_split(spec, root / spec.dev_file)
-        return TaskData(task, train, dev, spec.labels, spec.metrics, str(root))
+        return TaskData(task, train, dev, spec.labels, spec.metrics, str(root), f"glue:{task}")
     return _load_glue_hub(task, spec)
 
 
@@ -272,7 +291,8 @@ def _load_glue_hub(task: str, spec: GlueTask) -> TaskData:
         labels = [float(v) for v in part["label"]] if spec.labels is None else [int(v) for v in part["label"]]
         return Split(list(part[text]), None if pair is None else list(part[pair]), labels)
 
-    return TaskData(task, split("train"), split(spec.hub_dev_split), spec.labels, spec.metrics, "hub:nyu-mll/glue")
+    return TaskData(task, split("train"), split(spec.hub_dev_split), spec.labels, spec.metrics, "hub:nyu-mll/glue",
+                    f"glue:{task}")
 
 
 # ---- any labelled files ----
@@ -297,7 +317,7 @@ def load_files(train_file: str, validation_file: str, text_column: str, text_pai
             raise TaskError(f"{flag} {file}: no such file")
         records = _records(path)
         if not records:
-            raise TaskError(f"{flag} {file}: no rows")
+            raise TaskError(f"{flag} {file}: no rows (an empty file, or only a header row)")
         splits[flag] = (path, _column(records, text_column, path, "--text-column"),
                         _column(records, text_pair_column, path, "--text-pair-column"),
                         _column(records, label_column, path, "--label-column"))
@@ -309,12 +329,19 @@ def load_files(train_file: str, validation_file: str, text_column: str, text_pai
     if task_type == "regression":
         train = Split(list(map(str, ttext)), None if tpair is None else list(map(str, tpair)), _floats(tlab, str(tpath)))
         dev = Split(list(map(str, dtext)), None if dpair is None else list(map(str, dpair)), _floats(dlab, str(dpath)))
-        return TaskData(name or _file_task_name(tpath), train, dev, None, ("pearson", "spearmanr"), str(tpath))
+        return TaskData(name or _file_task_name(tpath), train, dev, None, ("pearson", "spearmanr"), str(tpath),
+                        file_task_identity(str(tpath)))
     names = _check_same_label_set(tlab, dlab, str(tpath), str(dpath))
     train = Split(list(map(str, ttext)), None if tpair is None else list(map(str, tpair)), _class_ids(tlab, names, str(tpath)))
     dev = Split(list(map(str, dtext)), None if dpair is None else list(map(str, dpair)), _class_ids(dlab, names, str(dpath)))
     metrics = ("accuracy", "f1") if len(names) == 2 else ("accuracy",)
-    return TaskData(name or _file_task_name(tpath), train, dev, names, metrics, str(tpath))
+    return TaskData(name or _file_task_name(tpath), train, dev, names, metrics, str(tpath),
+                    file_task_identity(str(tpath)))
+
+
+def file_task_identity(train_file: str) -> str:
+    """`TaskData.identity` of a task read from files: ``file:<the train file, resolved>``."""
+    return f"file:{Path(train_file).resolve()}"
 
 
 def _file_task_name(train_file: Path) -> str:

@@ -3,7 +3,8 @@
 Layout::
 
     <pretraining run>                     metrics downstream/<task>/<metric> = median over seeds, at step =
-      |                                   the checkpoint's optimizer step (several checkpoints draw a curve)
+      |                                   the checkpoint's optimizer step (several checkpoints draw a curve), of
+      |                                   one setup per task: tag downstream/<task>/setup (`log_summary`)
       +- <task>-step<N>-seed<S>-<init>  (child: tag mlflow.parentRunId; no step<N>- for a model without one, e.g. a
       |                                   transformers directory)  params task, seed, lr, epochs, batch,
                                            max_len, checkpoint_step, init, model; metrics: the dev scores
@@ -28,6 +29,11 @@ log = logging.getLogger(__name__)
 MAX_PARAMS_PER_BATCH = 100
 #: Experiment of standalone runs when neither --experiment nor a pretraining run names one.
 DEFAULT_EXPERIMENT = "albert_dist"
+
+
+def setup_tag(task: str) -> str:
+    """``downstream/<task>/setup``: the tag naming the setup of the scored run's headline (`log_summary`)."""
+    return f"{DOWNSTREAM_PREFIX}{task}/setup"
 
 
 def metric_key(task: str, metric: str) -> str:
@@ -124,13 +130,26 @@ class DownstreamRuns:
                 self.client.delete_run(old.info.run_id)
                 log.info("child run %s (%s) replaced by this fine-tune's", old.info.run_id, name)
 
-    def log_summary(self, task: str, summary: dict[str, float], step: int) -> None:
-        """``downstream/<task>/<metric>`` = the median per metric, on the scored run at `step`."""
-        from mlflow.entities import Metric
+    def log_summary(self, task: str, summary: dict[str, float], step: int, setup: str) -> bool:
+        """``downstream/<task>/<metric>`` = the median per metric, on the scored run at `step`, when `setup`
+        (`albert_dist.finetune.setup_line`: data, subset sizes, seeds, hyper-parameters) is the task's setup on
+        that run: the first one logged, kept in its tag ``downstream/<task>/setup``, so that the headline (and
+        its curve over checkpoints) is one setup's. Another setup logs nothing there and is warned; returns
+        whether the headline was logged."""
+        from mlflow.entities import Metric, RunTag
 
+        tag = setup_tag(task)
+        canonical = self.client.get_run(self.run_id).data.tags.get(tag)
+        if canonical is not None and canonical != setup:
+            log.warning("%s*: left as they are on run %s, which keeps the setup of its tag %s (%s); this "
+                        "fine-tune (%s) is in its child runs and downstream.json", metric_key(task, ""),
+                        self.run_id, tag, canonical, setup)
+            return False
         now = _now_ms()
         self.client.log_batch(self.run_id, metrics=[Metric(metric_key(task, k), float(v), now, int(step))
-                                                    for k, v in summary.items()])
+                                                    for k, v in summary.items()],
+                              tags=[] if canonical is not None else [RunTag(tag, setup)])
+        return True
 
     def close(self, status: str = "FINISHED") -> None:
         """End a standalone run (the pretraining run's status is its own)."""

@@ -406,7 +406,8 @@ def _doc_slot_examples(monkeypatch):
         ids = np.array([2, 1000 + int(text.split()[1]), 3, 2000 + worker, 3], dtype=np.int32)
         return [Example(ids, 1, np.zeros(0, np.int64), np.zeros(0, np.int32), 0)]
 
-    monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
+    monkeypatch.setattr(loader_mod.ExampleBuilder, "build_documents",  # the loader builds a window at once
+                        lambda self, texts, rngs: [build(self, t, r) for t, r in zip(texts, rngs)])
 
 
 @pytest.mark.parametrize("layout", ["pieces >= slots", "pieces < slots"])

@@ -145,6 +145,9 @@ def test_checkpoint_mlflow_run_and_transformers_dir_score_as_the_final_model(wor
             reference["train_loss"], rel=1e-5), name
     assert scores["byid"]["step"] == scores["final_only"]["step"] == STEPS_DONE and scores["hf"]["step"] is None
     assert scores["final_only"]["model"] == f"runs:/{final_only} (final model)"
+    # the run's directory and its run id are one model: one downstream.json entry when both score into one file
+    assert scores["final"]["model_identity"] == scores["byid"]["model_identity"] == f"mlflow:{world['parent']}"
+    assert scores["hf"]["model_identity"] == f"path:{(run / 'final_model' / 'hf').resolve()}"
 
 
 def test_pretrained_encoder_beats_random_init_on_unseen_words(world, capsys):
@@ -204,3 +207,35 @@ def test_results_file_keeps_concurrent_writers_entries_and_replaces_reruns(tmp_p
     results = json.loads(path.read_text())["results"]
     assert sorted(r["task"] for r in results) == [f"t{i}" for i in range(6)]
     assert next(r for r in results if r["task"] == "t0")["v"] == "again"
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_no_lock(tmp_path):
+    """SIGINT during the second task's training: exit 130 with one line (was a 25-line KeyboardInterrupt
+    traceback), the finished task's entry kept, no lock or temporary file beside downstream.json. A subprocess:
+    the signal must reach a real interpreter; the model is untrained, the first task 8 examples."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import REPO, clean_env
+
+    run = make_run_dir(tmp_path / "run", make_tokenizer(tmp_path / "tok"))
+    write_sst2(tmp_path / "glue" / "sst2", 8, 8)
+    write_stsb(tmp_path / "glue" / "stsb", 2000, 8)  # 6,250 steps at 50 epochs: still training at the signal
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "albert_dist.cli", "finetune", str(run), "--task", "sst2",
+                                 "stsb", "--data-dir", str(tmp_path / "glue"), "--seeds", "1", "--epochs", "50",
+                                 "--no-tracking"], cwd=REPO, env=clean_env(TQDM_DISABLE="1"), stderr=err)
+        deadline = time.monotonic() + 300
+        while not (run / "downstream.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # sst2's entry written: stsb is training
+        before = (tmp_path / "stderr").stat().st_size
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    said = (tmp_path / "stderr").read_text()
+    assert code == 130, said
+    assert said[before:].strip().splitlines() == [
+        "albert-dist finetune: interrupted (Ctrl-C); the tasks that finished are in downstream.json"], said
+    assert [e["task"] for e in json.loads((run / "downstream.json").read_text())["results"]] == ["sst2"]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("downstream")) == ["downstream.json"]

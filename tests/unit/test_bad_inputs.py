@@ -166,3 +166,42 @@ def test_a_single_document_corpus_warns_how_often_it_repeats(tmp_path, caplog):
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("data.train[0]: slot 0 of 1 (rank x workers) holds a single document; its ")
     assert "examples repeat about every" in warnings[0]
+
+
+def test_a_segmenter_that_cannot_be_imported_is_exit_2_before_any_process_group(capsys, monkeypatch,
+                                                                               no_process_group):
+    """rjieba and jieba not importable: the preflight says so in one line (every loader worker died of a chained
+    ImportError after the process group and the MLflow run had started)."""
+    import sys
+
+    for name in ("rjieba", "jieba"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+    code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", "data.chinese_word_segmentation=jieba",
+                     "data.whole_word_masking=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("albert-dist train: data.chinese_word_segmentation=jieba: the segmenter cannot be "
+                          "imported (rjieba, or jieba: "), err
+    assert err.endswith("install it or set data.chinese_word_segmentation=none\n"), err
+
+
+def test_a_segmenter_without_whole_word_masking_is_warned_and_the_recipes_are_not(caplog):
+    """jieba words with data.whole_word_masking=false (the README recipe's value) change no mask: warned on rank 0
+    only; the zhwiki recipe (jieba, whole words) and the README recipe as written pass quietly."""
+    from albert_dist.config import load_config
+    from albert_dist.preflight import check_data_settings
+
+    zhwiki = load_config(str(REPO / "configs/pretrain/albert-tiny-zhwiki.yaml"))
+    readme = load_config(RECIPE)
+    assert (zhwiki.data.chinese_word_segmentation, zhwiki.data.whole_word_masking) == ("jieba", True)
+    with caplog.at_level(logging.WARNING, logger="albert_dist.preflight"):
+        check_data_settings(zhwiki)
+        check_data_settings(readme)
+        assert not caplog.records
+        mixed = load_config(RECIPE, ["data.chinese_word_segmentation=jieba"])
+        check_data_settings(mixed, log=False)  # another rank
+        assert not caplog.records
+        check_data_settings(mixed)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("data.chinese_word_segmentation=jieba does not change the masking with "
+                                          "data.whole_word_masking=false"), record.getMessage()

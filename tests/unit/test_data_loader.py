@@ -64,21 +64,22 @@ def test_batches_mix_documents(monkeypatch):
     from albert_dist.data import loader as loader_mod
 
     doc_of: dict[int, int] = {}
-    real_build = loader_mod.ExampleBuilder.build
+    real_build = loader_mod.ExampleBuilder.build_documents
     real_collate = loader_mod.collate
     batches_docs: list[set[int]] = []
 
-    def build(self, text, rng):
-        examples = real_build(self, text, rng)
-        for e in examples:
-            doc_of[id(e)] = hash(text)
-        return examples
+    def build(self, texts, rngs):
+        per_doc = real_build(self, texts, rngs)
+        for text, examples in zip(texts, per_doc):
+            for e in examples:
+                doc_of[id(e)] = hash(text)
+        return per_doc
 
     def collate(examples, max_seq_length):
         batches_docs.append({doc_of[id(e)] for e in examples})
         return real_collate(examples, max_seq_length)
 
-    monkeypatch.setattr(loader_mod.ExampleBuilder, "build", build)
+    monkeypatch.setattr(loader_mod.ExampleBuilder, "build_documents", build)
     monkeypatch.setattr(loader_mod, "collate", collate)
     distinct = {}
     for window in (1, DataConfig().shuffle_documents):

@@ -1,6 +1,8 @@
 """ALBERT example creation: sentences, SOP pairs from one document, truncation, whole-word n-gram masking."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -295,3 +297,72 @@ def test_random_token_prob_sets_the_share_of_random_and_kept_tokens(sp, random_t
     assert masked.mean() == pytest.approx(1 - 2 * p, abs=0.03)
     assert kept.mean() == pytest.approx(p + random_hits_original, abs=0.03)
     assert (~masked & ~kept).mean() == pytest.approx(p - random_hits_original, abs=0.03)
+
+
+# ---- a window of documents built at once: the examples of building them one by one ----
+ZHWIKI = Path(__file__).resolve().parents[2].parent / "shared/corpora/zhwiki-sample/zhwiki.jsonl"
+#: (examples, sha256[:16]) of `_digest` over the first 100 zhwiki documents, computed by the per-document builder
+#: of commit da4c57e (before windows were built at once), and of the train stream's first 12 batches.
+BUILT_BEFORE = {"jieba": (224, "4c751c05efbd5655"), "jieba-ngram3": (242, "0f6a0f557ed1b87d"),
+                "none-ngram3": (242, "af1f93676acee3c5")}
+STREAM_BEFORE = "52d9696964440c18"
+ZH_SETTINGS = {"jieba": dict(chinese_word_segmentation="jieba", max_ngram=1, masked_lm_prob=0.3,
+                             max_predictions_per_seq=40, short_seq_prob=0.0),  # the zhwiki recipe's
+               "jieba-ngram3": dict(chinese_word_segmentation="jieba", max_ngram=3, short_seq_prob=0.1),
+               "none-ngram3": dict(chinese_word_segmentation="none", max_ngram=3, short_seq_prob=0.1)}
+
+
+def _zh_docs(n: int) -> list[str]:
+    import itertools
+    import json
+
+    with ZHWIKI.open(encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in itertools.islice(f, n)]
+
+
+def _digest(examples_per_doc) -> tuple[int, str]:
+    import hashlib
+
+    h, n = hashlib.sha256(), 0
+    for examples in examples_per_doc:
+        for e in examples:
+            for a in (e.input_ids, e.masked_positions, e.masked_ids):
+                h.update(np.ascontiguousarray(a).tobytes())
+            h.update(f"{e.len_a},{e.sop_label};".encode())
+            n += 1
+    return n, h.hexdigest()[:16]
+
+
+def _stream_digest(tmp_path) -> str:
+    import hashlib
+    import json
+
+    docs = tmp_path / "zh.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _zh_docs(150)),
+                    encoding="utf-8")
+    cfg = DataConfig(train=[SourceConfig(paths=[str(docs)])], tokenizer_path="data/zhwiki/spiece.model",
+                     max_seq_length=128, num_workers=0, max_ngram=3, chinese_word_segmentation="jieba")
+    it, h = iter(PretrainingStream(cfg, "train", 16, rank=0, world_size=1)), hashlib.sha256()
+    for _ in range(12):
+        batch = next(it)
+        for key in sorted(batch):
+            h.update(batch[key].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.skipif(not ZHWIKI.is_file(), reason="the zhwiki sample corpus is not on this machine")
+def test_a_window_built_at_once_gives_the_examples_built_one_by_one(tmp_path, monkeypatch):
+    """`build_documents` (the loader's window of documents at once: the Chinese word-level pipeline's speed)
+    gives exactly the examples the per-document builder gave before it, on zhwiki with jieba words and without,
+    and so does the train stream (shuffle_documents=32) batch by batch."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    texts = _zh_docs(100)
+    sp = load_tokenizer("data/zhwiki/spiece.model")
+    for name, settings in ZH_SETTINGS.items():
+        builder = ExampleBuilder(sp, DataConfig(max_seq_length=128, **settings))
+        rngs = [np.random.default_rng([0, i]) for i in range(len(texts))]
+        windows = [builder.build_documents(texts[w : w + 32], rngs[w : w + 32]) for w in range(0, len(texts), 32)]
+        assert _digest(doc for window in windows for doc in window) == BUILT_BEFORE[name], name
+        assert _digest(builder.build(t, np.random.default_rng([0, i])) for i, t in enumerate(texts)) == \
+            BUILT_BEFORE[name], name
+    assert _stream_digest(tmp_path) == STREAM_BEFORE

@@ -149,3 +149,87 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
     said = [r.getMessage() for r in caplog.records if "random init" in r.getMessage()]
     assert len(said) == 1 and "albert.pooler" in said[0] and "sop_classifier" in said[0], said
     assert state  # the encoder still loads
+
+
+def test_a_task_with_no_usable_rows_names_the_file_and_the_rows_skipped(world, capsys):
+    """Another task's folder (CoLA's 4 headerless columns over SST-2's 2), a header-only split and an empty file
+    are exit 2 naming the file and the count skipped (they crashed with IndexError in the tokenizer, exit 1)."""
+    root, run = world
+    line = _bad(capsys, str(run), "--task", "cola", "--data-dir", str(root / "sst2"))
+    assert f"{root / 'sst2' / 'train.tsv'}: no usable rows (9 rows skipped: none has the task's 4 tab-separated " \
+           "columns (source, label, label_notes, sentence; no header row))" in line, line
+    write_sst2(root / "empty-dev", 8, 0)  # a header row only
+    line = _bad(capsys, str(run), "--task", "sst2", "--data-dir", str(root / "empty-dev"))
+    assert f"{root / 'empty-dev' / 'dev.tsv'}: no usable rows (only a header row)" in line, line
+    (root / "empty-dev" / "dev.tsv").write_text("")
+    assert f"{root / 'empty-dev' / 'dev.tsv'}: empty file" in _bad(capsys, str(run), "--task", "sst2", "--data-dir",
+                                                                  str(root / "empty-dev"))
+    write_glue_tsv(root / "ragged/train.tsv", ["text", "label"], [["a0 a1", "0", "extra"], ["b0", "1", "x"]])
+    line = _bad(capsys, str(run), "--train-file", str(root / "ragged/train.tsv"), "--validation-file",
+                str(root / "ragged/train.tsv"), "--text-column", "text")
+    assert "ragged/train.tsv: no usable rows (2 rows skipped: none has the header's 2 fields)" in line, line
+
+
+def test_a_file_task_whose_name_names_another_task_is_refused(world, capsys, tmp_path):
+    """Two file tasks in one folder (a CSV classification, a JSONL regression) both default to the folder's
+    name: the second is refused before training instead of replacing the first's results."""
+    import json
+
+    from albert_dist.finetune import RESULTS_FILE, write_results
+
+    _, run = world
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,label\na0 a1,0\nb0 b1,1\n")
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t, "label": v}) + "\n"
+                                                for t, v in (("a0", 0.5), ("b0", 4.5))))
+    out = tmp_path / "out"
+    csv_task = {"task": "reviews", "task_identity": f"file:{folder / 'train.csv'}", "data": str(folder / "train.csv"),
+                "init": "pretrained", "model_identity": "path:/m", "step": 1}
+    write_results(out / RESULTS_FILE, csv_task)  # what the CSV task's fine-tune left
+    files = ["--train-file", str(folder / "train.jsonl"), "--validation-file", str(folder / "train.jsonl"),
+             "--text-column", "text", "--output", str(out)]
+    line = _bad(capsys, str(run), *files)
+    assert f"task name 'reviews' already names another task in {out / RESULTS_FILE} ({folder / 'train.csv'}); " \
+           f"give {folder / 'train.jsonl'} another name with --task-name" in line, line
+    # an entry written before task identities were recorded is recognised by its data file
+    write_results(out / RESULTS_FILE, {k: v for k, v in csv_task.items() if k != "task_identity"})
+    assert "already names another task" in _bad(capsys, str(run), *files)
+
+
+def test_one_fine_tune_is_one_entry_whatever_named_its_model(tmp_path):
+    """A run named by its directory and then by its MLflow run id is one model (`model_identity`): the rerun
+    replaces the entry; another step, task or model is kept beside it."""
+    import json
+
+    from albert_dist.finetune import RESULTS_FILE, write_results
+
+    path = tmp_path / RESULTS_FILE
+    base = {"task": "sst2", "init": "pretrained", "step": 7, "finetune": {"lr": 1}, "train_examples": 8,
+            "dev_examples": 8, "model_identity": "mlflow:abc"}
+    write_results(path, {**base, "model": "/runs/a (final_model/fp32)", "v": 1})
+    write_results(path, {**base, "step": 5, "model": "/runs/a (checkpoints/step_5)", "v": 2})
+    write_results(path, {**base, "model": "runs:/abc (checkpoint step 7)", "v": 3})
+    write_results(path, {**base, "model_identity": "path:/other", "model": "/other", "v": 4})
+    assert sorted(r["v"] for r in json.loads(path.read_text())["results"]) == [2, 3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE]  # no lock file left behind
+
+
+def test_an_interrupted_write_keeps_the_results_and_leaves_no_lock(tmp_path, monkeypatch):
+    """Ctrl-C while downstream.json is written: the previous file stays whole; no lock or temporary file."""
+    import json
+    import os
+
+    from albert_dist.finetune import RESULTS_FILE, write_results
+
+    path = tmp_path / RESULTS_FILE
+    write_results(path, {"task": "sst2", "v": 1})
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(path, {"task": "rte", "v": 2})
+    assert json.loads(path.read_text())["results"] == [{"task": "sst2", "v": 1}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE]
