@@ -32,6 +32,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
 from albert_dist.data.loader import build_train_loader
+from albert_dist.data.pretraining import drop_full_mask
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
@@ -187,9 +188,15 @@ class Trainer:
     def _build_loader(self, base_rank: int, base_world: int) -> Any:
         """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`);
         its sources' pieces are the preflight's when planned for this world size, else planned for `base_world`."""
+        from deepspeed.accelerator import get_accelerator  # imported by _build_engine already (it comes first)
+
         pieces = self.train_pieces if base_world == self.dist_env.world_size else None
+        # A step's micro-batches in flight, made while the previous step computes; page-locked on CUDA only
+        # (pinning needs a CUDA context, and on CPU the copy is no copy)
         loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
-                                    base_world, pieces)
+                                    base_world, pieces,
+                                    micro_batches_per_step=self.ds_config["gradient_accumulation_steps"],
+                                    pin_memory=get_accelerator().device_name() == "cuda")
         # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
         # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
         loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
@@ -214,8 +221,11 @@ class Trainer:
                              model=self.engine.module)
 
     # ------------------------------------------------------------------------------------------------ loop
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Optional[torch.Tensor]]:
+        """A loader batch on the device, as the model takes it: no `attention_mask` when the host copy shows
+        no padding (`drop_full_mask`: attention then runs without a mask, FlashAttention's form)."""
+        return {k: None if v is None else v.to(self.device, non_blocking=True)
+                for k, v in drop_full_mask(batch).items()}
 
     def train(self) -> int:
         """Run optimiser steps until max_steps or a stop signal; returns EXIT_OK or EXIT_PREEMPTED."""
@@ -236,10 +246,14 @@ class Trainer:
                     lr = engine.get_lr()[0]  # the lr this step's update uses
                     sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
                     # All micro-batches first: the loss is normalised by the step's label counts (engine/loss.py).
+                    # The loader keeps GA batches in flight, so they were made while the last step computed;
+                    # what is left is the wait, timed on the host (no device sync).
+                    waited = time.perf_counter()
                     batches = [self._to_device(next(self._train_iter)) for _ in range(self.ga_steps)]
+                    acc.add_data_wait(time.perf_counter() - waited)
                     result = optimizer_step(engine, batches, sop_weight)
                     for out, batch in zip(result.outputs, batches):
-                        acc.add_micro_step(out, batch["attention_mask"])
+                        acc.add_micro_step(out, batch["attention_mask"], batch["input_ids"].shape)
                     self.step += 1
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
@@ -284,7 +298,8 @@ class Trainer:
         record.update({names.TRAIN_SOP_WEIGHT: float(sop_weight), names.TRAIN_GRAD_NORM: stats["grad_norm"],
                        names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
-                       names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
+                       names.PERF_POSITIONS_PER_S: stats["positions_per_s"],
+                       names.PERF_DATA_WAIT_S: stats["data_wait_s"], names.PERF_DATA_WAIT_SHARE: stats["data_wait_share"]})
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]
