@@ -299,7 +299,8 @@ class Trainer:
                        names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
                        names.PERF_POSITIONS_PER_S: stats["positions_per_s"],
-                       names.PERF_DATA_WAIT_S: stats["data_wait_s"], names.PERF_DATA_WAIT_SHARE: stats["data_wait_share"]})
+                       names.PERF_DATA_WAIT_S: stats["data_wait_s"],
+                       names.PERF_DATA_WAIT_SHARE: stats["data_wait_share"]})
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]

@@ -60,7 +60,8 @@ def cpu_kernels(masked: bool) -> list[str]:
     q = torch.randn(1, HEADS, 16, HEAD_DIM)
     with torch.profiler.profile() as prof:
         F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(1, 1, 1, 16, dtype=torch.bool) if masked else None)
-    return sorted({e.name for e in prof.events() if "attention" in e.name and e.name != "aten::scaled_dot_product_attention"})
+    return sorted({e.name for e in prof.events()
+                   if "attention" in e.name and e.name != "aten::scaled_dot_product_attention"})
 
 
 def unpadded(seq: int, batch: int, short_seq_prob: float = 0.1, batches: int = 100) -> dict:
@@ -69,7 +70,8 @@ def unpadded(seq: int, batch: int, short_seq_prob: float = 0.1, batches: int = 1
     from albert_dist.data.config import DataConfig
     from albert_dist.data.loader import build_train_loader
 
-    it = iter(build_train_loader(DataConfig(max_seq_length=seq, num_workers=0, short_seq_prob=short_seq_prob), batch, 0, 1))
+    cfg = DataConfig(max_seq_length=seq, num_workers=0, short_seq_prob=short_seq_prob)
+    it = iter(build_train_loader(cfg, batch, 0, 1))
     full_batches = full_rows = 0
     for _ in range(batches):
         full = next(it)["attention_mask"].all(dim=1)
@@ -97,7 +99,8 @@ def run(repeats: int = 3, min_run_time: float = 0.3) -> dict:
             out[f"{shape}_{dname}"] = cell
     out["unpadded"] = {"s128_b16": unpadded(128, 16), "s512_b32": unpadded(512, 32),
                        "s128_b16_short_seq_prob_0": unpadded(128, 16, short_seq_prob=0.0)}
-    return {**out, "cpu_kernels": {"masked": cpu_kernels(True), "unmasked": cpu_kernels(False)}, "heads": HEADS, "head_dim": HEAD_DIM, "shapes": {k: list(v) for k, v in SHAPES.items()}}
+    return {**out, "cpu_kernels": {"masked": cpu_kernels(True), "unmasked": cpu_kernels(False)}, "heads": HEADS,
+            "head_dim": HEAD_DIM, "shapes": {k: list(v) for k, v in SHAPES.items()}}
 
 
 def main() -> None:
@@ -114,9 +117,9 @@ def main() -> None:
             for kind, label in (("forward", "forward"), ("train", "fwd+bwd")):
                 if f"{kind}_masked_s" not in cell:
                     continue
-                print(f"  B={batch:2d} S={seq} {dname} {label:7s}: masked {fmt_stats(cell[f'{kind}_masked_s'], 1e-3, 2)}"
-                      f", unmasked {fmt_stats(cell[f'{kind}_unmasked_s'], 1e-3, 2)}; masked / unmasked "
-                      f"{fmt_stats(cell[f'ratio_{kind}_masked_over_unmasked'])}")
+                masked, unmasked = (fmt_stats(cell[f"{kind}_{v}_s"], 1e-3, 2) for v in ("masked", "unmasked"))
+                print(f"  B={batch:2d} S={seq} {dname} {label:7s}: masked {masked}, unmasked {unmasked}; "
+                      f"masked / unmasked {fmt_stats(cell[f'ratio_{kind}_masked_over_unmasked'])}")
     for name, u in res["unpadded"].items():
         print(f"  bundled corpus, {name}: {u['unpadded_batches']} of {u['batches']} batches without padding "
               f"(no mask); {u['full_rows_share']:.1%} of rows full")
