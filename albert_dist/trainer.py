@@ -38,6 +38,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from albert_dist.config import TrainConfig, config_hash, for_world_size, to_container, to_yaml
 from albert_dist.data import store
 from albert_dist.data.loader import build_train_loader, next_batch
+from albert_dist.data.pretraining import drop_full_mask
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
@@ -110,6 +111,7 @@ class Trainer:
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
         self._loader_state: Optional[dict] = None  # the loader's state before batches fetched ahead (`_prefetch`)
         self._next_batches: list = []
+        self._fetch_s = 0.0  # the last `_fetch_step`'s wait for data, seconds
         self._unavailable: Optional[store.StoreUnavailable] = None
         self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
 
@@ -200,9 +202,15 @@ class Trainer:
     def _build_loader(self, base_rank: int, base_world: int) -> Any:
         """The training loader of stream `base_rank` of `base_world` (`albert_dist.engine.checkpoint.reshard`);
         its sources' pieces are the preflight's when planned for this world size, else planned for `base_world`."""
+        from deepspeed.accelerator import get_accelerator  # imported by _build_engine already (it comes first)
+
         pieces = self.train_pieces if base_world == self.dist_env.world_size else None
+        # A step's micro-batches in flight, made while the previous step computes; page-locked on CUDA only
+        # (pinning needs a CUDA context, and on CPU the copy is no copy)
         loader = build_train_loader(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu, base_rank,
-                                    base_world, pieces)
+                                    base_world, pieces,
+                                    micro_batches_per_step=self.ds_config["gradient_accumulation_steps"],
+                                    pin_memory=get_accelerator().device_name() == "cuda")
         # A SIGTERM to the whole process group (scancel, the deepspeed launcher) would kill the loader's
         # workers (torch installs a dying SIGTERM handler in them) in the middle of the step we finish.
         loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
@@ -227,8 +235,11 @@ class Trainer:
                              model=self.engine.module)
 
     # ------------------------------------------------------------------------------------------------ loop
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, Optional[torch.Tensor]]:
+        """A loader batch on the device, as the model takes it: no `attention_mask` when the host copy shows
+        no padding (`drop_full_mask`: attention then runs without a mask, FlashAttention's form)."""
+        return {k: None if v is None else v.to(self.device, non_blocking=True)
+                for k, v in drop_full_mask(batch).items()}
 
     def train(self) -> int:
         """Run optimiser steps until max_steps or a stop signal; returns EXIT_OK or EXIT_PREEMPTED."""
@@ -255,10 +266,13 @@ class Trainer:
                     lr = engine.get_lr()[0]  # the lr this step's update uses
                     sop_weight = sop_weight_at(cfg.objective, self.step)  # and its SOP weight
                     # All micro-batches first: the loss is normalised by the step's label counts (engine/loss.py).
+                    # The loader keeps GA batches in flight, so they were made while the last step computed;
+                    # what is left is the wait, timed on the host (no device sync; `_fetch_step`).
                     batches = self._next_batches if prefetch else self._fetch_step()
+                    acc.add_data_wait(self._fetch_s)
                     result = optimizer_step(engine, batches, sop_weight)
                     for out, batch in zip(result.outputs, batches):
-                        acc.add_micro_step(out, batch["attention_mask"])
+                        acc.add_micro_step(out, batch["attention_mask"], batch["input_ids"].shape)
                     self.step += 1
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
@@ -305,8 +319,12 @@ class Trainer:
         return float(flag.item())
 
     def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
-        """The next step's micro-batches on the device; raises `store.StoreUnavailable` (`next_batch`)."""
-        return [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
+        """The next step's micro-batches on the device; raises `store.StoreUnavailable` (`next_batch`). The host
+        time it waited for them is ``_fetch_s`` (the step's data wait)."""
+        started = time.perf_counter()
+        batches = [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
+        self._fetch_s = time.perf_counter() - started
+        return batches
 
     def _prefetch(self, agree: bool = True) -> bool:
         """Fetch the next step's batches into ``_next_batches``, the loader's state before them into
@@ -345,7 +363,9 @@ class Trainer:
         record.update({names.TRAIN_SOP_WEIGHT: float(sop_weight), names.TRAIN_GRAD_NORM: stats["grad_norm"],
                        names.TRAIN_LR: float(lr), names.PERF_TOKENS_PER_S: stats["tokens_per_s"],
                        names.PERF_SAMPLES_PER_S: stats["samples_per_s"],
-                       names.PERF_POSITIONS_PER_S: stats["positions_per_s"]})
+                       names.PERF_POSITIONS_PER_S: stats["positions_per_s"],
+                       names.PERF_DATA_WAIT_S: stats["data_wait_s"],
+                       names.PERF_DATA_WAIT_SHARE: stats["data_wait_share"]})
         # DeepSpeed skips a step whose gradients hold inf/NaN (bf16's check_grad_overflow, on by default) and says
         # nothing; our step counter and the data advance all the same. A host int: no sync.
         skipped = int(self.engine.skipped_steps)

@@ -69,6 +69,10 @@ SUITE_ARGS: dict[str, dict[str, Any]] = {
     # a 40 MB .jsonl.zst corpus on a moto S3 server vs local disk, prepared s3 -> s3, read at 64 and 512 slots
     # (~1-2 min on 2 loaded cores)
     "object_store": {"repeats": 1, "mb": 40},
+    # 3 cells x (3 warm-up + 10 steps) of 0.6-1 s each per repeat, sleeps mostly (~75 s)
+    "data_wait": {"repeats": 2, "steps": 10},
+    # SDPA at ALBERT-base's attention shapes, 10 timed variants per repeat (~65 s)
+    "attention_mask": {"repeats": 2},
 }
 DEFAULT_ARGS: dict[str, Any] = {"repeats": 3}
 #: Seconds a benchmark may run before it is killed (its entry then says "timed out").

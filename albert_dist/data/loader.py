@@ -292,8 +292,20 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             yield collate(batch, self.cfg.max_seq_length)
 
 
+def prefetch_factor_for(num_workers: int, micro_batches_per_step: int) -> Optional[int]:
+    """The DataLoader ``prefetch_factor`` that keeps at least `micro_batches_per_step` batches in flight over
+    `num_workers` workers: ceil(GA / num_workers), at least torch's default 2; None without workers (torch
+    refuses a factor then). The trainer takes a step's GA micro-batches before its first forward (the loss is
+    normalised by the step's label counts, `albert_dist.engine.loss`), so with fewer in flight the workers
+    stop once the queue is full and the next step waits while they make the rest."""
+    if num_workers == 0:
+        return None
+    return max(2, -(-micro_batches_per_step // num_workers))
+
+
 def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_size: int,
-                       pieces: Optional[list[Optional[list[dict]]]] = None) -> StatefulDataLoader:
+                       pieces: Optional[list[Optional[list[dict]]]] = None, micro_batches_per_step: int = 1,
+                       pin_memory: bool = False) -> StatefulDataLoader:
     """Infinite, resumable training loader of one rank.
 
     Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
@@ -301,8 +313,15 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
     max(1, num_workers) slots (`albert_dist.data.plan.plan_source`; None for a hub source), as the app's
     preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
+    ``micro_batches_per_step`` (the gradient accumulation steps): the workers keep at least that many batches
+    in flight (`prefetch_factor_for`), so the next step's micro-batches are made while this one computes; the
+    state still resumes exactly (StatefulDataLoader snapshots each worker's state with the batch it yields,
+    not what it has prefetched). ``pin_memory``: batches come in page-locked memory (for CUDA, where a
+    ``non_blocking`` copy from pageable memory blocks the host).
     Raises ValueError at once for missing paths, empty globs, bad arguments.
     """
+    if micro_batches_per_step < 1:
+        raise ValueError(f"micro_batches_per_step must be >= 1, got {micro_batches_per_step}")
     stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size, pieces)
     stream.log_plan(cfg.num_workers)
     return StatefulDataLoader(
@@ -310,5 +329,6 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
         batch_size=None,
         num_workers=cfg.num_workers,
         persistent_workers=False,
-        prefetch_factor=2 if cfg.num_workers > 0 else None,
+        prefetch_factor=prefetch_factor_for(cfg.num_workers, micro_batches_per_step),
+        pin_memory=pin_memory,
     )

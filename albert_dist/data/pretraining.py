@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import Optional
 
 import numpy as np
 import torch
@@ -363,3 +364,16 @@ def collate(examples: list[Example], max_seq_length: int) -> dict[str, torch.Ten
         "mlm_labels": torch.from_numpy(mlm_labels),
         "sop_labels": torch.from_numpy(sop),
     }
+
+
+def drop_full_mask(batch: dict[str, torch.Tensor]) -> dict[str, Optional[torch.Tensor]]:
+    """`batch` (a `collate` dict) with ``attention_mask`` None when no row is padded, else `batch` itself.
+
+    Called on the host copy, before the batch goes to the device: the check reads host memory (no device sync,
+    one pass over B x S int64). The model then runs attention without a mask (`AlbertModel.forward`), the only
+    form PyTorch's FlashAttention backend takes (a mask sends SDPA to the memory-efficient or math kernel);
+    equal to the all-ones mask (tests/unit/test_attention_mask.py)."""
+    mask = batch["attention_mask"]
+    if mask.device.type != "cpu":
+        raise ValueError(f"drop_full_mask decides on the host: attention_mask is on {mask.device}")
+    return {**batch, "attention_mask": None} if bool(mask.all()) else batch

@@ -17,7 +17,10 @@ Two scopes (`engine.compile_scope`), both measured by `bench/compile_step.py` (d
 Both need static shapes: the model's MLM gather must have a fixed size (`AlbertForPreTraining`'s
 ``max_predictions_per_seq``, which the trainer sets from the data config), or every batch would recompile.
 `compile_engine` refuses a model without it. After the first step nothing recompiles (asserted by
-tests/distributed/test_compile.py with ``torch._dynamo.config.error_on_recompile``). Evaluation runs eagerly
+tests/distributed/test_compile.py with ``torch._dynamo.config.error_on_recompile``) but the first batch without
+padding, which the trainer passes without ``attention_mask`` (`albert_dist.data.pretraining.drop_full_mask`): that
+form compiles once, beside the masked one, and the two then alternate without recompiling
+(tests/unit/test_attention_mask.py). Evaluation runs eagerly
 (`eager`): its batches have other shapes and no backward, and compiling them would spend the recompilation
 budget of the training graphs.
 

@@ -8,7 +8,7 @@ which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
     val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
                                                             (every eval_interval_steps; the fixed set's
             unigram_mlm_accuracy, unigram_mlm_loss, masked_tokens, sop_pairs once)
-    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu
+    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu, data_wait_s, data_wait_share
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
     downstream/<task>/<metric>   median dev score over seeds at the scored checkpoint's step
@@ -52,6 +52,10 @@ PERF_POSITIONS_PER_S = PERF + "positions_per_s"
 """Padded sequence positions per second, all ranks (what the FLOPs count)."""
 PERF_MFU = PERF + "mfu"
 """Model FLOPs utilisation (albert_dist.engine.metrics.mfu)."""
+PERF_DATA_WAIT_S = PERF + "data_wait_s"
+"""Seconds a step waited for its micro-batches (host clock), mean over the interval's steps and the ranks."""
+PERF_DATA_WAIT_SHARE = PERF + "data_wait_share"
+"""That wait's share of the interval's training time (0-1; evaluation and checkpoints excluded)."""
 MEM_PEAK_GIB_MAX, MEM_PEAK_GIB_MIN = MEM + "peak_gib_max", MEM + "peak_gib_min"
 """Peak memory (GiB) of the rank that used most / least (CUDA: max allocated; CPU: peak RSS)."""
 #: One series per rank only up to this many ranks (a chart per rank is unreadable beyond); min/max always.
@@ -66,7 +70,8 @@ def mem_peak_rank(rank: int) -> str:
 #: Metrics for which "best" means something, and which direction: losses fall, accuracies and throughput rise.
 #: Everything else (lr, grad norm, memory, system/) has final values only.
 BEST: dict[str, Optional[str]] = {
-    **{name: "min" for name in (TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS, VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS)},
+    **{name: "min" for name in (TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS, VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS,
+                                PERF_DATA_WAIT_S, PERF_DATA_WAIT_SHARE)},
     **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
                                 VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
                                 PERF_POSITIONS_PER_S, PERF_MFU)},

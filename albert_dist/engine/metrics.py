@@ -45,24 +45,38 @@ class MetricAccumulator:
         self._sums = torch.zeros(len(_FIELDS), dtype=torch.float64, device=self.device)
         self._samples = 0  # host-side: shapes are known without a sync
         self._positions = 0
+        self._data_wait_s = 0.0  # host-side; not in the vector, whose layout checkpoints hold
         self._start = time.perf_counter()
 
     def exclude(self, seconds: float) -> None:
         """Leave `seconds` (evaluation, checkpointing) out of the interval's throughput."""
         self._start += seconds
 
-    def add_micro_step(self, output: Any, attention_mask: torch.Tensor) -> None:
+    def add_micro_step(self, output: Any, attention_mask: Optional[torch.Tensor],
+                       shape: Optional[tuple[int, int]] = None) -> None:
         """Add one micro-step: `output` a `PreTrainingOutput` (fp32 scalar loss sums, int64 counts) and the
-        (B, S) int64 `attention_mask` of its batch (1 = real token)."""
+        (B, S) int64 `attention_mask` of its batch (1 = real token), or None for a batch without padding (the
+        model's maskless form, `albert_dist.data.pretraining.drop_full_mask`), whose (B, S) is then `shape`.
+        Raises `ValueError` when both are None."""
+        if attention_mask is not None:
+            shape, tokens = tuple(attention_mask.shape), attention_mask.sum()
+        elif shape is None:
+            raise ValueError("add_micro_step needs the batch's (B, S) shape when attention_mask is None")
+        else:  # every position is a token; a fill on the device, not a host-to-device copy
+            tokens = torch.full((), shape[0] * shape[1], dtype=torch.float64, device=self.device)
         values = {
             "mlm_loss_sum": output.mlm_loss_sum.detach(), "sop_loss_sum": output.sop_loss_sum.detach(),
             "micro_steps": torch.ones((), device=self.device), "mlm_correct": output.mlm_correct,
             "mlm_count": output.mlm_count, "sop_correct": output.sop_correct, "sop_count": output.sop_count,
-            "tokens": attention_mask.sum(), "mlm_dropped": output.mlm_dropped,
+            "tokens": tokens, "mlm_dropped": output.mlm_dropped,
         }
         self._sums[:len(_MICRO_FIELDS)] += torch.stack([values[f].double() for f in _MICRO_FIELDS]).to(self.device)
-        self._samples += attention_mask.shape[0]
-        self._positions += attention_mask.numel()
+        self._samples += shape[0]
+        self._positions += shape[0] * shape[1]
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Add the host seconds a step waited for its micro-batches (the loader and the copies' issue)."""
+        self._data_wait_s += seconds
 
     def add_step(self, grad_norm: Any) -> None:
         """Add one optimiser step and its global gradient norm (a tensor on any device, a float, or None when
@@ -78,7 +92,7 @@ class MetricAccumulator:
         resumed job's first record covers the same steps as an uninterrupted job's (`restore`)."""
         sums = self._sums.tolist()
         sums[_SLOT["samples"]], sums[_SLOT["positions"]] = float(self._samples), float(self._positions)
-        return {"sums": sums, "seconds": time.perf_counter() - self._start}
+        return {"sums": sums, "seconds": time.perf_counter() - self._start, "data_wait_s": self._data_wait_s}
 
     def restore(self, saved: list[dict[str, Any]], rank: int, world_size: int) -> None:
         """Continue the interval a checkpoint saved: `saved[r]` is rank r's `local_state()` at the save.
@@ -102,6 +116,7 @@ class MetricAccumulator:
         self._sums = torch.tensor(sums, dtype=torch.float64, device=self.device)
         self._samples, self._positions = int(sums[_SLOT["samples"]]), int(sums[_SLOT["positions"]])
         self._start = time.perf_counter() - float(saved[rank % len(saved)]["seconds"])
+        self._data_wait_s = float(saved[rank % len(saved)].get("data_wait_s", 0.0))  # absent before it was saved
 
     def reduce(self) -> dict[str, float]:
         """Sum over ranks (collective when a process group is up) and return the interval's record:
@@ -110,14 +125,18 @@ class MetricAccumulator:
         mlm_accuracy, sop_accuracy (per masked token / labelled sequence), grad_norm
         (mean over the interval's steps), tokens_per_s (non-padding tokens), samples_per_s, positions_per_s
         (padded positions, what the FLOPs count), mlm_dropped (labelled positions no loss saw, all ranks:
-        `PreTrainingOutput.mlm_dropped`; the trainer refuses any). Resets the accumulator."""
-        sums = self._sums.clone()
+        `PreTrainingOutput.mlm_dropped`; the trainer refuses any), data_wait_s (seconds per step waiting for
+        data, `add_data_wait`, mean over ranks) and data_wait_share (that wait / the interval's time, as
+        torchtitan's data-loading time and percentage). Resets the accumulator."""
+        # the data wait rides last, after the global fields: divided by the world size like them, the mean over ranks
+        sums = torch.cat([self._sums, self._sums.new_zeros(1)])
         sums[_SLOT["samples"]], sums[_SLOT["positions"]] = float(self._samples), float(self._positions)
+        sums[-1] = self._data_wait_s
         if is_multi_rank():
             # one all-reduce for all slots; the global ones were equal on every rank, so their sum / world
             dist.all_reduce(sums)
             sums[_SLOT[_GLOBAL_FIELDS[0]]:] /= dist.get_world_size()
-        s = dict(zip(_FIELDS, sums.tolist()))
+        s = dict(zip(_FIELDS + ("data_wait_s",), sums.tolist()))
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         mlm_loss = s["mlm_loss_sum"] / max(s["mlm_count"], 1.0)
         sop_loss = s["sop_loss_sum"] / max(s["sop_count"], 1.0)
@@ -128,6 +147,7 @@ class MetricAccumulator:
             "grad_norm": s["grad_norm"] / max(s["steps"], 1.0),
             "tokens_per_s": s["tokens"] / elapsed, "samples_per_s": s["samples"] / elapsed,
             "positions_per_s": s["positions"] / elapsed, "mlm_dropped": s["mlm_dropped"],
+            "data_wait_s": s["data_wait_s"] / max(s["steps"], 1.0), "data_wait_share": s["data_wait_s"] / elapsed,
         }
         self.reset()
         return record

@@ -249,14 +249,16 @@ class AlbertModel(nn.Module):
         self.encoder = AlbertTransformer(config)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor,
                 output_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S) int64 inputs -> sequence output (B, S, H) and pooled output (B, H).
 
-        `output_positions` (B, N) int64 with ``output_positions[:, 0] == 0`` (the pooled first token) restricts
-        the sequence output to those positions, (B, N, H); see `AlbertTransformer.forward`.
+        `attention_mask` None: no padding, attention runs without a mask (the form FlashAttention takes; equal
+        to an all-ones mask). `output_positions` (B, N) int64 with ``output_positions[:, 0] == 0`` (the pooled
+        first token) restricts the sequence output to those positions, (B, N, H); see `AlbertTransformer.forward`.
         """
-        key_mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, S), True = real token
+        # (B, 1, 1, S), True = real token; None: every token is real
+        key_mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
         seq = self.encoder(self.embeddings(input_ids, token_type_ids), key_mask, output_positions)
         pooled = torch.tanh(self.pooler(seq[:, 0]))
         return seq, pooled
@@ -323,23 +325,24 @@ class AlbertForPreTraining(nn.Module):
         if isinstance(module, AlbertMLMHead):
             nn.init.zeros_(module.bias)
 
-    def _check_inputs(self, input_ids: torch.Tensor, **same_shape: torch.Tensor) -> None:
+    def _check_inputs(self, input_ids: torch.Tensor, **same_shape: torch.Tensor | None) -> None:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, S), got shape {tuple(input_ids.shape)}")
         for name, tensor in same_shape.items():
-            if tensor.shape != input_ids.shape:
+            if tensor is not None and tensor.shape != input_ids.shape:
                 raise ValueError(f"{name} must have the shape of input_ids {tuple(input_ids.shape)}, "
                                  f"got {tuple(tensor.shape)}")
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds model.max_position_embeddings="
                              f"{self.config.max_position_embeddings}")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor,
                 mlm_labels: torch.Tensor, sop_labels: torch.Tensor) -> PreTrainingOutput:
         """Pretraining losses.
 
-        Args: `input_ids`, `attention_mask` (1 = token, 0 = padding), `token_type_ids`, `mlm_labels` (-100 =
-        not predicted): (B, S) int64; `sop_labels` (B,) int64 (0 = in order, 1 = swapped, -100 = ignore).
+        Args: `input_ids`, `attention_mask` (1 = token, 0 = padding; None = no padding, attention without a
+        mask), `token_type_ids`, `mlm_labels` (-100 = not predicted): (B, S) int64; `sop_labels` (B,) int64
+        (0 = in order, 1 = swapped, -100 = ignore).
         Only the labelled positions and the first token are computed past the last block's keys and values,
         and the MLM head runs only there: the loss equals the one computed from full (B, S, V) logits at a
         fraction of the head's and the last block's cost. With `max_predictions_per_seq` = P the gather has
@@ -394,7 +397,7 @@ class AlbertForPreTraining(nn.Module):
                                  sop_correct=sop_correct, sop_count=sop_count,
                                  mlm_loss_sum=mlm_loss_sum, sop_loss_sum=sop_loss_sum, mlm_dropped=mlm_dropped)
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Full MLM logits (B, S, V) and SOP logits (B, 2), in the parameters' dtype (for tests and export).
 

@@ -10,8 +10,9 @@ bench/gpu_step.py), and every device drain that check cannot see: ``synchronize`
 ``torch.accelerator``), recorded as method ``synchronize``. Each call is attributed to
 
 * a *phase* of the loop: ``stop`` (`Trainer._agree_stop`, the documented stop-flag read after every step),
-  ``log`` (`_log_train`, at log steps only), ``eval`` (`evaluate`), ``save`` (`save`), else ``step``: the
-  micro-steps, the optimiser step, the metric accumulation and the next batches;
+  ``log`` (`_log_train`, at log steps only), ``eval`` (`evaluate`), ``save`` (`save`), ``batch``
+  (`Trainer._to_device`: the loader's host copy of a micro-batch, read before it is copied, so host memory on a
+  GPU too), else ``step``: the micro-steps, the optimiser step, the metric accumulation and the next batches;
 * an *owner*: the innermost frame outside torch's own package: albert_dist's code (``ours``), DeepSpeed's
   (``deepspeed``) or anything else (``other``), with that frame's ``file:function``.
 
@@ -135,7 +136,8 @@ def main(argv: list[str]) -> int:
             if hasattr(torch.Tensor, method):
                 mp.setattr(torch.Tensor, method, counter.wrap(method))
         counter.count_synchronize(mp)
-        for name, phase in (("_agree_stop", "stop"), ("_log_train", "log"), ("evaluate", "eval"), ("save", "save")):
+        for name, phase in (("_agree_stop", "stop"), ("_log_train", "log"), ("evaluate", "eval"), ("save", "save"),
+                            ("_to_device", "batch")):
             original = getattr(Trainer, name)
 
             def in_phase(self, *a, _original=original, _phase=phase, **kw):

@@ -5,10 +5,12 @@
 (albert_dist, DeepSpeed, other). Jobs: ZeRO-0 fp32 (the exact clipping of `albert_dist.engine.grad_norm`) and ZeRO-2,
 both with clipping on and gradient accumulation 2, 6 steps logged every 3. Between log steps albert_dist reads
 nothing from the device but the documented stop flag (one read per optimiser step, `Trainer._agree_stop`); at a
-log step `_log_train` reads the interval's sums. DeepSpeed's own reads inside `engine.step` are counted and
-reported (docs/training-loop.md), not asserted: they are upstream's. Device drains (``synchronize`` through
-DeepSpeed's accelerator or torch, albert_dist's or DeepSpeed's) are asserted: none inside the accumulation window,
-at most one per optimizer step (DeepSpeed's throughput timer, on by default, made two per micro-step).
+log step `_log_train` reads the interval's sums; and each micro-batch's host copy is read for padding before
+its copy to the device (`drop_full_mask`: host memory, no device sync on a GPU). DeepSpeed's own reads inside
+`engine.step` are counted and reported (docs/training-loop.md), not asserted: they are upstream's. Device drains
+(``synchronize`` through DeepSpeed's accelerator or torch, albert_dist's or DeepSpeed's) are asserted: none
+inside the accumulation window, at most one per optimizer step (DeepSpeed's throughput timer, on by default,
+made two per micro-step).
 
 Controls: the same counter sees the dynamic MLM gather's host read (``int(counts.max())``) in a plain forward, and
 none in the static gather's; it sees the synchronize of DeepSpeed's throughput timer under DeepSpeed's default
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("host_sync_worker.py")
 STEPS, LOG_EVERY, WORLD = 6, 3, 2
+GA = 2  # the shared job's gradient_accumulation_steps (tests/fixtures/ranks.py)
 #: the shared tiny job (tests/fixtures/ranks.py), clipped, logged every 3 steps, saved only at the end
 OVERRIDES = [f"max_steps={STEPS}", f"log_interval_steps={LOG_EVERY}", "engine.gradient_clipping=1.0",
              "checkpoint.save_interval_steps=0", "data.num_workers=0"]
@@ -66,7 +69,10 @@ def test_micro_steps_read_nothing_from_the_device(tmp_path, zero_stage):
         assert log_steps == set(range(LOG_EVERY, STEPS + 1, LOG_EVERY)), log_steps
         # save() runs after every step but writes only at the last one here (save_interval_steps: 0)
         assert {c["step"] for c in ours if c["phase"] == "save"} <= {STEPS}
-        assert not [c for c in ours if c["phase"] not in ("step", "stop", "log", "save")]
+        # the host copy of each micro-batch, read for its padding before it goes to the device (drop_full_mask)
+        batch = Counter((c["site"], c["method"]) for c in ours if c["phase"] == "batch")
+        assert batch == {("data/pretraining.py:drop_full_mask", "__bool__"): STEPS * GA}, batch
+        assert not [c for c in ours if c["phase"] not in ("step", "stop", "log", "save", "batch")]
         upstream = Counter((c["site"], c["method"]) for c in calls if c["owner"] != "ours" and c["phase"] == "step")
         print(f"ZeRO-{zero_stage} rank {rank}: DeepSpeed/other host reads in {STEPS} steps: {dict(upstream)}")
 

@@ -5,7 +5,8 @@ from fixtures.loader_checks import (check_exact_resume_across_shuffle_windows, c
 
 
 def test_exact_resume_twice_in_a_row_with_two_workers():
-    check_exact_resume_twice_in_a_row(2)
+    """With a step of 8 micro-batches in flight (the trainer's depth at gradient accumulation 8)."""
+    check_exact_resume_twice_in_a_row(2, ga=8)
 
 
 def test_exact_resume_across_shuffle_windows_with_two_workers():

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from albert_dist.data import stream as stream_mod
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.loader import build_train_loader
+from albert_dist.data.loader import build_train_loader, prefetch_factor_for
 from fixtures.loader_checks import assert_same as _assert_same
 from fixtures.loader_checks import check_exact_resume_across_shuffle_windows, check_exact_resume_twice_in_a_row
 from fixtures.loader_checks import data_cfg as _cfg
@@ -21,6 +21,19 @@ from fixtures.loader_checks import take as _take
 def test_exact_resume_twice_in_a_row():
     """0 workers; 2 worker processes: tests/integration/test_loader_workers.py."""
     check_exact_resume_twice_in_a_row(0)
+
+
+def test_the_prefetch_depth_covers_a_step_of_micro_batches():
+    """num_workers x prefetch_factor >= GA, the least such factor, never below torch's default 2; none without
+    workers; the loader gets it, and page-locked memory only when asked (the trainer asks on CUDA)."""
+    assert prefetch_factor_for(0, 16) is None
+    for workers, ga, factor in [(1, 1, 2), (2, 1, 2), (2, 4, 2), (2, 5, 3), (2, 16, 8), (3, 16, 6), (2, 64, 32)]:
+        assert prefetch_factor_for(workers, ga) == factor, (workers, ga)
+    loader = build_train_loader(_cfg(2), 4, rank=0, world_size=1, micro_batches_per_step=16)
+    assert loader.num_workers * loader.prefetch_factor == 16 and loader.pin_memory is False
+    assert build_train_loader(_cfg(0), 4, rank=0, world_size=1, micro_batches_per_step=16, pin_memory=True).pin_memory
+    with pytest.raises(ValueError, match="micro_batches_per_step"):
+        build_train_loader(_cfg(2), 4, rank=0, world_size=1, micro_batches_per_step=0)
 
 
 @pytest.mark.parametrize("window", [1, 3])

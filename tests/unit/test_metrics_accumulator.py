@@ -90,3 +90,73 @@ def test_an_interval_saved_by_two_ranks_restored_on_one_sums_both():
     assert other.reduce()["mlm_loss"] == 0.0
     with pytest.raises(ValueError, match="fields"):
         other.restore([{"sums": [0.0] * 3, "seconds": 0.0}], rank=0, world_size=1)
+
+
+def test_a_batch_without_mask_counts_every_position_as_a_token():
+    """The maskless form of an unpadded batch (None and its shape) gives the record of its all-ones mask."""
+    with_mask, without = MetricAccumulator(torch.device("cpu")), MetricAccumulator(torch.device("cpu"))
+    padded = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    for acc, full in ((with_mask, torch.ones(2, 3, dtype=torch.long)), (without, None)):
+        acc.add_micro_step(_out(3.0, 1.0, 1, 2, 1, 2), padded)
+        acc.add_micro_step(_out(2.0, 1.0, 1, 2, 1, 2), full, (2, 3))
+        acc.add_step(1.0)
+    a, b = with_mask.reduce(), without.reduce()
+    assert b["positions_per_s"] / b["tokens_per_s"] == pytest.approx(12 / 9)  # 3 + 6 tokens of 12 positions
+    assert a["positions_per_s"] / a["tokens_per_s"] == pytest.approx(12 / 9)
+    assert all(a[q] == b[q] for q in QUANTITIES)
+    with pytest.raises(ValueError, match="shape"):
+        without.add_micro_step(_out(1.0, 1.0, 1, 1, 1, 1), None)
+
+
+class _Clock:
+    """perf_counter for the accumulator: moves only when told."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_data_wait_per_step_and_share_of_the_interval(monkeypatch):
+    """3 steps in 10 s of training (2 s of evaluation excluded) that waited 0.5 + 1.0 + 1.5 s: 1 s per step,
+    a share of 0.3; the interval saved mid-way keeps its wait; a saved state without one restores as 0."""
+    clock = _Clock()
+    monkeypatch.setattr("albert_dist.engine.metrics.time.perf_counter", clock)
+    acc = MetricAccumulator(torch.device("cpu"))
+    for wait in (0.5, 1.0):
+        acc.add_data_wait(wait)
+        acc.add_step(1.0)
+    clock.now += 6.0
+    resumed = MetricAccumulator(torch.device("cpu"))
+    resumed.restore([acc.local_state()], rank=0, world_size=1)
+    resumed.add_data_wait(1.5)
+    resumed.add_step(1.0)
+    clock.now += 6.0
+    resumed.exclude(2.0)
+    record = resumed.reduce()
+    assert record["data_wait_s"] == pytest.approx(1.0) and record["data_wait_share"] == pytest.approx(0.3)
+    assert resumed.reduce()["data_wait_s"] == 0.0  # reset with the interval
+    old = {k: v for k, v in acc.local_state().items() if k != "data_wait_s"}  # a checkpoint from before
+    resumed.restore([old], rank=0, world_size=1)
+    assert resumed.reduce()["data_wait_s"] == 0.0
+
+
+def test_data_wait_is_the_mean_over_ranks(monkeypatch):
+    """Reduced over two ranks with the same interval (the all-reduce doubles every slot): the wait per step is
+    one rank's, not twice it, while the per-rank sums (samples) double."""
+    import albert_dist.engine.metrics as metrics
+
+    clock = _Clock()
+    monkeypatch.setattr("albert_dist.engine.metrics.time.perf_counter", clock)
+    monkeypatch.setattr(metrics, "is_multi_rank", lambda: True)
+    monkeypatch.setattr(metrics.dist, "all_reduce", lambda t: t.mul_(2))
+    monkeypatch.setattr(metrics.dist, "get_world_size", lambda: 2)
+    acc = MetricAccumulator(torch.device("cpu"))
+    acc.add_micro_step(_out(1.0, 1.0, 1, 1, 1, 1), torch.ones(2, 3, dtype=torch.long))
+    acc.add_data_wait(0.25)
+    acc.add_step(1.0)
+    clock.now += 1.0
+    record = acc.reduce()
+    assert record["data_wait_s"] == pytest.approx(0.25) and record["data_wait_share"] == pytest.approx(0.25)
+    assert record["samples_per_s"] == pytest.approx(4.0) and record["grad_norm"] == pytest.approx(1.0)
