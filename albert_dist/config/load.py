@@ -81,7 +81,7 @@ class TrainConfig:
 
 #: Model presets for `model: {preset: NAME}` / `model.preset=NAME`: configs/model/NAME.yaml (flat AlbertConfig
 #: fields) of the source checkout.
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "model"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 
 
 def preset_names() -> list[str]:
