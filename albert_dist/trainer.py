@@ -11,7 +11,7 @@ Every `eval_interval_steps` and after the last step: validation on the fixed val
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
-SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
+SIGTERM, SIGUSR1 or SIGINT (`albert_dist.job.stop`): the current step finishes, all ranks agree on stopping at
 the same step (a MAX all-reduce of the flag after every step), a checkpoint is written (recorded as a stop's)
 and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`).
 """
@@ -37,8 +37,9 @@ from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
-from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.distributed import broadcast_object, discover, init_distributed, is_multi_rank
+from albert_dist.job import console
+from albert_dist.engine import metric_names as names
+from albert_dist.dist.group import broadcast_object, discover, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
@@ -47,7 +48,7 @@ from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
-from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
+from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
@@ -78,7 +79,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
                  store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
         self.cfg = cfg
-        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
+        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.dist.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.dist_env = discover()
         world = self.dist_env.world_size

@@ -140,7 +140,7 @@ def prepare(args: argparse.Namespace) -> int:
     """
     from albert_dist.data.prepare.options import PrepareOptions
     from albert_dist.data.prepare.run import AlreadyComplete, prepare as run_prepare
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import install_noise_filters
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     install_noise_filters()

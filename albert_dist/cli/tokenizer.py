@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         ValueError, OSError: missing or unreadable input (exit 2).
     """
     from albert_dist.data.tokenizer import train_tokenizer
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import install_noise_filters
 
     logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
     install_noise_filters()

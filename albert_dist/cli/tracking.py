@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: not a run directory (exit 2).
     """
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import install_noise_filters
     from albert_dist.tracking.sync import sync
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -1,4 +1,4 @@
-"""Rank/world discovery (albert_dist.engine.distributed): precedence, Slurm node lists, errors.
+"""Rank/world discovery (albert_dist.dist.group): precedence, Slurm node lists, errors.
 
 References: the variables torchrun (GROUP_RANK, LOCAL_WORLD_SIZE) and deepspeed/launcher/launch.py
 (CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation (tests/fixtures/slurm_env.py;
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from albert_dist.engine import distributed as D
-from albert_dist.engine import slurm as S
+from albert_dist.dist import group as D
+from albert_dist.dist import slurm as S
 from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 

@@ -1,6 +1,6 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
-not, absolute or relative, or a module named in a string for importlib) runs down the layers base < model < data
-< engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
+not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < dist <
+model < data < engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
 trainer < train < downstream < finetune < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
@@ -84,15 +84,16 @@ def test_no_import_cycles_in_the_package():
 
 #: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
 #: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
-#: its fields with (what a change means on resume); `app` is every other top-level module.
-LAYERS = ("base", "model", "data", "engine", "tracking", "app")
+#: its fields with (what a change means on resume); `job` (a job's life on a rank) and `dist` (who am I) are the
+#: ground floor under the model; `app` is every other top-level module.
+LAYERS = ("base", "job", "dist", "model", "data", "engine", "tracking", "app")
 
 
 def layer_of(module: str) -> str:
     """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume) or app (the top
     level)."""
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("model", "data", "engine", "tracking"):
+    if len(parts) > 1 and parts[1] in LAYERS[1:-1]:
         return parts[1]
     return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume") else "app"
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from albert_dist.data.lockfile import read_holder
+from albert_dist.job.lockfile import read_holder
 
 #: the lock beside a local output, ``.<name>.prepare-lock`` (`OutputLock`): kept after the run (deleting it while
 #: a holder runs would let a second prepare lock a new file); a dotfile, so a glob or directory source skips it

@@ -1,5 +1,5 @@
 """The holder's record in a lock file (`data prepare`'s output lock, albert_dist.data.prepare.lock, and the run
-directory's, albert_dist.engine.run_lock): a JSON object the holder writes right after it takes the flock."""
+directory's, albert_dist.job.run_lock): a JSON object the holder writes right after it takes the flock."""
 from __future__ import annotations
 
 import json

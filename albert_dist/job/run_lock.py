@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from albert_dist.data.lockfile import read_holder
+from albert_dist.job.lockfile import read_holder
 
 logger = logging.getLogger(__name__)
 
