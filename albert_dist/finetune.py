@@ -175,7 +175,9 @@ def finetune(args: argparse.Namespace) -> int:
     flags `albert_dist.cli.finetune` defines); returns 0, or 2 (one line on stderr) for bad input found before any
     training (unknown task, missing columns, label sets that differ, no tokenizer, a vocabulary mismatch, no such
     checkpoint step)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from albert_dist.job.console import configure_logging
+
+    configure_logging(replace=False)
     from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
     from albert_dist.downstream.tasks import TaskError
 

@@ -32,8 +32,9 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
-from albert_dist.dist.group import discover, setup_logging
+from albert_dist.dist.group import discover
 from albert_dist.dist.rendezvous import PreflightRefused, agree, open_store
+from albert_dist.job.console import configure_logging
 from albert_dist.job.run_lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
@@ -65,7 +66,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
     try:
         env = discover()
         multi_rank = env.world_size > 1
-        setup_logging(env.rank)
+        configure_logging(env.rank)
         # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
         # otherwise wait in the rendezvous for the process-group timeout (albert_dist.dist.rendezvous).
         store = open_store(env)

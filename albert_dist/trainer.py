@@ -158,7 +158,7 @@ class Trainer:
         """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`
         (what the resume needs); rank 0 writes that config to `<run_dir>/ds_config.json`."""
         # Imported here: DeepSpeed's import costs seconds and logs its accelerator choice, which a refused
-        # config or `--help` should not pay, and which must come after setup_logging's noise filter.
+        # config or `--help` should not pay, and which must come after configure_logging's noise filter.
         import deepspeed
 
         cfg, world = self.cfg, self.dist_env.world_size

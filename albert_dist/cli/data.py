@@ -140,10 +140,9 @@ def prepare(args: argparse.Namespace) -> int:
     """
     from albert_dist.data.prepare.options import PrepareOptions
     from albert_dist.data.prepare.run import AlreadyComplete, prepare as run_prepare
-    from albert_dist.job.console import install_noise_filters
+    from albert_dist.job.console import configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    install_noise_filters()
+    configure_logging(replace=False)
     command = "albert-dist " + shlex.join(args.command_line)  # recorded in the manifest
     sources, tokenizer, max_doc = _sources_from_args(args)
     opts = PrepareOptions(

@@ -1,6 +1,6 @@
 """Rank / world discovery and process-group start-up, for every way albert_dist is launched.
 
-``python -m albert_dist.dist.group`` prints the discovery of the calling task (a job-script check).
+``albert-dist dist`` prints the discovery of the calling task (a job-script check).
 
 Launch methods and the variables each one sets (precedence from top to bottom):
 
@@ -357,35 +357,3 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
                                    verbose=dist_env.rank == 0)
     log.info("process group up: %s backend %s", dist_env.describe(), accel.communication_backend_name())
     return dist_env
-
-
-def setup_logging(rank: int) -> None:
-    """stdlib logging for a rank (`albert_dist.job.console`): INFO on rank 0, WARNING elsewhere (DESIGN.md),
-    the rank in every line's prefix, known third-party noise filtered by exact message."""
-    from albert_dist.job.console import configure_logging
-
-    configure_logging(rank)
-
-
-def main() -> int:
-    """``python -m albert_dist.dist.group``: print this task's discovery as one JSON line.
-
-    A pre-flight check for job scripts (``srun python -m albert_dist.dist.group``): every task prints
-    ``DIST {"rank": ..., "node_rank": ..., ...}``, so a node list or a batch-shell expansion gone wrong
-    (every node believing it is node 0) shows before any training starts. Imports no torch (stdlib and python-hostlist).
-    Exit status 2 with the message when discovery fails.
-    """
-    import json
-    import sys
-
-    try:
-        env = discover()
-    except ValueError as err:
-        print(f"DIST-ERROR {err}", file=sys.stderr)
-        return 2
-    print("DIST " + json.dumps(dataclasses.asdict(env) | {"host": socket.gethostname()}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
