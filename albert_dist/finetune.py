@@ -124,13 +124,13 @@ def write_results(path: Path, entry: dict[str, Any]) -> None:
     """Add `entry` to ``downstream.json`` (``{"results": [...]}``), replacing an earlier entry of the same task,
     init, model, step, hyper-parameters and subset sizes (a rerun of the same fine-tunes); under an exclusive
     lock on ``downstream.json.lock`` beside it, so concurrent commands scoring one run keep every entry."""
-    import fcntl
+    from albert_dist.job.lock import flock
 
     key = ("task", "init", "model", "step", "finetune", "train_examples", "dev_examples")
     path.parent.mkdir(parents=True, exist_ok=True)
     # several `finetune` processes may score one run at once (a task or checkpoint each): one writer at a time
     with open(path.with_suffix(".json.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        flock(lock)
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -15,7 +15,7 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 4. the memory fit (`check_memory`: the estimate of `albert_dist.engine.memory` logged, and refused on a GPU it
    exceeds, with the smallest change that fits as dotted overrides, tried through config.py's override path);
 5. last, so that a job refused otherwise leaves nothing behind: rank 0 locks the run directory and a separate
-   checkpoint directory (`lock_run_dirs`, `albert_dist.job.run_lock`); without a fixed `run_dir` it names
+   checkpoint directory (`lock_run_dirs`, `albert_dist.job.lock`); without a fixed `run_dir` it names
    the run's directory here, the first free `runs/<recipe>-<UTC time>[-<k>]` (`JobPlan.run_dir`).
 
 Every rank runs 1-4 on the same files and config and so reaches the same verdict; the app has the ranks agree
@@ -43,7 +43,7 @@ from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.dist.group import DistEnv
-from albert_dist.job.run_lock import RunDirBusy, RunDirLock
+from albert_dist.job.lock import RunDirBusy, RunDirLock
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def load_plan_for(cfg: TrainConfig, resume: Optional[str], ckpt_dir: Optional[st
 
 
 def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock]:
-    """Rank 0's locks for the job (`albert_dist.job.run_lock`): the run directory's first (without a fixed
+    """Rank 0's locks for the job (`albert_dist.job.lock`): the run directory's first (without a fixed
     `run_dir`, the one `lock_auto_run_dir` names), and the checkpoint directory's when `checkpoint.dir` puts it
     elsewhere.
 

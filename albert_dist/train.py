@@ -9,7 +9,7 @@ and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on
 (`albert_dist.dist.group`). The config, the batch arithmetic for the launcher's world size, the input
 files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
 before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
-rank 0 also takes the run directory's lock there (`albert_dist.job.run_lock`: a second job on it is refused
+rank 0 also takes the run directory's lock there (`albert_dist.job.lock`: a second job on it is refused
 the same way, naming the holder), naming the directory first when `run_dir` is unset. The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
 (`albert_dist.dist.rendezvous`), so a refusal on any rank ends every rank at once; then
@@ -35,7 +35,7 @@ from albert_dist.engine.checkpoint.save import CheckpointSaveError
 from albert_dist.dist.group import discover
 from albert_dist.dist.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.job.console import configure_logging
-from albert_dist.job.run_lock import RunDirLock
+from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    error_line)

@@ -7,7 +7,7 @@ MASTER_ADDR:MASTER_PORT first (rank 0 serves it, exactly as torch's env:// rende
 its preflight and reports to it (`agree`), and rank 0 publishes one verdict: every rank then starts the
 process group over this same store (`albert_dist.dist.group.init_distributed(store=...)`), or every
 rank exits 2 with the refusing rank's message. The checks that only rank 0 makes (the run directory's lock,
-`albert_dist.job.run_lock`) reach the other ranks the same way.
+`albert_dist.job.lock`) reach the other ranks the same way.
 """
 from __future__ import annotations
 

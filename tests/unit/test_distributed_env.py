@@ -198,7 +198,7 @@ def _clean_launch_env(monkeypatch):
 
 
 def test_dist_command_prints_the_discovery(monkeypatch, capsys):
-    """`albert-dist dist` (the job scripts' check, formerly ``python -m albert_dist.engine.distributed``): one
+    """`albert-dist dist` (the job scripts' check): one
     ``DIST {...}`` line of the discovered DistEnv plus the host."""
     import json
     import socket

@@ -8,7 +8,7 @@ import pytest
 from albert_dist import cli, preflight
 from albert_dist import train as trainer
 from albert_dist.dist import group as distributed
-from albert_dist.job.run_lock import RunDirBusy, RunDirLock
+from albert_dist.job.lock import RunDirBusy, RunDirLock
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
