@@ -1,4 +1,4 @@
-"""The front end of `albert-dist finetune` (the work: `albert_dist.finetune`, `albert_dist.downstream`).
+"""The front end of `albert-dist finetune` (the work: `albert_dist.finetune`).
 
     albert-dist finetune RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR [--step N] [--init random] ...
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from albert_dist.finetune import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, DEFAULT_WARMUP_RATIO,
-                                  RESULTS_FILE)
-from albert_dist.finetune import __doc__ as finetune_doc
+from albert_dist.finetune.run import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE,
+                                      DEFAULT_WARMUP_RATIO, RESULTS_FILE)
+from albert_dist.finetune.run import __doc__ as finetune_doc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`albert_dist.finetune.finetune`; its exit code."""
-    from albert_dist.finetune import finetune
+    """`albert_dist.finetune.run.finetune`; its exit code."""
+    from albert_dist.finetune.run import finetune
 
     return finetune(args)

@@ -132,11 +132,11 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
 
     import transformers
 
-    from albert_dist.downstream.source import from_transformers_dir
+    from albert_dist.finetune.source import from_transformers_dir
 
     _, run = world
     full = run / "final_model" / "hf"
-    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
         from_transformers_dir(full).encoder_state()
     assert not [r for r in caplog.records if "random init" in r.getMessage()]
     mlm = tmp_path / "mlm"
@@ -144,7 +144,7 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
     for f in full.iterdir():
         if not (mlm / f.name).exists():
             shutil.copy(f, mlm / f.name)
-    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
         state = from_transformers_dir(mlm).encoder_state()
     said = [r.getMessage() for r in caplog.records if "random init" in r.getMessage()]
     assert len(said) == 1 and "albert.pooler" in said[0] and "sop_classifier" in said[0], said

@@ -10,7 +10,7 @@ pytest.importorskip("mlflow")
 def test_the_same_fine_tune_logged_again_replaces_its_child_run(tmp_path):
     from mlflow import MlflowClient
 
-    from albert_dist.downstream.tracking import DownstreamRuns
+    from albert_dist.tracking.finetune_runs import DownstreamRuns
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     client = MlflowClient(uri)

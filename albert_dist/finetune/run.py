@@ -55,7 +55,7 @@ GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
 def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
     """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
     asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
-    from albert_dist.downstream.tasks import TaskError, glue_task
+    from albert_dist.finetune.tasks import TaskError, glue_task
 
     glue_task(task)  # an unknown name is named as such, before any folder is looked for
     if data_dir is None:
@@ -75,7 +75,7 @@ def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str
 
 def load_tasks(args: argparse.Namespace) -> list:
     """The tasks asked for, read and checked; `TaskError` for bad input."""
-    from albert_dist.downstream.tasks import TaskError, glue_task, load_files, load_glue
+    from albert_dist.finetune.tasks import TaskError, glue_task, load_files, load_glue
 
     if bool(args.task) == bool(args.train_file):
         raise TaskError("give --task NAME [NAME ...] or --train-file/--validation-file (one of them)")
@@ -91,8 +91,8 @@ def load_tasks(args: argparse.Namespace) -> list:
 
 def finetune_config(args: argparse.Namespace, task: str, max_positions: int):
     """The task's `FinetuneConfig` from flags and per-task defaults; `ValueError` naming a bad flag."""
-    from albert_dist.downstream.tasks import GLUE_TASKS
-    from albert_dist.downstream.train import FinetuneConfig
+    from albert_dist.finetune.tasks import GLUE_TASKS
+    from albert_dist.finetune.train import FinetuneConfig
     from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB
 
     glue = GLUE_TASKS.get(task)
@@ -178,8 +178,8 @@ def finetune(args: argparse.Namespace) -> int:
     from albert_dist.job.console import configure_logging
 
     configure_logging(replace=False)
-    from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
-    from albert_dist.downstream.tasks import TaskError
+    from albert_dist.finetune.source import SourceError, check_vocabulary, describe, resolve
+    from albert_dist.finetune.tasks import TaskError
 
     try:  # the hf extra: transformers (tokenizers, Trainer) and accelerate (which the Trainer needs)
         import accelerate  # noqa: F401
@@ -204,7 +204,7 @@ def finetune(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.model} is not a run directory: pass --output DIR for {RESULTS_FILE}")
             state = source.encoder_state() if args.init == "pretrained" else None
             if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
-                from albert_dist.downstream.train import build_model
+                from albert_dist.finetune.train import build_model
 
                 build_model(source.config, tasks[0].num_labels, state, 0, 0.0)
         except (SourceError, TaskError, ValueError, OSError) as exc:
@@ -218,7 +218,7 @@ def _bad(exc: BaseException) -> int:
 
 
 def _open_tracking(args: argparse.Namespace, source: Any):
-    from albert_dist.downstream.tracking import DownstreamRuns
+    from albert_dist.tracking.finetune_runs import DownstreamRuns
     from albert_dist.tracking.tracker import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri or source.tracking_uri)
@@ -234,7 +234,7 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
          described: dict) -> int:
     from tqdm.auto import tqdm
 
-    from albert_dist.downstream.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
+    from albert_dist.finetune.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
 
     main = _is_main_process()
     runs = None
