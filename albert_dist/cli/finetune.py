@@ -7,7 +7,9 @@ Exit codes: 0, or 2 for bad input found before any training (one line).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from albert_dist.finetune.options import FinetuneOptions
 from albert_dist.finetune.run import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE,
                                       DEFAULT_WARMUP_RATIO, RESULTS_FILE)
 from albert_dist.finetune.run import __doc__ as finetune_doc
@@ -62,8 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pretraining run's, else albert_dist")
 
 
+def options(args: argparse.Namespace) -> FinetuneOptions:
+    """The parsed flags as `FinetuneOptions` (its fields are the flags' names)."""
+    return FinetuneOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneOptions)})
+
+
 def run(args: argparse.Namespace) -> int:
-    """`albert_dist.finetune.run.finetune`; its exit code."""
+    """`albert_dist.finetune.run.finetune` of the flags; 0. Bad input raises `ValueError`/`OSError`, which
+    `albert_dist.cli.main` prints as the one error line (exit 2)."""
     from albert_dist.finetune.run import finetune
 
-    return finetune(args)
+    return finetune(options(args))
