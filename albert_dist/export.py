@@ -36,7 +36,7 @@ import yaml
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from albert_dist.config import load_model_config, model_config_of
-from albert_dist.data.paths import resolve_path
+from albert_dist.data.sources.discover import resolve_path
 from albert_dist.data.tokenizer import write_transformers_config
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
 from albert_dist.engine.checkpoint.choose import newest_verified

@@ -198,7 +198,7 @@ def measure_amplification(pattern: str, disk_bytes: int, slot_counts=SLOT_COUNTS
     """Measured and planned read amplification of the corpus ``pattern`` per slot count (see the module
     docstring); ``sample``: above this many slots, read this many evenly spaced slots and scale (None: all)."""
     from albert_dist.data.config import DataConfig, SourceConfig
-    from albert_dist.data.paths import read_amplification
+    from albert_dist.data.sources.discover import read_amplification
     from albert_dist.data.stream import plan_source
 
     source = SourceConfig(paths=[pattern])
@@ -484,7 +484,7 @@ datasets.disable_progress_bars()
 files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
 ds.to_parquet(out)
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
       "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
@@ -509,7 +509,7 @@ def first(batch):
     return keep
 ds = ds.filter(first, batched=True).remove_columns("hash")
 ds.to_parquet(out)
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
       "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
@@ -546,7 +546,7 @@ from pathlib import Path
 import numpy as np
 from albert_dist.data.prepare.dedup import find_duplicates
 from albert_dist.data.prepare.scan import HASH_DTYPE
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 files, counts = [], []

@@ -10,7 +10,7 @@ slots), and the same prepare runs locally. For 64 and 512 slots, every slot's sh
 (the loader's own plan: ``plan_source`` + ``slot_shares``) is read once from the bucket and once from local
 disk, in this process, one slot after the other:
 
-* ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.store's
+* ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.sources.store's
   counters) over the bytes of the pieces they own (the row groups' text column chunks, what the plan says a
   slot reads). Footers are parsed by planning, once per rank (shown apart: ``footer_bytes_per_rank``; each rank
   of a job plans the whole source once and its loader workers inherit the parsed footers);
@@ -43,9 +43,9 @@ TARGET_RANKS, TARGET_WORKERS = 64, 8
 
 def _read_slots(source, slots: int) -> dict:
     """Every slot's share read once; bytes used (the pieces' nbytes), documents, seconds, requests."""
-    from albert_dist.data import store
-    from albert_dist.data.files import read_piece
-    from albert_dist.data.paths import slot_shares
+    from albert_dist.data.sources import store
+    from albert_dist.data.sources.read import read_piece
+    from albert_dist.data.sources.discover import slot_shares
     from albert_dist.data.stream import plan_source
 
     t_plan = time.perf_counter()

@@ -3,7 +3,7 @@
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
     albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
-The work lives in the data layer (`albert_dist.data.prepare.run`, `albert_dist.data.plan`; the plan's printed
+The work lives in the data layer (`albert_dist.data.prepare.run`, `albert_dist.data.sources.pieces`; the plan's printed
 report, `format_plan`, is here, away from the training path); this front end sits above the app because
 ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
 Bad input (a `ValueError` or `OSError` from the work) is `albert_dist.cli`'s one error line and exit code 2.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+from albert_dist.sizes import fmt_bytes, parse_byte_size
 from albert_dist.exit_codes import EXIT_OK
 
 logger = logging.getLogger(__name__)
@@ -173,13 +173,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan(args: argparse.Namespace) -> int:
-    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.plan`); 0.
+    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.sources.pieces`); 0.
 
     Raises:
         ValueError, OSError: naming the file or field of bad input.
     """
     from albert_dist.config import load_config
-    from albert_dist.data.plan import plan_data
+    from albert_dist.data.sources.pieces import plan_data
 
     cfg = load_config(args.config, args.overrides)
     workers = cfg.data.num_workers if args.workers is None else args.workers
@@ -192,9 +192,9 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def format_plan(plans: list, ranks: int, workers: int) -> str:
-    """The human-readable report ``albert-dist data plan`` prints for ``plans`` (`albert_dist.data.plan.SourcePlan`
+    """The human-readable report ``albert-dist data plan`` prints for ``plans`` (`albert_dist.data.sources.pieces.SourcePlan`
     of each training source at ``ranks`` x max(1, ``workers``) slots)."""
-    from albert_dist.data.plan import AMPLIFICATION_LIMIT, advice
+    from albert_dist.data.sources.pieces import AMPLIFICATION_LIMIT, advice
 
     slots = ranks * max(1, workers)
     out = [f"{ranks} ranks x {max(1, workers)} workers = {slots} slots (slot = rank x workers + worker)"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from albert_dist.data.sizes import parse_byte_size, peak_rss_bytes
+from albert_dist.sizes import parse_byte_size, peak_rss_bytes
 from albert_dist.exit_codes import EXIT_OK
 
 

@@ -3,7 +3,7 @@
 ``build_train_loader`` returns an infinite ``StatefulDataLoader`` whose ``state_dict()`` (plain dicts, lists, ints,
 strings; fit for DeepSpeed's ``client_state``/``torch.save``) restores the exact batch sequence, with or without
 worker processes, without replaying the stream (see :mod:`albert_dist.data.stream` for resume and
-:mod:`albert_dist.data.paths` for splitting).
+:mod:`albert_dist.data.sources.discover` for splitting).
 Every rank yields a batch on every call, forever, so ranks cannot diverge in step count.
 
 The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
@@ -30,8 +30,8 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from albert_dist.data.config import DataConfig
-from albert_dist.data.paths import slot_shares
-from albert_dist.data.plan import SourcePlan, amplification_warning, plan_source, summarize_pieces
+from albert_dist.data.sources.discover import slot_shares
+from albert_dist.data.sources.pieces import SourcePlan, amplification_warning, plan_source, summarize_pieces
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.stream import SourceStream
 from albert_dist.data.tokenizer import load_tokenizer
@@ -79,7 +79,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         self.shuffle = cfg.shuffle and split == "train"
         # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts,
         # unless the app's preflight planned these slots already (`pieces`). Pieces are sized for this stream's
-        # slots (albert_dist.data.paths.piece_bytes_for).
+        # slots (albert_dist.data.sources.discover.piece_bytes_for).
         self.num_slots = world_size * max(1, cfg.num_workers)
         if pieces is not None and len(pieces) != len(self.sources):
             raise ValueError(f"pieces: {len(pieces)} plans for the {len(self.sources)} sources of data.{split}")
@@ -121,7 +121,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
 
     def log_plan(self, num_workers: int) -> None:
         """Log, per source, how many pieces and bytes each slot of this rank reads; on rank 0, one warning when
-        a source would be read more than `albert_dist.data.plan.AMPLIFICATION_LIMIT` times per epoch (with the
+        a source would be read more than `albert_dist.data.sources.pieces.AMPLIFICATION_LIMIT` times per epoch (with the
         ``albert-dist data prepare`` command), an info line instead when the extra reading is small."""
         slots = self.world_size * max(1, num_workers)
         plans: list[SourcePlan] = []
@@ -272,7 +272,7 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
     int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
     torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
-    max(1, num_workers) slots (`albert_dist.data.plan.plan_source`; None for a hub source), as the app's
+    max(1, num_workers) slots (`albert_dist.data.sources.pieces.plan_source`; None for a hub source), as the app's
     preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
     Raises ValueError at once for missing paths, empty globs, bad arguments.
     """

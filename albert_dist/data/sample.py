@@ -12,7 +12,7 @@ uncompressed files, the text column's uncompressed bytes for parquet, size x a m
 
 * uncompressed .txt/.jsonl: the quota is read as up to `MAX_WINDOWS` windows at evenly spaced offsets (a seek
   each; a window starts at the first record that begins at or after its offset, the byte-range rule of
-  :func:`albert_dist.data.files.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
+  :func:`albert_dist.data.sources.read.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
 * parquet: evenly spaced row groups, read until the quota is met;
 * .gz/.zst: not seekable, so the quota is the file's *prefix*. The alternative, reservoir sampling over the whole
   stream, would decompress the entire corpus (hours at 1 TB) to gain an unbiased position inside each file;
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import check_text_field, read_piece
-from albert_dist.data import store
-from albert_dist.data.paths import discover_files, file_format, parquet_file
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.sources.read import check_text_field, read_piece
+from albert_dist.data.sources import store
+from albert_dist.data.sources.discover import discover_files, file_format, parquet_file
+from albert_dist.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The reference is always the same files on local disk, read by the same code (the
 other data tests check against independent references): a URL source must give exactly the same documents, in
 the same slots and order, for txt, .jsonl.zst and parquet; `data prepare` from s3:// to s3:// must write the
 same shards (sha256) as a local prepare of the same files; reads must be ranged (bytes requested / bytes used
-counted by albert_dist.data.store); transient faults retried without losing or repeating a document; a missing
+counted by albert_dist.data.sources.store); transient faults retried without losing or repeating a document; a missing
 bucket, object or credentials must be one line naming the URL.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from albert_dist.data.prepare import options, publish, run
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import read_piece
-from albert_dist.data.paths import slot_shares
+from albert_dist.data.sources.read import read_piece
+from albert_dist.data.sources.discover import slot_shares
 from albert_dist.data.stream import SourceStream, iter_texts, plan_source
 
 pytestmark = pytest.mark.e2e
@@ -99,7 +99,7 @@ def test_a_url_source_reads_exactly_what_the_local_files_hold(kind, local_corpus
 
 def test_prepare_s3_to_s3_then_plan_and_read_back(local_corpus, s3_server, tmp_path, monkeypatch):
     from albert_dist.config import load_config
-    from albert_dist.data.plan import plan_data
+    from albert_dist.data.sources.pieces import plan_data
 
     monkeypatch.setenv("ALBERT_DIST_PREPARE_TMP", str(tmp_path / "work"))
     s3_server.bucket("raw")
@@ -175,7 +175,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
     finally:
         proxy.stop()
     assert all(proxy.faults[kind] >= 2 for kind in FaultProxy.KINDS), proxy.faults
-    # one retry layer (albert_dist.data.store.call), bounded, each retry a warning with its attempt count
+    # one retry layer (albert_dist.data.sources.store.call), bounded, each retry a warning with its attempt count
     assert store.COUNTERS["retries"] == sum(proxy.faults.values())
     warnings = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(warnings) == store.COUNTERS["retries"] and all("attempt 1 of 5" in w for w in warnings), warnings

@@ -26,8 +26,8 @@ from albert_dist import cli
 from albert_dist.data import tokenizer as tok
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
-from albert_dist.data.paths import slot_shares
-from albert_dist.data.plan import plan_data
+from albert_dist.data.sources.discover import slot_shares
+from albert_dist.data.sources.pieces import plan_data
 from albert_dist.data.stream import SourceStream, iter_texts, plan_source
 from albert_dist.data.validation import build_validation_set
 

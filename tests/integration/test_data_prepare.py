@@ -17,7 +17,7 @@ import pytest
 from albert_dist import cli
 from albert_dist.data.prepare import dedup, jsonl, lock, options, publish, run, scan
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import plan_pieces
+from albert_dist.data.sources.discover import plan_pieces
 from albert_dist.data.stream import iter_texts
 
 # Unicode, inner newlines (blank-line txt keeps single newlines inside a document), quotes for JSON escaping.
@@ -217,7 +217,7 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
     assert not out.exists() and (tmp_path / ("out" + run.TMP_SUFFIX) / "spool" / "000000.json").exists()
     monkeypatch.setattr(run, "write_shard", real_write)
 
-    import albert_dist.data.files as files
+    import albert_dist.data.sources.read as files
 
     def no_reading(*a, **k):
         raise AssertionError("the resumed run read an input again")
@@ -309,7 +309,7 @@ def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
 def test_dispatch_and_byte_sizes(tmp_path, capsys):
     import argparse
 
-    from albert_dist.data.sizes import parse_byte_size
+    from albert_dist.sizes import parse_byte_size
 
     src = _write(tmp_path / "c", BASE[:20], "txt", "")
     assert cli.main(["data", "prepare", "--input", str(src), "--output", str(tmp_path / "o"), "--workers", "1",
@@ -396,7 +396,7 @@ def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
 def test_the_one_byte_formatter_reads_back_as_parse_byte_size_reads_it():
     """`fmt_bytes` (memory line, data plan/prepare, tokenizer): powers of 1024, the unit `parse_byte_size` reads,
     so a printed size pasted back as an option is the same size to its printed precision."""
-    from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+    from albert_dist.sizes import fmt_bytes, parse_byte_size
 
     assert [fmt_bytes(n) for n in (512, 1536, 2**30 - 1, 8 * 2**30, 3 * 2**40)] == [
         "512 B", "1.5 KiB", "1.00 GiB", "8.00 GiB", "3.00 TiB"]

@@ -12,8 +12,8 @@ import pytest
 
 from albert_dist import cli
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import check_text_field
-from albert_dist.data.paths import plan_pieces
+from albert_dist.data.sources.read import check_text_field
+from albert_dist.data.sources.discover import plan_pieces
 from albert_dist.data.stream import plan_source
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import pytest
 from albert_dist import cli
 from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.paths import (MIN_PIECE_BYTES, PIECES_PER_SLOT, piece_bytes_for, read_amplification,
-                                    slot_shares)
-from albert_dist.data.plan import AMPLIFICATION_LIMIT, plan_data, slot_table
+from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, PIECES_PER_SLOT, piece_bytes_for, read_amplification,
+                                               slot_shares)
+from albert_dist.data.sources.pieces import AMPLIFICATION_LIMIT, plan_data, slot_table
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -65,7 +65,7 @@ def _zst_corpus(tmp_path: Path, files: int) -> Path:
 @pytest.fixture
 def tiny_pieces(monkeypatch):
     """Our test corpora are KBs: let them count as big enough for `prepare` (the real floor is 64 KiB a slot)."""
-    from albert_dist.data import plan
+    from albert_dist.data.sources import pieces as plan
 
     monkeypatch.setattr(plan, "MIN_PIECE_BYTES", 16)
 

@@ -14,8 +14,8 @@ from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
-from albert_dist.data.files import BLANK_LINE_MAX_SPACES, read_piece, split_records
-from albert_dist.data.paths import plan_pieces
+from albert_dist.data.sources.read import BLANK_LINE_MAX_SPACES, read_piece, split_records
+from albert_dist.data.sources.discover import plan_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
 from fixtures.hub_folder import write_hub_folder
 from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
@@ -292,7 +292,7 @@ def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path
     pq.write_table(pa.table({"text": docs[15:]}), tmp_path / "part-00001.parquet")
     for name in ("_SUCCESS", "_committed_123", ".part-00000.parquet.crc", "README.md", "LICENSE", ".gitattributes"):
         (tmp_path / name).write_text("not a corpus\n")
-    with caplog.at_level(logging.INFO, logger="albert_dist.data.paths"):
+    with caplog.at_level(logging.INFO, logger="albert_dist.data.sources.discover"):
         assert list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20)) == docs
     lines = [r.getMessage() for r in caplog.records if "side file" in r.getMessage()]
     assert len(lines) == 1 and "ignored 6 side file(s)" in lines[0] and "README.md" in lines[0]
@@ -358,8 +358,8 @@ def test_the_probe_of_a_huge_one_line_file_is_bounded(tmp_path, monkeypatch):
     reading about `probe_read_bytes`, not read to its end (the stream it would fail in reads it whole)."""
     from albert_dist import preflight
     from albert_dist.config import load_config
-    from albert_dist.data import files
-    from albert_dist.data.plan import probe_read_bytes
+    from albert_dist.data.sources import read as files
+    from albert_dist.data.sources.pieces import probe_read_bytes
 
     huge = tmp_path / "one-document.txt"
     with open(huge, "wb") as f:  # sparse: no disk, reads as NUL bytes

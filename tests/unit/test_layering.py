@@ -90,12 +90,13 @@ LAYERS = ("base", "job", "dist", "model", "data", "engine", "tracking", "app")
 
 
 def layer_of(module: str) -> str:
-    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume) or app (the top
-    level)."""
+    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume, sizes) or app (the
+    top level)."""
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS[1:-1]:
         return parts[1]
-    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume") else "app"
+    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume",
+                                "albert_dist.sizes") else "app"
 
 
 #: The app layer, bottom to top: an app module may import the ones before it (and its own package), never one

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.sizes import fmt_bytes
 
 #: Bumped when the output layout or the manifest's meaning changes.
 FORMAT_VERSION = 1

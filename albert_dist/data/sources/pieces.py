@@ -2,14 +2,14 @@
 
 The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.preflight.check_inputs`) and
 ``albert-dist data plan`` (front end and report: `albert_dist.cli.data`) all plan a local source through
-`plan_source_pieces`: discover its files (`albert_dist.data.paths.discover_files`) -> check its text field
-(`albert_dist.data.files.check_text_field`) -> plan its pieces (`albert_dist.data.paths.plan_pieces`) -> refuse a
+`plan_source_pieces`: discover its files (`albert_dist.data.sources.discover.discover_files`) -> check its text field
+(`albert_dist.data.sources.read.check_text_field`) -> plan its pieces (`albert_dist.data.sources.discover.plan_pieces`) -> refuse a
 source of only empty or damaged files. The preflight then probes each slot's share for a usable record
 (`check_slots_readable`) and hands the plan to the loader (`albert_dist.preflight.JobPlan.train_pieces`).
 
 The figures of a plan (`SourcePlan`, `summarize_pieces`, `plan_data`): from metadata alone, no process group and
 no reading beyond file sizes and parquet footers (plus the first 16 records of one jsonl file per source for
-the text-field check); and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the
+the text-field check); and the slot assignment the loader uses (`albert_dist.data.sources.discover.slot_shares`), so the
 figures are the job's. Per training source: the pieces, pieces and bytes read per slot (min / mean / max), the
 read amplification (bytes all slots read in one epoch each over the source's bytes; 1.0 = every byte once), the
 documents (and tokens) per epoch when a ``manifest.json`` of ``albert-dist data prepare`` lies beside the files,
@@ -39,12 +39,12 @@ from typing import Any, Optional
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.files import ReadBudget, check_text_field, read_piece
-from albert_dist.data import store
-from albert_dist.data.hub import check_hub_source
-from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
-                                    readers_per_piece, slot_shares)
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.sources.read import ReadBudget, check_text_field, read_piece
+from albert_dist.data.sources import store
+from albert_dist.data.sources.hub import check_hub_source
+from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
+                                               readers_per_piece, slot_shares)
+from albert_dist.sizes import fmt_bytes
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
@@ -69,9 +69,9 @@ def plan_source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int,
                        require_pieces: bool = True) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The checked piece plan of a local (or object-store) source for a job of ``slots`` slots (slot = rank x
     max(1, num_workers) + worker), the one implementation every caller shares: its files found
-    (`albert_dist.data.paths.discover_files`), its text field checked on the first records of one file
-    (`albert_dist.data.files.check_text_field`), its pieces planned from metadata
-    (`albert_dist.data.paths.plan_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
+    (`albert_dist.data.sources.discover.discover_files`), its text field checked on the first records of one file
+    (`albert_dist.data.sources.read.check_text_field`), its pieces planned from metadata
+    (`albert_dist.data.sources.discover.plan_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
     ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file).
 
     Returns ``(pieces, stats)``: the pieces in plan order (dicts of `plan_pieces`: ``path``, ``start``, ``end``,
@@ -105,7 +105,7 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
     every resume again), or begins with nothing but records longer than ``max_document_bytes`` (a ``.txt`` that
     is one 10 MB document, a ``.jsonl`` of whole books), before any process group.
 
-    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record; a healthy
+    Each slot reads its share (`albert_dist.data.sources.discover.slot_shares`) until its first usable record; a healthy
     slot costs one small read. Other skips count by their bytes: after `PROBE_BYTES_PER_SLOT` of them the slot
     is let through (undecided: the stream counts and logs its skips). Too-long records do not (the bytes of one
     say nothing about the records after it): the slot reads on, but at most `probe_read_bytes` in all (a 10 GB
@@ -213,7 +213,7 @@ def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int,
 
 def slot_table(nbytes: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
     """Per slot, ``(pieces it reads, bytes it reads in one epoch)``, both (num_slots,) int64, for pieces of
-    sizes ``nbytes`` (plan order) under `albert_dist.data.paths.slot_shares` (vectorised: 8192 slots x 100k
+    sizes ``nbytes`` (plan order) under `albert_dist.data.sources.discover.slot_shares` (vectorised: 8192 slots x 100k
     pieces in milliseconds)."""
     nbytes = np.asarray(nbytes, dtype=np.int64)
     num_pieces = len(nbytes)
@@ -284,7 +284,7 @@ def _stats(values: np.ndarray) -> tuple[int, float, int]:
 
 def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[dict],
                      stats: Optional[dict] = None, manifest: bool = True) -> SourcePlan:
-    """The `SourcePlan` of a source's planned ``pieces`` (`albert_dist.data.paths.plan_pieces`) at ``slots``
+    """The `SourcePlan` of a source's planned ``pieces`` (`albert_dist.data.sources.discover.plan_pieces`) at ``slots``
     slots; ``stats``: plan_pieces' counters (without them, files and bytes are counted from the pieces);
     ``manifest``: look for a manifest.json beside the files."""
     stats = stats if stats is not None else {"files": len({p["path"] for p in pieces}),
@@ -307,7 +307,7 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 
 def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
     """The `SourcePlan` of one source for ``slots`` slots (`plan_source_pieces`, then `summarize_pieces` with the
-    manifest); a hub source, once resolved (`albert_dist.data.hub.check_hub_source`), gets an empty plan marked
+    manifest); a hub source, once resolved (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked
     ``hub``. Raises ValueError as `plan_source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
         t0 = time.perf_counter()

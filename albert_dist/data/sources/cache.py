@@ -43,7 +43,7 @@ import os
 import time
 from typing import Iterator, Optional
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.job.lock import flock
 
 logger = logging.getLogger(__name__)
