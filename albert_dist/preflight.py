@@ -3,7 +3,7 @@
 In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `ConfigDriftError`) that the app
 (`albert_dist.train.main`) turns into exit code 2 with one line, nothing started:
 
-1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.sources.pieces.plan_source`:
+1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.sources.pieces.pieces_of`:
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
    probed for a usable record and every hub source resolved (`albert_dist.data.sources.hub`); the tokenizer a
    sentencepiece model with ALBERT's ids that fits `model.vocab_size`; `data.max_seq_length` within the position
@@ -36,7 +36,7 @@ from typing import Optional
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, resume_rules, to_container
 from albert_dist.data.sources import cache, store
 from albert_dist.data.sources.hub import check_hub_source
-from albert_dist.data.sources.pieces import check_slots_readable, plan_source
+from albert_dist.data.sources.pieces import check_slots_readable, pieces_of
 from albert_dist.sizes import fmt_bytes
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
@@ -70,7 +70,7 @@ class JobPlan:
     downloaded after the process group starts, and planned then)."""
     train_pieces: Optional[list[Optional[list[dict]]]] = None
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
-    (`albert_dist.data.sources.pieces.plan_source`; None for a hub source), which the loader then reads instead of
+    (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
     planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
     run_dir: Optional[str] = None
     """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
@@ -103,7 +103,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
                  probe: bool = True) -> Optional[list[Optional[list[dict]]]]:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Plans every local data source (`albert_dist.data.sources.pieces.plan_source`: paths exist, globs match, formats
+    Plans every local data source (`albert_dist.data.sources.pieces.pieces_of`: paths exist, globs match, formats
     known, jsonl/parquet records hold `text_field`, not only empty or damaged files), checks the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
@@ -132,7 +132,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
                 train_pieces += [None] if split == "train" else []
                 continue
             slots = world_size * max(1, cfg.data.num_workers) if split == "train" and world_size else 1
-            planned = plan_source(src, where, cfg.data.shard_piece_bytes, slots)
+            planned = pieces_of(src, where, cfg.data.shard_piece_bytes, slots)
             if split == "train":
                 train_pieces.append(planned)
                 if world_size and probe:

@@ -199,15 +199,15 @@ def measure_amplification(pattern: str, disk_bytes: int, slot_counts=SLOT_COUNTS
     docstring); ``sample``: above this many slots, read this many evenly spaced slots and scale (None: all)."""
     from albert_dist.data.config import DataConfig, SourceConfig
     from albert_dist.data.sources.discover import read_amplification
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.stream import pieces_of
 
     source = SourceConfig(paths=[pattern])
     cap = DataConfig().shard_piece_bytes
-    warm = plan_source(source, "bench", cap, 1)
+    warm = pieces_of(source, "bench", cap, 1)
     _slot_epoch_bytes(source, warm[:1], 0, 1)  # warm-up: imports and first-use reads are not the corpus's
     out: dict[str, Any] = {}
     for slots in slot_counts:
-        pieces = plan_source(source, "bench", cap, slots)  # the job's own plan for this many slots
+        pieces = pieces_of(source, "bench", cap, slots)  # the job's own plan for this many slots
         measured = list(range(slots)) if sample is None or slots <= sample else sorted(
             {(i * slots) // sample for i in range(sample)})
         t0 = time.process_time()
@@ -696,7 +696,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
 def prepare_sections(work: Path, full: bool, ten_gb: bool) -> dict[str, Any]:
     """The ``prepare`` section at 64 MB (suite) or 1 GB (``full``); with ``ten_gb`` also 10 GB (64 files,
     ``--workers 1`` and both peers, no S3), under the key ``ten_gb``: the row groups outgrow their 64 KiB floor
-    there (`albert_dist.data.prepare.options.plan_sizes`), so the per-row-group costs weigh less."""
+    there (`albert_dist.data.prepare.options.shard_sizes`), so the per-row-group costs weigh less."""
     result = prepare_section(work, 1000 if full else 64)
     if ten_gb:
         result["ten_gb"] = prepare_section(work, 10_000, workers=(1,), s3=False, files=64, extras=False)

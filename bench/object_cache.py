@@ -68,7 +68,7 @@ def run(repeats: int = REPEATS, mb: int = 16) -> dict:
     from albert_dist.data.sources.read import read_piece
     from albert_dist.data.sources.discover import slot_shares
     from albert_dist.data.sample import ByteBudgetSample
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.stream import pieces_of
     from albert_dist.data.tokenizer import load_tokenizer
     from albert_dist.data.validation import build_validation_set
     from data_scale import make_corpus
@@ -121,7 +121,7 @@ def run(repeats: int = REPEATS, mb: int = 16) -> dict:
 
         store._STAT.clear()
         src = SourceConfig(paths=["s3://bench/train/"])
-        pieces = plan_source(src, "bench", data.shard_piece_bytes, SLOTS)
+        pieces = pieces_of(src, "bench", data.shard_piece_bytes, SLOTS)
 
         def epoch() -> int:
             docs = 0

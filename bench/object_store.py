@@ -7,7 +7,7 @@ One run, one corpus: a .jsonl.zst corpus (bench/data_scale.py's generator: real 
 uploaded to a real S3 HTTP server on localhost (moto's, in its own process: tests/fixtures/s3_server.py), then
 ``albert-dist data prepare`` reads it from ``s3://raw/`` and writes ``s3://prepared/`` (sized for 64 x 8 = 512
 slots), and the same prepare runs locally. For 64 and 512 slots, every slot's share of the prepared pieces
-(the loader's own plan: ``plan_source`` + ``slot_shares``) is read once from the bucket and once from local
+(the loader's own plan: ``pieces_of`` + ``slot_shares``) is read once from the bucket and once from local
 disk, in this process, one slot after the other:
 
 * ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.sources.store's
@@ -46,11 +46,11 @@ def _read_slots(source, slots: int) -> dict:
     from albert_dist.data.sources import store
     from albert_dist.data.sources.read import read_piece
     from albert_dist.data.sources.discover import slot_shares
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.stream import pieces_of
 
     t_plan = time.perf_counter()
     before = dict(store.COUNTERS)
-    pieces = plan_source(source, "bench", 4 << 20, slots)
+    pieces = pieces_of(source, "bench", 4 << 20, slots)
     footer = store.COUNTERS["bytes_requested"] - before.get("bytes_requested", 0)
     plan_s = time.perf_counter() - t_plan
     start = dict(store.COUNTERS)

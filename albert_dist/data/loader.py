@@ -31,7 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from albert_dist.data.config import DataConfig
 from albert_dist.data.sources.discover import slot_shares
-from albert_dist.data.sources.pieces import SourcePlan, amplification_warning, plan_source, summarize_pieces
+from albert_dist.data.sources.pieces import SourceSlots, amplification_warning, pieces_of, summarize_pieces
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.stream import SourceStream
 from albert_dist.data.tokenizer import load_tokenizer
@@ -84,7 +84,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         if pieces is not None and len(pieces) != len(self.sources):
             raise ValueError(f"pieces: {len(pieces)} plans for the {len(self.sources)} sources of data.{split}")
         self.plans: list[Optional[list[dict]]] = pieces if pieces is not None else [
-            None if src.format == "hub" else plan_source(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
+            None if src.format == "hub" else pieces_of(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
                                                          self.num_slots)
             for i, src in enumerate(self.sources)
         ]
@@ -119,12 +119,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return self.rank * workers + worker, self.world_size * workers
 
-    def log_plan(self, num_workers: int) -> None:
+    def log_slot_shares(self, num_workers: int) -> None:
         """Log, per source, how many pieces and bytes each slot of this rank reads; on rank 0, one warning when
         a source would be read more than `albert_dist.data.sources.pieces.AMPLIFICATION_LIMIT` times per epoch (with the
         ``albert-dist data prepare`` command), an info line instead when the extra reading is small."""
         slots = self.world_size * max(1, num_workers)
-        plans: list[SourcePlan] = []
+        plans: list[SourceSlots] = []
         for i, pieces in enumerate(self.plans):
             where = f"data.{self.split}[{i}]"
             if pieces is None:
@@ -272,12 +272,12 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
     int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
     torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
-    max(1, num_workers) slots (`albert_dist.data.sources.pieces.plan_source`; None for a hub source), as the app's
+    max(1, num_workers) slots (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), as the app's
     preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
     Raises ValueError at once for missing paths, empty globs, bad arguments.
     """
     stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size, pieces)
-    stream.log_plan(cfg.num_workers)
+    stream.log_slot_shares(cfg.num_workers)
     return StatefulDataLoader(
         stream,
         batch_size=None,

@@ -1,6 +1,6 @@
 """Documents of a source: the per-slot stream the loader cycles forever, and every document in file order.
 
-Every local source is planned once per job (`albert_dist.data.sources.pieces.plan_source`: discovery, the text-field
+Every local source is planned once per job (`albert_dist.data.sources.pieces.pieces_of`: discovery, the text-field
 check, pieces for the job's slot count), and each slot reads its share of the pieces
 (`albert_dist.data.sources.discover.slot_shares`) through a ``datasets.IterableDataset.from_generator`` over that share
 alone: its ``state_dict()`` records the piece index and the record index inside it, and on resume datasets
@@ -34,7 +34,7 @@ from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources.read import read_piece, record_location
 from albert_dist.data.sources.hub import load_args as hub_load_args
 from albert_dist.data.sources.discover import file_format, slot_shares
-from albert_dist.data.sources.pieces import plan_source
+from albert_dist.data.sources.pieces import pieces_of
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def _shuffled(block: list[dict], seed: list[int]) -> Iterator[dict]:
 class SourceStream:
     """The documents of one source that belong to one slot (rank x workers + worker), cycled forever.
 
-    ``pieces``: the source's plan (`plan_source` for this job's slot count; None for a hub source).
+    ``pieces``: the source's plan (`pieces_of` for this job's slot count; None for a hub source).
     ``next_document()`` returns ``(text, key)`` where ``key = (epoch, index of the document in this slot's
     epoch)`` identifies the document for seeding; unusable records are counted in ``counters`` and skipped.
     ``state_dict()`` is JSON-able: epoch, position and the datasets ``IterableDataset.state_dict()``.
@@ -253,13 +253,13 @@ def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
     token counts). Skipped records are counted in ``counters`` (``skipped_<reason>``, plus ``documents``) when
     given; damaged pieces are logged as warnings with their file and position.
 
-    Raises ValueError for a hub source and as `plan_source` does.
+    Raises ValueError for a hub source and as `pieces_of` does.
     """
     counters = Counter() if counters is None else counters
     for i, source in enumerate(sources):
         if source.format == "hub":
             raise ValueError(f"{where}[{i}]: hub sources are not supported here, got {source.paths!r}")
-        pieces = plan_source(source, f"{where}[{i}]", 1 << 62, require_pieces=False)
+        pieces = pieces_of(source, f"{where}[{i}]", 1 << 62, require_pieces=False)
         for piece in sorted(pieces, key=lambda pc: (pc["path"], pc["start"], pc["row_group"])):
             for rec in read_piece(piece, source.text_field, source.txt_documents, max_document_bytes):
                 if not rec["skip"]:

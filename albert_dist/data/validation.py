@@ -34,7 +34,7 @@ from albert_dist.data.config import DataConfig
 from albert_dist.data.sources.discover import discover_files
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
-from albert_dist.data.sources.pieces import plan_source
+from albert_dist.data.sources.pieces import pieces_of
 from albert_dist.data.stream import SourceStream, iter_texts
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer
 from albert_dist.model.config import IGNORE_INDEX
@@ -101,7 +101,7 @@ def _validation_streams(cfg: DataConfig) -> list[SourceStream]:
     for i, src in enumerate(cfg.validation):
         where = f"data.validation[{i}]"
         # one slot: the set is read in file order by every rank alike, whatever the world size
-        plan = None if src.format == "hub" else plan_source(src, where, cfg.shard_piece_bytes, slots=1)
+        plan = None if src.format == "hub" else pieces_of(src, where, cfg.shard_piece_bytes, slots=1)
         streams.append(SourceStream(src, where, plan, 0, 1, cfg.eval_seed + 1000 * i, False, cfg.max_document_bytes))
     return streams
 

@@ -17,7 +17,7 @@ import pytest
 from albert_dist import cli
 from albert_dist.data.prepare import dedup, jsonl, lock, options, publish, run, scan
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources.discover import plan_pieces
+from albert_dist.data.sources.discover import cut_pieces
 from albert_dist.data.stream import iter_texts
 
 # Unicode, inner newlines (blank-line txt keeps single newlines inside a document), quotes for JSON escaping.
@@ -105,7 +105,7 @@ def test_output_layout_row_groups_and_manifest_figures(tmp_path):
     exact = sum(len(ids) for d in docs for ids in sp.encode(split_sentences(d)))
     assert manifest["tokens_estimate"] == pytest.approx(exact, rel=0.02)
     # the training reader plans one piece per row group
-    pieces, _ = plan_pieces(SourceConfig(paths=[str(tmp_path / "out" / "*.parquet")]), "t", 1 << 22)
+    pieces, _ = cut_pieces(SourceConfig(paths=[str(tmp_path / "out" / "*.parquet")]), "t", 1 << 22)
     assert len(pieces) == manifest["row_groups"]
 
 
@@ -297,13 +297,13 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
 ])
 def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
     opts = _opts([tmp_path], tmp_path / "o")
-    sizes = options.plan_sizes(int(text_gib * 2**30), 10**9, opts)
+    sizes = options.shard_sizes(int(text_gib * 2**30), 10**9, opts)
     assert (sizes.row_group_bytes, sizes.num_shards, sizes.target_slots) == (rg, shards, slots)
     row_groups = text_gib * 2**30 / sizes.row_group_bytes
     if text_gib >= 2:
         assert row_groups >= options.ROW_GROUPS_PER_SLOT * slots
-    assert options.plan_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
-    assert options.plan_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
+    assert options.shard_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
+    assert options.shard_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
 
 
 def test_dispatch_and_byte_sizes(tmp_path, capsys):

@@ -15,7 +15,7 @@ from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
 from albert_dist.data.sources.read import BLANK_LINE_MAX_SPACES, read_piece, split_records
-from albert_dist.data.sources.discover import plan_pieces
+from albert_dist.data.sources.discover import cut_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
 from fixtures.hub_folder import write_hub_folder
 from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
@@ -61,7 +61,7 @@ def test_raw_wikitext_articles_separated_by_space_lines_are_documents(tmp_path):
     path = tmp_path / "train.txt"
     path.write_text(" \n".join(docs))
     src = SourceConfig(paths=[str(path)])
-    pieces, _ = plan_pieces(src, "data.train[0]", 64 << 10)  # byte ranges of 64 KiB (its floor)
+    pieces, _ = cut_pieces(src, "data.train[0]", 64 << 10)  # byte ranges of 64 KiB (its floor)
     assert len(pieces) > 10
     got = [rec["text"] for piece in sorted(pieces, key=lambda p: p["start"]) for rec in read_piece(piece, "text", "blank_line", 1 << 20)
            if not rec["skip"]]
@@ -103,7 +103,7 @@ def test_every_format_yields_the_same_documents(tmp_path, name):
     src = SourceConfig(paths=[str(tmp_path / name)], text_field="body",
                        txt_documents="file" if name == "files" else "blank_line")
     assert list(iter_texts([src], "t", 1 << 20)) == DOCS
-    pieces, stats = plan_pieces(src, "t", 1024)
+    pieces, stats = cut_pieces(src, "t", 1024)
     assert stats["files"] == (23 if name == "files" else 1)
     if name == "c.parquet":
         assert len(pieces) == 5  # one per row group
@@ -149,7 +149,7 @@ def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
     src = SourceConfig(paths=[str(tmp_path / "*.jsonl"), str(tmp_path / "c.txt")], format="auto")
     with pytest.raises(ValueError, match="format"):  # a .jsonl and a .txt in one source are fine; auto per file
         SourceConfig(paths=[str(tmp_path / "a.jsonl")], format="csv")
-    pieces, stats = plan_pieces(src, "data.train[0]", 1 << 20)
+    pieces, stats = cut_pieces(src, "data.train[0]", 1 << 20)
     assert stats["empty_files"] == 1 and stats["files"] == 3
     stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=4 << 20)
     texts = []
@@ -186,7 +186,7 @@ def _epoch_docs(stream: SourceStream) -> list[int]:
 def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, piece_bytes):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
-    pieces, _ = plan_pieces(src, "t", piece_bytes)
+    pieces, _ = cut_pieces(src, "t", piece_bytes)
     num_slots = world_size * max(1, workers)
     seen: list[set] = []
     for slot in range(num_slots):
@@ -206,7 +206,7 @@ def test_ranks_and_workers_split_uneven_shards_with_equal_batches(tmp_path, monk
 def test_epochs_reshuffle_the_same_documents(tmp_path):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
-    pieces, _ = plan_pieces(src, "t", 1024)
+    pieces, _ = cut_pieces(src, "t", 1024)
     stream = SourceStream(src, "t", pieces, 0, 1, seed=1, shuffle=True, max_document_bytes=1 << 20)
     e0 = _epoch_docs(stream)
     e1 = [int(stream.next_document()[0].split()[1]) for _ in range(total - 1)]  # the first of epoch 1 was read

@@ -3,7 +3,7 @@
 This file holds no code: import the module that defines a name (`from albert_dist.data.prepare.run import
 prepare`), so a reader follows every name to its home. The pipeline and its guarantees: `run`'s docstring.
 
-    options.py    PrepareOptions (what a prepare does, its fingerprint), plan_sizes (shards and row groups)
+    options.py    PrepareOptions (what a prepare does, its fingerprint), shard_sizes (shards and row groups)
     run.py        prepare(): the lock, the work directory, the stages in order, the manifest, the rename
     scan.py       stage 1: input pieces -> spool files of usable documents and their hashes, counted skips
     jsonl.py      JSON lines a block at a time into Arrow (pyarrow's reader), exactly the training reader's records

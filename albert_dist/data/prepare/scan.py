@@ -49,7 +49,7 @@ class ScanTask:
     disk_bytes: int = 0
 
 
-def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
+def scan_tasks(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
     0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files

@@ -226,7 +226,7 @@ def parquet_file(path: str):
     Why: opening a ParquetFile reads the footer again, and pyarrow reads it with one speculative read of the
     file's last 64 KiB; a reader that opens the file once per row group of a few tens of KB (what `data prepare`
     writes for a cluster) then reads each byte ~3 times (bench/data_scale.py: 3.07 before this cache, 1.0 after).
-    Planning (`plan_pieces`) fills the cache in the rank's process, and DataLoader workers forked from it
+    Planning (`cut_pieces`) fills the cache in the rank's process, and DataLoader workers forked from it
     inherit it (spawned workers parse each footer they need once). Raises what pyarrow raises for a missing file or a damaged footer (nothing is cached then).
     """
     import pyarrow.parquet as pq
@@ -261,7 +261,7 @@ def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any])
     return pieces
 
 
-def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
                 files: list[str] | None = None) -> tuple[list[dict[str, Any]], Counter]:
     """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots.
 

@@ -518,7 +518,7 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
                 keys = list(parquet_file(path).schema_arrow.names)
             except store.StoreError:  # a missing/denied object is the user's to fix, not a damaged file
                 raise
-            except Exception as err:  # noqa: BLE001 - a damaged footer: plan_pieces skips the file, so do we
+            except Exception as err:  # noqa: BLE001 - a damaged footer: cut_pieces skips the file, so do we
                 logger.warning("%s: %s is not a readable parquet file (%s); checking the next one", where, path,
                                _reason(err))
                 continue
