@@ -137,7 +137,7 @@ def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_r
 
     import sentencepiece as spm
 
-    from albert_dist.export import load_config as load_model_config
+    from albert_dist.config import load_model_config
 
     client, run_id, tmp = resumed_run["client"], resumed_run["run_id"], resumed_run["tmp"]
     hf_dir = client.download_artifacts(run_id, "model/hf", str(tmp / "dl_hf"))
