@@ -78,7 +78,11 @@ def _problems(command: str) -> list[str]:
 
 
 def _all_commands() -> list[tuple[str, str]]:
-    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in _fenced_commands(doc.read_text())]
+    """The fenced commands of every page; docs/layout.md's generated package tree (modules' roles, not commands)
+    is left out."""
+    tree = re.compile(r"<!-- package-tree start -->.*?<!-- package-tree end -->", re.S)
+    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS
+            for cmd in _fenced_commands(tree.sub("", doc.read_text()))]
 
 
 def _head(command: str) -> str:
@@ -205,3 +209,15 @@ def test_the_reference_check_finds_a_moved_module_a_gone_name_and_a_gone_test(tm
     assert missing_references(tmp_path) == ["albert_dist/engine/loss.py: tests/unit/test_gone.py",
                                             "docs/a.md: albert_dist.engine.distributed",
                                             "docs/a.md: albert_dist.engine.loss.sop_loss"]
+
+
+def test_the_layout_page_tree_is_the_modules_roles():
+    """docs/layout.md's package tree is what bench/layout_tree.py makes of the modules' docstrings' first lines
+    (one home per fact: a module's role is in its docstring; rerun the script after adding or moving a module)."""
+    from helpers import load_bench
+
+    tree = load_bench("layout_tree")
+    page = (ROOT / "docs" / "layout.md").read_text()
+    start, end = "<!-- package-tree start -->\n", "\n<!-- package-tree end -->"
+    assert page[page.index(start) + len(start):page.index(end)] == tree.tree()
+    assert "  trainer.py             The pretraining loop on a DeepSpeed engine" in tree.tree()

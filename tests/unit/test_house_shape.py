@@ -21,7 +21,7 @@ def test_a_planted_tree_is_counted(tmp_path):
     files = {
         "albert_dist/data/a.py": "import logging\nlogging.basicConfig()\ndef plan_x(): pass\n",
         "albert_dist/data/b.py": "import fcntl, logging\nfcntl.flock(0, 1)\nlogging.basicConfig()\nclass JobPlan: pass\n",
-        "albert_dist/job/stop.py": "import signal\n",
+        "albert_dist/engine/loss.py": "import signal\n",
         "albert_dist/finetune/run.py": "import argparse\ndef run(args: argparse.Namespace) -> int: return 0\n",
         "albert_dist/config.py": "",
         "docs/a.md": "one two three\n",
