@@ -30,7 +30,7 @@ checkpoint when a training loader gave up); rerun with `--resume auto` to contin
 class TryAgainLater(Exception):
     """A service the command needs (an object store) stayed unavailable for its retry budget: nothing is wrong with
     the input, so a command prints its one line and exits `EXIT_PREEMPTED` (EX_TEMPFAIL), never 2 or a traceback.
-    `albert_dist.data.store.StoreUnavailable` is one."""
+    `albert_dist.data.sources.store.StoreUnavailable` is one."""
 
 
 def error_line(command: str, err: BaseException) -> str:

@@ -36,7 +36,7 @@ import yaml
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from albert_dist.config import load_model_config, model_config_of
-from albert_dist.data.paths import resolve_path
+from albert_dist.data.sources.discover import resolve_path
 from albert_dist.data.tokenizer import write_transformers_config
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
 from albert_dist.engine.checkpoint.choose import newest_verified
@@ -59,12 +59,6 @@ _DEEPSPEED_MARKER = "model_states.pt"
 RUN_CONFIG = "config.yaml"
 #: The model config written beside a consolidated state dict (`export_final_model`).
 MODEL_CONFIG = "model.yaml"
-
-
-def load_config(path: str | Path) -> AlbertConfig:
-    """The model config from a flat preset or from the ``model:`` section of a training YAML (a run's
-    config.yaml), through the package's one YAML loader (`albert_dist.config.load_model_config`)."""
-    return load_model_config(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,10 +133,10 @@ def locate(source: str | Path) -> Located:
         if run_config is not None:
             found = _from_train_config(path, run_config, str(run_dir / RUN_CONFIG))
             if beside.is_file():
-                return dataclasses.replace(found, model=load_config(beside), config_source=str(beside))
+                return dataclasses.replace(found, model=load_model_config(beside), config_source=str(beside))
             return found
     if beside.is_file():
-        return Located(path, load_config(beside), None, str(beside))
+        return Located(path, load_model_config(beside), None, str(beside))
     return Located(path, None, None, "")
 
 
@@ -249,12 +243,12 @@ def export(checkpoint: str | Path, config: AlbertConfig | str | Path, output: st
            tokenizer: str | Path | None = None, fp32: str | Path | None = None) -> Path:
     """Write ``output`` as a transformers `AlbertForPreTraining` directory (config.json + safetensors; with
     `tokenizer` also spiece.model + tokenizer_config.json), and with `fp32` the checked consolidated state dict
-    too (`save_state_dict`). `config` is an `AlbertConfig` or a YAML (`load_config`).
+    too (`save_state_dict`). `config` is an `AlbertConfig` or a YAML (`albert_dist.config.load_model_config`).
 
     Raises `ValueError` for a mismatching checkpoint or a model transformers cannot represent.
     """
     if not isinstance(config, AlbertConfig):
-        config = load_config(config)
+        config = load_model_config(config)
     model = load_model(checkpoint, config)
     if fp32 is not None:
         save_state_dict(model.state_dict(), fp32)

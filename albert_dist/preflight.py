@@ -3,9 +3,9 @@
 In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `ConfigDriftError`) that the app
 (`albert_dist.train.main`) turns into exit code 2 with one line, nothing started:
 
-1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.plan.plan_source`:
+1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.sources.pieces.pieces_of`:
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
-   probed for a usable record and every hub source resolved (`albert_dist.data.hub`); the tokenizer a
+   probed for a usable record and every hub source resolved (`albert_dist.data.sources.hub`); the tokenizer a
    sentencepiece model with ALBERT's ids that fits `model.vocab_size`; `data.max_seq_length` within the position
    table; `check_data_settings`: the Chinese segmenter importable, a segmenter without whole-word masking
    warned) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
@@ -16,11 +16,11 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
 4. the memory fit (`check_memory`: the estimate of `albert_dist.engine.memory` logged, and refused on a GPU it
    exceeds, with the smallest change that fits as dotted overrides, tried through config.py's override path);
 5. last, so that a job refused otherwise leaves nothing behind: rank 0 locks the run directory and a separate
-   checkpoint directory (`lock_run_dirs`, `albert_dist.engine.run_lock`); without a fixed `run_dir` it names
+   checkpoint directory (`lock_run_dirs`, `albert_dist.job.lock`); without a fixed `run_dir` it names
    the run's directory here, the first free `runs/<recipe>-<UTC time>[-<k>]` (`JobPlan.run_dir`).
 
 Every rank runs 1-4 on the same files and config and so reaches the same verdict; the app has the ranks agree
-on it over the rendezvous store (`albert_dist.engine.rendezvous`) before any of them starts the process group.
+on it over the rendezvous store (`albert_dist.dist.rendezvous`) before any of them starts the process group.
 Each rank's training-source plan for the job's slots travels to its loader in the `JobPlan`
 (`JobPlan.train_pieces`): planning is metadata alone (file sizes, parquet footers), which every rank's loader
 would otherwise redo after the process group; only rank 0 reads records to probe the slots.
@@ -34,17 +34,17 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.config import TrainConfig, apply_overrides, check_derived, for_world_size, resume_rules, to_container
-from albert_dist.data import cache, store
-from albert_dist.data.hub import check_hub_source
-from albert_dist.data.plan import check_slots_readable, plan_source
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.sources import cache, store
+from albert_dist.data.sources.hub import check_hub_source
+from albert_dist.data.sources.pieces import check_slots_readable, pieces_of
+from albert_dist.sizes import fmt_bytes
 from albert_dist.data.text import load_chinese_segmenter
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
-from albert_dist.engine.distributed import DistEnv
-from albert_dist.engine.run_lock import RunDirLock, auto_run_dir
+from albert_dist.dist.group import DistEnv
+from albert_dist.job.lock import RunDirBusy, RunDirLock, auto_run_dir
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class JobPlan:
     downloaded after the process group starts, and planned then)."""
     train_pieces: Optional[list[Optional[list[dict]]]] = None
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
-    (`albert_dist.data.plan.plan_source`; None for a hub source), which the loader then reads instead of
+    (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
     planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
     run_dir: Optional[str] = None
     """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
@@ -107,15 +107,15 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
                  probe: bool = True) -> Optional[list[Optional[list[dict]]]]:
     """Check the files a job reads before any process group starts, so a typo is exit code 2 with one line.
 
-    Plans every local data source (`albert_dist.data.plan.plan_source`: paths exist, globs match, formats
+    Plans every local data source (`albert_dist.data.sources.pieces.pieces_of`: paths exist, globs match, formats
     known, jsonl/parquet records hold `text_field`, not only empty or damaged files), checks the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
     index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
-    Sources may be object-store URLs (`albert_dist.data.store`). With ``world_size`` (0: a one-slot plan, as
+    Sources may be object-store URLs (`albert_dist.data.sources.store`). With ``world_size`` (0: a one-slot plan, as
     the validation set's), the training sources are planned for the job's world_size x max(1,
     data.num_workers) slots and, with ``probe`` (rank 0), every slot's share is probed for one usable record
-    (`albert_dist.data.plan.check_slots_readable`). With ``probe``, each hub source (train and validation) is
-    resolved without reading data (`albert_dist.data.hub.check_hub_source`: the dataset, its configuration and
+    (`albert_dist.data.sources.pieces.check_slots_readable`). With ``probe``, each hub source (train and validation) is
+    resolved without reading data (`albert_dist.data.sources.hub.check_hub_source`: the dataset, its configuration and
     split; offline, the local HF cache), so a misspelt name or a node without network is one line, not a
     traceback after start-up.
 
@@ -136,7 +136,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
                 train_pieces += [None] if split == "train" else []
                 continue
             slots = world_size * max(1, cfg.data.num_workers) if split == "train" and world_size else 1
-            planned = plan_source(src, where, cfg.data.shard_piece_bytes, slots)
+            planned = pieces_of(src, where, cfg.data.shard_piece_bytes, slots)
             if split == "train":
                 train_pieces.append(planned)
                 if world_size and probe:
@@ -262,7 +262,7 @@ def load_plan_for(cfg: TrainConfig, resume: Optional[str], ckpt_dir: Optional[st
 
 
 def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock]:
-    """Rank 0's locks for the job (`albert_dist.engine.run_lock`): the run directory's first (without a fixed
+    """Rank 0's locks for the job (`albert_dist.job.lock`): the run directory's first (without a fixed
     `run_dir`, the one `lock_auto_run_dir` names), and the checkpoint directory's when `checkpoint.dir` puts it
     elsewhere.
 
@@ -294,7 +294,7 @@ def lock_run_dirs(cfg: TrainConfig, recipe_name: str = "run") -> list[RunDirLock
 
 
 def lock_auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> RunDirLock:
-    """The lock of a new run directory named and created by `albert_dist.engine.run_lock.auto_run_dir` (the
+    """The lock of a new run directory named and created by `albert_dist.job.lock.auto_run_dir` (the
     first free `runs/<recipe_name>-<UTC time>[-<k>]`).
 
     Raises:

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from albert_dist.data.paths import resolve_path
-from albert_dist.engine.distributed import all_gather_object, barrier, broadcast_object
+from albert_dist.data.sources.discover import resolve_path
+from albert_dist.dist.group import all_gather_object, barrier, broadcast_object
 from albert_dist.export import export_final_model
 from albert_dist.model.sharing import model_param_counts
 from albert_dist.tracking.checkpoints import download_checkpoint

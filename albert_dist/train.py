@@ -6,19 +6,19 @@
 Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
 ...`; without `--no_local_rank`, `albert_dist.cli` takes the launcher's `--local_rank` away), torchrun, srun,
 and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
-(`albert_dist.engine.distributed`). The config, the batch arithmetic for the launcher's world size, the input
+(`albert_dist.dist.group`). The config, the batch arithmetic for the launcher's world size, the input
 files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
 before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
-rank 0 also takes the run directory's lock there (`albert_dist.engine.run_lock`: a second job on it is refused
+rank 0 also takes the run directory's lock there (`albert_dist.job.lock`: a second job on it is refused
 the same way, naming the holder), naming the directory first when `run_dir` is unset. The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
-(`albert_dist.engine.rendezvous`), so a refusal on any rank ends every rank at once; then
+(`albert_dist.dist.rendezvous`), so a refusal on any rank ends every rank at once; then
 `albert_dist.trainer.Trainer` runs the job.
 
 Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 crash (the traceback logged
-once, on the rank that failed; every rank ends within a bound, `albert_dist.engine.stop.exit_deadline`), 2
+once, on the rank that failed; every rank ends within a bound, `albert_dist.job.stop.exit_deadline`), 2
 config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
-by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.engine.stop`; a requeue script reruns with
+by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
 training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts).
 """
@@ -33,10 +33,11 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
-from albert_dist.engine.distributed import discover, setup_logging
-from albert_dist.engine.rendezvous import PreflightRefused, agree, open_store
-from albert_dist.engine.run_lock import RunDirLock
-from albert_dist.engine.stop import StopFlag, end_rank, exit_deadline, peer_failure
+from albert_dist.dist.group import discover
+from albert_dist.dist.rendezvous import PreflightRefused, agree, open_store
+from albert_dist.job.console import configure_logging
+from albert_dist.job.lock import RunDirLock
+from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
                                    TryAgainLater, error_line)
 from albert_dist.preflight import preflight
@@ -67,9 +68,9 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
     try:
         env = discover()
         multi_rank = env.world_size > 1
-        setup_logging(env.rank)
+        configure_logging(env.rank)
         # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
-        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.engine.rendezvous).
+        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.dist.rendezvous).
         store = open_store(env)
         error: Optional[Exception] = None
         try:
@@ -92,7 +93,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
                         trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
         return code
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
-    # (albert_dist.engine.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
+    # (albert_dist.job.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
     except TryAgainLater as err:  # a store down outside the training loader (preflight, validation): one line
         if trainer is None or not trainer.started:
             print(error_line("albert-dist train", err), file=sys.stderr)
@@ -143,7 +144,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
 
 def end_process(code: int) -> None:
     """After `main` returned `code`: a rank of a multi-rank job exits at once with it, without the interpreter's
-    finalization (`albert_dist.engine.stop.end_rank`: a finished rank could abort in the teardown of gloo's
+    finalization (`albert_dist.job.stop.end_rank`: a finished rank could abort in the teardown of gloo's
     and DeepSpeed's C++ objects); a single process returns, so an in-process caller keeps its interpreter."""
     try:
         multi_rank = discover().world_size > 1

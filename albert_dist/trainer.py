@@ -12,11 +12,11 @@ Every `eval_interval_steps` and after the last step: validation on the fixed val
 in `albert_dist.engine.metric_names`. Every `checkpoint.save_interval_steps` and at the end: a
 checkpoint (`albert_dist.engine.checkpoint`).
 
-SIGTERM, SIGUSR1 or SIGINT (`albert_dist.engine.stop`): the current step finishes, all ranks agree on stopping at
+SIGTERM, SIGUSR1 or SIGINT (`albert_dist.job.stop`): the current step finishes, all ranks agree on stopping at
 the same step (a MAX all-reduce of the flag after every step, a host tensor over gloo: no device drain), a
 checkpoint is written (recorded as a stop's) and `train()` returns `EXIT_PREEMPTED` (`albert_dist.exit_codes`). A
 training source in an object store stops the job the same way when a rank's loader gives up on it
-(`albert_dist.data.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
+(`albert_dist.data.sources.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
 that has none stops with the others instead of leaving them in the step's collectives.
 """
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from albert_dist.config import TrainConfig, config_hash, for_world_size, to_container, to_yaml
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.data.pretraining import drop_full_mask
 from albert_dist.engine.checkpoint.layout import tag_for
@@ -44,8 +44,9 @@ from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager, every
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
-from albert_dist.engine import console, metric_names as names
-from albert_dist.engine.distributed import broadcast_object, discover, host_group, init_distributed, is_multi_rank
+from albert_dist.job import console
+from albert_dist.engine import metric_names as names
+from albert_dist.dist.group import broadcast_object, discover, host_group, init_distributed, is_multi_rank
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
@@ -54,7 +55,7 @@ from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
-from albert_dist.engine.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
+from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
@@ -88,7 +89,7 @@ class Trainer:
                  store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
         self.dist_env = discover()
         self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
-        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.engine.rendezvous)
+        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.dist.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         world = self.dist_env.world_size
         # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
@@ -172,7 +173,7 @@ class Trainer:
         """The model, optimiser and schedule in a DeepSpeedEngine whose config is the job's plus `overrides`
         (what the resume needs); rank 0 writes that config to `<run_dir>/ds_config.json`."""
         # Imported here: DeepSpeed's import costs seconds and logs its accelerator choice, which a refused
-        # config or `--help` should not pay, and which must come after setup_logging's noise filter.
+        # config or `--help` should not pay, and which must come after configure_logging's noise filter.
         import deepspeed
 
         cfg, world = self.cfg, self.dist_env.world_size

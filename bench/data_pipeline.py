@@ -159,7 +159,7 @@ def run(repeats: int = 5, zh_corpus: "str | None" = None) -> dict:
     _pin_one_core()
     import torch
     from albert_dist.data.config import DataConfig
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
     from albert_dist.data.stream import iter_texts
 
     torch.set_num_threads(1)

@@ -198,16 +198,16 @@ def measure_amplification(pattern: str, disk_bytes: int, slot_counts=SLOT_COUNTS
     """Measured and planned read amplification of the corpus ``pattern`` per slot count (see the module
     docstring); ``sample``: above this many slots, read this many evenly spaced slots and scale (None: all)."""
     from albert_dist.data.config import DataConfig, SourceConfig
-    from albert_dist.data.paths import read_amplification
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.sources.discover import read_amplification
+    from albert_dist.data.stream import pieces_of
 
     source = SourceConfig(paths=[pattern])
     cap = DataConfig().shard_piece_bytes
-    warm = plan_source(source, "bench", cap, 1)
+    warm = pieces_of(source, "bench", cap, 1)
     _slot_epoch_bytes(source, warm[:1], 0, 1)  # warm-up: imports and first-use reads are not the corpus's
     out: dict[str, Any] = {}
     for slots in slot_counts:
-        pieces = plan_source(source, "bench", cap, slots)  # the job's own plan for this many slots
+        pieces = pieces_of(source, "bench", cap, slots)  # the job's own plan for this many slots
         measured = list(range(slots)) if sample is None or slots <= sample else sorted(
             {(i * slots) // sample for i in range(sample)})
         t0 = time.process_time()
@@ -484,7 +484,7 @@ datasets.disable_progress_bars()
 files, out, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 ds = datasets.load_dataset("json", data_files=sorted(glob.glob(files)), split="train", cache_dir=cache)
 ds.to_parquet(out)
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
       "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
@@ -509,7 +509,7 @@ def first(batch):
     return keep
 ds = ds.filter(first, batched=True).remove_columns("hash")
 ds.to_parquet(out)
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print("RUSAGE " + json.dumps({"rc": 0, "peak_rss": peak_rss_bytes(), "rows": ds.num_rows,
       "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}))
@@ -546,7 +546,7 @@ from pathlib import Path
 import numpy as np
 from albert_dist.data.prepare.dedup import find_duplicates
 from albert_dist.data.prepare.scan import HASH_DTYPE
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 work, n, budget = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = np.random.default_rng(0)
 files, counts = [], []
@@ -696,7 +696,7 @@ def prepare_section(work: Path, corpus_mb: int = 64, workers: tuple[int, ...] = 
 def prepare_sections(work: Path, full: bool, ten_gb: bool) -> dict[str, Any]:
     """The ``prepare`` section at 64 MB (suite) or 1 GB (``full``); with ``ten_gb`` also 10 GB (64 files,
     ``--workers 1`` and both peers, no S3), under the key ``ten_gb``: the row groups outgrow their 64 KiB floor
-    there (`albert_dist.data.prepare.options.plan_sizes`), so the per-row-group costs weigh less."""
+    there (`albert_dist.data.prepare.options.shard_sizes`), so the per-row-group costs weigh less."""
     result = prepare_section(work, 1000 if full else 64)
     if ten_gb:
         result["ten_gb"] = prepare_section(work, 10_000, workers=(1,), s3=False, files=64, extras=False)

@@ -12,7 +12,7 @@ generator) in ``s3://bench/``, with that job's data settings; times are medians 
 * **validation set** (`albert_dist.data.validation.build_validation_set`, what every rank builds at the start of
   every job and resume): built from local disk, from S3 without the cache, from S3 through the cache on a miss
   (the node's first rank: download, then build) and on a hit (the node's other ranks, later (re)starts);
-  bytes the server sent (`albert_dist.data.store.COUNTERS`) and wall seconds;
+  bytes the server sent (`albert_dist.data.sources.store.COUNTERS`) and wall seconds;
 * **a training epoch** of the training files, read by `SLOTS` slots from S3 with the loader's own plan: bytes the
   server sent / bytes of the objects (each byte read once per epoch: a cached copy would not be read again before
   the next epoch);
@@ -46,7 +46,7 @@ REPEATS = 5
 
 def _measure(fn) -> tuple[object, float, int, int]:
     """(result, seconds, bytes the server sent, requests) of ``fn()``."""
-    from albert_dist.data import store
+    from albert_dist.data.sources import store
 
     before = dict(store.COUNTERS)
     t0 = time.perf_counter()
@@ -64,12 +64,12 @@ def run(repeats: int = REPEATS, mb: int = 16) -> dict:
     import torch
 
     from albert_dist.config import load_config
-    from albert_dist.data import store
+    from albert_dist.data.sources import store
     from albert_dist.data.config import SourceConfig
-    from albert_dist.data.files import read_piece
-    from albert_dist.data.paths import slot_shares
+    from albert_dist.data.sources.read import read_piece
+    from albert_dist.data.sources.discover import slot_shares
     from albert_dist.data.sample import ByteBudgetSample
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.stream import pieces_of
     from albert_dist.data.tokenizer import load_tokenizer
     from albert_dist.data.validation import build_validation_set
     from data_scale import make_corpus
@@ -122,7 +122,7 @@ def run(repeats: int = REPEATS, mb: int = 16) -> dict:
 
         store._STAT.clear()
         src = SourceConfig(paths=["s3://bench/train/"])
-        pieces = plan_source(src, "bench", data.shard_piece_bytes, SLOTS)
+        pieces = pieces_of(src, "bench", data.shard_piece_bytes, SLOTS)
 
         def epoch() -> int:
             docs = 0

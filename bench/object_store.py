@@ -7,10 +7,10 @@ One run, one corpus: a .jsonl.zst corpus (bench/data_scale.py's generator: real 
 uploaded to a real S3 HTTP server on localhost (moto's, in its own process: tests/fixtures/s3_server.py), then
 ``albert-dist data prepare`` reads it from ``s3://raw/`` and writes ``s3://prepared/`` (sized for 64 x 8 = 512
 slots), and the same prepare runs locally. For 64 and 512 slots, every slot's share of the prepared pieces
-(the loader's own plan: ``plan_source`` + ``slot_shares``) is read once from the bucket and once from local
+(the loader's own plan: ``pieces_of`` + ``slot_shares``) is read once from the bucket and once from local
 disk, in this process, one slot after the other:
 
-* ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.store's
+* ``bytes_requested / bytes_used``: bytes the S3 server sent while the slots read (albert_dist.data.sources.store's
   counters) over the bytes of the pieces they own (the row groups' text column chunks, what the plan says a
   slot reads). Footers are parsed by planning, once per rank (shown apart: ``footer_bytes_per_rank``; each rank
   of a job plans the whole source once and its loader workers inherit the parsed footers);
@@ -43,14 +43,14 @@ TARGET_RANKS, TARGET_WORKERS = 64, 8
 
 def _read_slots(source, slots: int) -> dict:
     """Every slot's share read once; bytes used (the pieces' nbytes), documents, seconds, requests."""
-    from albert_dist.data import store
-    from albert_dist.data.files import read_piece
-    from albert_dist.data.paths import slot_shares
-    from albert_dist.data.stream import plan_source
+    from albert_dist.data.sources import store
+    from albert_dist.data.sources.read import read_piece
+    from albert_dist.data.sources.discover import slot_shares
+    from albert_dist.data.stream import pieces_of
 
     t_plan = time.perf_counter()
     before = dict(store.COUNTERS)
-    pieces = plan_source(source, "bench", 4 << 20, slots)
+    pieces = pieces_of(source, "bench", 4 << 20, slots)
     footer = store.COUNTERS["bytes_requested"] - before.get("bytes_requested", 0)
     plan_s = time.perf_counter() - t_plan
     start = dict(store.COUNTERS)

@@ -18,7 +18,7 @@ log() { echo "[$(basename "${SLURM_JOB_NAME:-job}") $(date -u +%H:%M:%S)] $*"; }
 # A task that exits non-zero (a crash, a config error, a rank killed by the OOM killer) ends the whole step:
 # srun kills the other tasks (SIGTERM, SIGKILL after KillWait) instead of leaving them in a collective (NCCL
 # cannot tell a dead peer) until the process-group timeout. The ranks absorb that SIGTERM once their own exit
-# code is decided (albert_dist.engine.stop.StopFlag.retire), so srun still reports 75, 74 or 2 as such. Set for
+# code is decided (albert_dist.job.stop.StopFlag.retire), so srun still reports 75, 74 or 2 as such. Set for
 # every srun of the job, DeepSpeed's slurm launcher's too.
 export SLURM_KILL_BAD_EXIT=1
 
@@ -37,7 +37,7 @@ fi
 # Rendezvous, computed once here rather than by every rank. Rank 0 runs on the first node of the node list
 # (block distribution), so MASTER_ADDR is that node's address: its NodeAddr from slurmctld, which also covers
 # node names that do not resolve (several virtual nodes on one host). The port is derived from the job id by
-# albert_dist.engine.distributed (the same after a requeue, which keeps the job id).
+# albert_dist.dist.group (the same after a requeue, which keeps the job id).
 if [[ -z ${MASTER_ADDR:-} ]]; then
     _first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
     MASTER_ADDR=$(scontrol show node "$_first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 || true)

@@ -7,6 +7,7 @@
     albert-dist finetune   <run dir, run id or HF dir> --task sst2 stsb --data-dir DIR [--init random]
     albert-dist compare    <run ids or run dirs> | --experiment NAME
     albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
+    albert-dist dist                                                (print this task's rank discovery)
 
 One argparse parser with a sub-parser per command. A front end (``albert_dist.cli.<command>``) exposes
 ``add_arguments(parser)`` and ``run(args) -> int`` and only parses and calls: the work lives in the library
@@ -37,13 +38,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("albert_dist.cli.finetune", "fine-tune and score a checkpoint on GLUE-style tasks (seeds, MLflow child runs)"),
     "compare": ("albert_dist.cli.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
     "tracking": ("albert_dist.cli.tracking", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
+    "dist": ("albert_dist.cli.dist", "print this task's rank discovery as one DIST {...} line (a job-script check)"),
 }
 
 
 def _strip_launcher_local_rank(argv: list[str]) -> list[str]:
     """Drop ``--local_rank=N`` / ``--local-rank N`` that the deepspeed launcher (without ``--no_local_rank``)
     and old ``torch.distributed.launch`` put in front of the sub-command; LOCAL_RANK carries the same value
-    (set here if the launcher did not), and albert_dist.engine.distributed reads it from there."""
+    (set here if the launcher did not), and albert_dist.dist.group reads it from there."""
     out: list[str] = []
     i = 0
     while i < len(argv):

@@ -3,8 +3,8 @@
     albert-dist data prepare (--input PATH ... | --config RECIPE [key=value ...]) --output DIR [options]
     albert-dist data plan --config RECIPE --ranks N [--workers W] [key=value ...] [--json]
 
-The work lives in the data layer (`albert_dist.data.prepare.run`, `albert_dist.data.plan`; the plan's printed
-report, `format_plan`, is here, away from the training path); this front end sits above the app because
+The work lives in the data layer (`albert_dist.data.prepare.run`, `albert_dist.data.sources.pieces`; the plan's printed
+report, `format_slots`, is here, away from the training path); this front end sits above the app because
 ``--config`` reads a whole recipe with the app's one YAML loader (`albert_dist.config.load_config`).
 Bad input (a `ValueError` or `OSError` from the work) is `albert_dist.cli`'s one error line and exit code 2.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+from albert_dist.sizes import fmt_bytes, parse_byte_size
 from albert_dist.exit_codes import EXIT_OK
 
 logger = logging.getLogger(__name__)
@@ -56,13 +56,13 @@ def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Op
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``albert-dist data prepare ...`` and ``albert-dist data plan ...`` (`add_prepare_arguments`,
-    `add_plan_arguments`)."""
+    `add_slots_arguments`)."""
     sub = parser.add_subparsers(dest="subcommand", metavar="{prepare,plan}")
     add_prepare_arguments(sub.add_parser(
         "prepare", help="reshard corpora into deduplicated parquet shards with a manifest",
         description="Reshard raw corpora into deduplicated parquet shards sized for a cluster, with a manifest "
                     "(docs/data-prepare.md)."))
-    add_plan_arguments(sub.add_parser(
+    add_slots_arguments(sub.add_parser(
         "plan", help="what every slot of a job would read, from metadata",
         description="What every slot (rank x loader worker) of a job would read, from metadata: pieces, bytes "
                     "per slot, read amplification."))
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sub-command `args` names: 0 done; a `ValueError`/`OSError` for bad input (exit 2)."""
-    return prepare(args) if args.subcommand == "prepare" else plan(args)
+    return prepare(args) if args.subcommand == "prepare" else show_slots(args)
 
 
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,10 +140,9 @@ def prepare(args: argparse.Namespace) -> int:
     """
     from albert_dist.data.prepare.options import PrepareOptions
     from albert_dist.data.prepare.run import AlreadyComplete, prepare as run_prepare
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    install_noise_filters()
+    configure_logging(replace=False)
     command = "albert-dist " + shlex.join(args.command_line)  # recorded in the manifest
     sources, tokenizer, max_doc = _sources_from_args(args)
     opts = PrepareOptions(
@@ -163,7 +162,7 @@ def prepare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+def add_slots_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``albert-dist data plan`` arguments."""
     parser.add_argument("--config", required=True, help="recipe YAML, e.g. configs/pretrain/albert-tiny-wikitext.yaml")
     parser.add_argument("--ranks", type=int, required=True, help="world size of the job (GPUs)")
@@ -173,31 +172,31 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
 
 
-def plan(args: argparse.Namespace) -> int:
-    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.plan`); 0.
+def show_slots(args: argparse.Namespace) -> int:
+    """``albert-dist data plan``: the job's slot plan from metadata (`albert_dist.data.sources.pieces`); 0.
 
     Raises:
         ValueError, OSError: naming the file or field of bad input.
     """
     from albert_dist.config import load_config
-    from albert_dist.data import store
-    from albert_dist.data.plan import plan_data
+    from albert_dist.data.sources import store
+    from albert_dist.data.sources.pieces import job_sources
 
     cfg = load_config(args.config, args.overrides)
     store.configure(cfg.data.store_retry_s)
     workers = cfg.data.num_workers if args.workers is None else args.workers
-    plans = plan_data(cfg.data, args.ranks, workers)
+    plans = job_sources(cfg.data, args.ranks, workers)
     if args.json:
         print(json.dumps({"ranks": args.ranks, "workers": workers, "sources": [p.as_dict() for p in plans]}, indent=2))
     else:
-        print(format_plan(plans, args.ranks, workers))
+        print(format_slots(plans, args.ranks, workers))
     return EXIT_OK
 
 
-def format_plan(plans: list, ranks: int, workers: int) -> str:
-    """The human-readable report ``albert-dist data plan`` prints for ``plans`` (`albert_dist.data.plan.SourcePlan`
+def format_slots(plans: list, ranks: int, workers: int) -> str:
+    """The human-readable report ``albert-dist data plan`` prints for ``plans`` (`albert_dist.data.sources.pieces.SourceSlots`
     of each training source at ``ranks`` x max(1, ``workers``) slots)."""
-    from albert_dist.data.plan import AMPLIFICATION_LIMIT, advice
+    from albert_dist.data.sources.pieces import AMPLIFICATION_LIMIT, advice
 
     slots = ranks * max(1, workers)
     out = [f"{ranks} ranks x {max(1, workers)} workers = {slots} slots (slot = rank x workers + worker)"]

@@ -1,4 +1,4 @@
-"""The front end of `albert-dist finetune` (the work: `albert_dist.finetune`, `albert_dist.downstream`).
+"""The front end of `albert-dist finetune` (the work: `albert_dist.finetune`).
 
     albert-dist finetune RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR [--step N] [--init random] ...
 
@@ -7,11 +7,13 @@ Exit codes: 0, 2 for bad input found before any training (one line), 130 after C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from albert_dist.finetune import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, DEFAULT_WARMUP_RATIO,
-                                  RESULTS_FILE)
-from albert_dist.finetune import __doc__ as finetune_doc
+from albert_dist.finetune.options import FinetuneOptions
+from albert_dist.finetune.run import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE,
+                                      DEFAULT_WARMUP_RATIO, RESULTS_FILE)
+from albert_dist.finetune.run import __doc__ as finetune_doc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,13 +69,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 EXIT_INTERRUPTED = 130
 
 
-def run(args: argparse.Namespace) -> int:
-    """`albert_dist.finetune.finetune`; its exit code, or `EXIT_INTERRUPTED` with one line after Ctrl-C (the
-    results of the tasks that finished are in downstream.json; the one being written is whole or not there)."""
-    try:
-        from albert_dist.finetune import finetune
+def options(args: argparse.Namespace) -> FinetuneOptions:
+    """The parsed flags as `FinetuneOptions` (its fields are the flags' names)."""
+    return FinetuneOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneOptions)})
 
-        return finetune(args)
+
+def run(args: argparse.Namespace) -> int:
+    """`albert_dist.finetune.run.finetune` of the flags; its exit code, or `EXIT_INTERRUPTED` with one line after
+    Ctrl-C (the results of the tasks that finished are in downstream.json; the one being written is whole or not
+    there). Bad input raises `ValueError`/`OSError`, which `albert_dist.cli.main` prints as the one error line
+    (exit 2)."""
+    try:
+        from albert_dist.finetune.run import finetune
+
+        return finetune(options(args))
     except KeyboardInterrupt:
         print(f"albert-dist finetune: interrupted (Ctrl-C); the tasks that finished are in {RESULTS_FILE}",
               file=sys.stderr)

@@ -7,10 +7,9 @@ Exit codes: 0, or 2 (one line) for missing or unreadable input.
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 
-from albert_dist.data.sizes import parse_byte_size, peak_rss_bytes
+from albert_dist.sizes import parse_byte_size, peak_rss_bytes
 from albert_dist.exit_codes import EXIT_OK
 
 
@@ -52,10 +51,9 @@ def run(args: argparse.Namespace) -> int:
         ValueError, OSError: missing or unreadable input (exit 2).
     """
     from albert_dist.data.tokenizer import train_tokenizer
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="[rank 0] %(levelname)s %(name)s: %(message)s")
-    install_noise_filters()
+    configure_logging(replace=False)
     t0 = time.perf_counter()
     model = train_tokenizer(
         args.input, args.output, args.vocab_size, args.model_type, args.lowercase, args.input_sentence_size,

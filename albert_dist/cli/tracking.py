@@ -8,7 +8,6 @@ directory or bad arguments.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from albert_dist.exit_codes import EXIT_CRASHED, EXIT_OK, error_line
@@ -29,11 +28,10 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: not a run directory (exit 2).
     """
-    from albert_dist.engine.console import install_noise_filters
+    from albert_dist.job.console import configure_logging
     from albert_dist.tracking.sync import sync
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    install_noise_filters()
+    configure_logging(replace=False)
     try:
         left = sync(args.run_dir, args.tracking_uri, args.timeout_s)
     except (ConnectionError, RuntimeError) as exc:  # the server, not the input: try again later

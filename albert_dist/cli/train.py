@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     resume = [] if args.resume is None else [f"checkpoint.resume={args.resume}"]
     if args.print_run_dir is not None:
         from albert_dist.config import load_config
-        from albert_dist.engine.run_lock import auto_run_dir
+        from albert_dist.job.lock import auto_run_dir
 
         run_dir = load_config(args.config, [*args.overrides, *resume]).run_dir  # a bad config: one line, exit 2
         if run_dir is not None:

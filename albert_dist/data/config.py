@@ -12,7 +12,7 @@ from typing import Literal, Optional, get_args
 
 from albert_dist.on_resume import APPLIES, QUIET, RESTART_STREAMS, on_resume
 
-#: source formats understood by :mod:`albert_dist.data.paths`; "auto" picks one from the file suffix.
+#: source formats understood by :mod:`albert_dist.data.sources.discover`; "auto" picks one from the file suffix.
 SourceFormat = Literal["auto", "txt", "jsonl", "parquet", "hub"]
 FORMATS: tuple[str, ...] = get_args(SourceFormat)
 #: how a ``.txt`` file is cut into documents.
@@ -157,13 +157,13 @@ class DataConfig:
     max_document_bytes: int = field(default=4194304, metadata=on_resume(RESTART_STREAMS))
     """Documents (and JSON lines) longer than this are skipped and counted, never buffered whole."""
     cache_dir: Optional[str] = field(default=None, metadata=on_resume(QUIET))
-    """Folder of the node's cache of object-store validation sources (albert_dist.data.cache); None:
+    """Folder of the node's cache of object-store validation sources (albert_dist.data.sources.cache); None:
     ``$XDG_CACHE_HOME/albert_dist/objects``, else ``~/.cache/albert_dist/objects``."""
     cache_max_bytes: int = field(default=1 << 30, metadata=on_resume(QUIET))
     """Bound of that cache in bytes (least recently used entries evicted); 0 turns it off."""
     store_retry_s: float = field(default=300.0, metadata=on_resume(QUIET))
     """Seconds a read, list or write of an s3:// or gs:// object keeps retrying transient errors (exponential
-    back-off with jitter: albert_dist.data.store.RetryPolicy) before giving up; a training job then checkpoints the
+    back-off with jitter: albert_dist.data.sources.store.RetryPolicy) before giving up; a training job then checkpoints the
     step it reached and exits 75, so ``--resume auto`` continues after the outage."""
 
     @property

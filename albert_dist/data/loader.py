@@ -3,7 +3,7 @@
 ``build_train_loader`` returns an infinite ``StatefulDataLoader`` whose ``state_dict()`` (plain dicts, lists, ints,
 strings; fit for DeepSpeed's ``client_state``/``torch.save``) restores the exact batch sequence, with or without
 worker processes, without replaying the stream (see :mod:`albert_dist.data.stream` for resume and
-:mod:`albert_dist.data.paths` for splitting).
+:mod:`albert_dist.data.sources.discover` for splitting).
 Every rank yields a batch on every call, forever, so ranks cannot diverge in step count.
 
 The fixed validation set is not a stream: see :mod:`albert_dist.data.validation`.
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.config import DataConfig
-from albert_dist.data.paths import slot_shares
-from albert_dist.data.plan import SourcePlan, amplification_warning, plan_source, summarize_pieces
+from albert_dist.data.sources.discover import slot_shares
+from albert_dist.data.sources.pieces import SourceSlots, amplification_warning, pieces_of, summarize_pieces
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.stream import SourceStream
 from albert_dist.data.tokenizer import load_tokenizer
@@ -93,12 +93,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         self.shuffle = cfg.shuffle and split == "train"
         # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts,
         # unless the app's preflight planned these slots already (`pieces`). Pieces are sized for this stream's
-        # slots (albert_dist.data.paths.piece_bytes_for).
+        # slots (albert_dist.data.sources.discover.piece_bytes_for).
         self.num_slots = world_size * max(1, cfg.num_workers)
         if pieces is not None and len(pieces) != len(self.sources):
             raise ValueError(f"pieces: {len(pieces)} plans for the {len(self.sources)} sources of data.{split}")
         self.plans: list[Optional[list[dict]]] = pieces if pieces is not None else [
-            None if src.format == "hub" else plan_source(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
+            None if src.format == "hub" else pieces_of(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
                                                          self.num_slots)
             for i, src in enumerate(self.sources)
         ]
@@ -133,12 +133,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return self.rank * workers + worker, self.world_size * workers
 
-    def log_plan(self, num_workers: int) -> None:
+    def log_slot_shares(self, num_workers: int) -> None:
         """Log, per source, how many pieces and bytes each slot of this rank reads; on rank 0, one warning when
-        a source would be read more than `albert_dist.data.plan.AMPLIFICATION_LIMIT` times per epoch (with the
+        a source would be read more than `albert_dist.data.sources.pieces.AMPLIFICATION_LIMIT` times per epoch (with the
         ``albert-dist data prepare`` command), an info line instead when the extra reading is small."""
         slots = self.world_size * max(1, num_workers)
-        plans: list[SourcePlan] = []
+        plans: list[SourceSlots] = []
         for i, pieces in enumerate(self.plans):
             where = f"data.{self.split}[{i}]"
             if pieces is None:
@@ -311,7 +311,7 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     Yields dicts ``input_ids, attention_mask, token_type_ids, mlm_labels`` (B, S) int64 and ``sop_labels`` (B,)
     int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
     torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
-    max(1, num_workers) slots (`albert_dist.data.plan.plan_source`; None for a hub source), as the app's
+    max(1, num_workers) slots (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), as the app's
     preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
     ``micro_batches_per_step`` (the gradient accumulation steps): the workers keep at least that many batches
     in flight (`prefetch_factor_for`), so the next step's micro-batches are made while this one computes; the
@@ -323,7 +323,7 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     if micro_batches_per_step < 1:
         raise ValueError(f"micro_batches_per_step must be >= 1, got {micro_batches_per_step}")
     stream = PretrainingStream(cfg, "train", micro_batch_size, rank, world_size, pieces)
-    stream.log_plan(cfg.num_workers)
+    stream.log_slot_shares(cfg.num_workers)
     return StatefulDataLoader(
         stream,
         batch_size=None,

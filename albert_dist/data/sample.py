@@ -12,7 +12,7 @@ uncompressed files, the text column's uncompressed bytes for parquet, size x a m
 
 * uncompressed .txt/.jsonl: the quota is read as up to `MAX_WINDOWS` windows at evenly spaced offsets (a seek
   each; a window starts at the first record that begins at or after its offset, the byte-range rule of
-  :func:`albert_dist.data.files.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
+  :func:`albert_dist.data.sources.read.split_records`), so a 10 GB file costs its quota in reading, not 10 GB;
 * parquet: evenly spaced row groups, read until the quota is met;
 * .gz/.zst: not seekable, so the quota is the file's *prefix*. The alternative, reservoir sampling over the whole
   stream, would decompress the entire corpus (hours at 1 TB) to gain an unbiased position inside each file;
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import check_text_field, read_piece
-from albert_dist.data import store
-from albert_dist.data.paths import discover_files, file_format, parquet_file
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.sources.read import check_text_field, read_piece
+from albert_dist.data.sources import store
+from albert_dist.data.sources.discover import discover_files, file_format, parquet_file
+from albert_dist.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ DEFAULT_RATIO = 3.5
 
 
 @dataclass
-class FilePlan:
+class FileQuota:
     """One file of the sample: its format, estimated text bytes and quota (bytes of text to take)."""
 
     path: str
@@ -84,7 +84,7 @@ class ByteBudgetSample:
     where: str
     budget_bytes: int
     max_document_bytes: int = 1 << 30
-    plan: list[FilePlan] = field(init=False)
+    plan: list[FileQuota] = field(init=False)
     taken: Counter = field(init=False, default_factory=Counter)
     documents: int = field(init=False, default=0)
     skipped: Counter = field(init=False, default_factory=Counter)
@@ -101,7 +101,7 @@ class ByteBudgetSample:
             check_text_field(source, where, files)
             for path in files:
                 kind, compression = file_format(path, source.format, source.paths)
-                self.plan.append(FilePlan(path, kind, compression, source.text_field, source.txt_documents,
+                self.plan.append(FileQuota(path, kind, compression, source.text_field, source.txt_documents,
                                           store.file_size(path), 0.0))
         ratios = _compression_ratios([p for p in self.plan if p.compression])
         for p in self.plan:
@@ -141,7 +141,7 @@ class ByteBudgetSample:
             if p.quota_bytes > 0:
                 yield from self._file(p)
 
-    def _file(self, p: FilePlan) -> Iterator[str]:
+    def _file(self, p: FileQuota) -> Iterator[str]:
         windows = _windows(p)
         left = p.quota_bytes
         for w, piece in enumerate(windows):
@@ -180,8 +180,8 @@ class ByteBudgetSample:
             self.taken[p.path] += got
 
 
-def _windows(p: FilePlan) -> list[dict]:
-    """The pieces (see paths.plan_pieces) a file's quota is read from, evenly spread over the file."""
+def _windows(p: FileQuota) -> list[dict]:
+    """The pieces (see paths.cut_pieces) a file's quota is read from, evenly spread over the file."""
     base = {"path": p.path, "kind": p.kind, "compression": p.compression, "row_group": -1}
     if p.kind == "parquet":
         groups = parquet_file(p.path).metadata.num_row_groups
@@ -206,7 +206,7 @@ def _windows(p: FilePlan) -> list[dict]:
             for s, e in zip(bounds, bounds[1:]) if e > s]
 
 
-def _estimate_text_bytes(p: FilePlan, ratios: dict[str, float]) -> float:
+def _estimate_text_bytes(p: FileQuota, ratios: dict[str, float]) -> float:
     if p.size_bytes == 0:
         return 0.0
     if p.kind == "parquet":
@@ -218,7 +218,7 @@ def _estimate_text_bytes(p: FilePlan, ratios: dict[str, float]) -> float:
     return p.size_bytes * ratios.get(p.compression, 1.0)
 
 
-def _compression_ratios(plans: list[FilePlan]) -> dict[str, float]:
+def _compression_ratios(plans: list[FileQuota]) -> dict[str, float]:
     """Decompressed / compressed bytes per compression, from the first RATIO_PROBE_BYTES of a few spread files."""
     ratios: dict[str, float] = {}
     for compression in sorted({p.compression for p in plans}):

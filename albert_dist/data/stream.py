@@ -1,8 +1,8 @@
 """Documents of a source: the per-slot stream the loader cycles forever, and every document in file order.
 
-Every local source is planned once per job (`albert_dist.data.plan.plan_source`: discovery, the text-field
+Every local source is planned once per job (`albert_dist.data.sources.pieces.pieces_of`: discovery, the text-field
 check, pieces for the job's slot count), and each slot reads its share of the pieces
-(`albert_dist.data.paths.slot_shares`) through a ``datasets.IterableDataset.from_generator`` over that share
+(`albert_dist.data.sources.discover.slot_shares`) through a ``datasets.IterableDataset.from_generator`` over that share
 alone: its ``state_dict()`` records the piece index and the record index inside it, and on resume datasets
 re-reads only the current piece up to that record (bounded by the piece, independent of the position in the
 corpus). A hub dataset (``format: hub``) is ``datasets.load_dataset(..., streaming=True)``, split with
@@ -15,7 +15,7 @@ every epoch (documents are shuffled in blocks of at most `SHUFFLE_BLOCK_BYTES`, 
 never held in memory), so no rank or worker ever runs dry; epochs are counted per slot.
 
 Bad records (malformed JSON, invalid UTF-8, empty, longer than ``max_document_bytes``, missing text field, the
-rest of a damaged piece) come from the reader as skip markers (`albert_dist.data.files`), are counted per
+rest of a damaged piece) come from the reader as skip markers (`albert_dist.data.sources.read`), are counted per
 reason and logged with their file and position; 0-byte files and parquet files whose footer does not parse are
 counted at planning time. A path that does not exist or a glob that matches nothing raises ``ValueError`` when
 the loader is built.
@@ -31,10 +31,10 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import read_piece, record_location
-from albert_dist.data.hub import load_args as hub_load_args
-from albert_dist.data.paths import file_format, slot_shares
-from albert_dist.data.plan import plan_source
+from albert_dist.data.sources.read import read_piece, record_location
+from albert_dist.data.sources.hub import load_args as hub_load_args
+from albert_dist.data.sources.discover import file_format, slot_shares
+from albert_dist.data.sources.pieces import pieces_of
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def _shuffled(block: list[dict], seed: list[int]) -> Iterator[dict]:
 class SourceStream:
     """The documents of one source that belong to one slot (rank x workers + worker), cycled forever.
 
-    ``pieces``: the source's plan (`plan_source` for this job's slot count; None for a hub source).
+    ``pieces``: the source's plan (`pieces_of` for this job's slot count; None for a hub source).
     ``next_document()`` returns ``(text, key)`` where ``key = (epoch, index of the document in this slot's
     epoch)`` identifies the document for seeding; unusable records are counted in ``counters`` and skipped.
     ``state_dict()`` is JSON-able: epoch, position and the datasets ``IterableDataset.state_dict()``.
@@ -134,7 +134,7 @@ class SourceStream:
         else:
             from datasets.distributed import split_dataset_by_node
 
-            path, kwargs = hub_load_args(self.source)  # what the preflight resolved (albert_dist.data.hub)
+            path, kwargs = hub_load_args(self.source)  # what the preflight resolved (albert_dist.data.sources.hub)
             ds = datasets.load_dataset(path, **kwargs, streaming=True)
             strategy = "shards" if ds.num_shards >= self.num_slots else "examples"
             ds = split_dataset_by_node(ds, rank=self.slot, world_size=self.num_slots, strategy=strategy)
@@ -253,13 +253,13 @@ def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
     token counts). Skipped records are counted in ``counters`` (``skipped_<reason>``, plus ``documents``) when
     given; damaged pieces are logged as warnings with their file and position.
 
-    Raises ValueError for a hub source and as `plan_source` does.
+    Raises ValueError for a hub source and as `pieces_of` does.
     """
     counters = Counter() if counters is None else counters
     for i, source in enumerate(sources):
         if source.format == "hub":
             raise ValueError(f"{where}[{i}]: hub sources are not supported here, got {source.paths!r}")
-        pieces = plan_source(source, f"{where}[{i}]", 1 << 62, require_pieces=False)
+        pieces = pieces_of(source, f"{where}[{i}]", 1 << 62, require_pieces=False)
         for piece in sorted(pieces, key=lambda pc: (pc["path"], pc["start"], pc["row_group"])):
             for rec in read_piece(piece, source.text_field, source.txt_documents, max_document_bytes):
                 if not rec["skip"]:

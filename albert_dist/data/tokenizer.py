@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
     file beside it: sentencepiece's own error is a RuntimeError "could not parse ModelProto") or the special
     ids differ.
     """
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     p = resolve_path(path)
     if not p.is_file():

@@ -29,12 +29,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from albert_dist.data import cache, store
+from albert_dist.data.sources import cache, store
 from albert_dist.data.config import DataConfig
-from albert_dist.data.paths import discover_files
+from albert_dist.data.sources.discover import discover_files
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.text import split_sentences
-from albert_dist.data.plan import plan_source
+from albert_dist.data.sources.pieces import pieces_of
 from albert_dist.data.stream import SourceStream, iter_texts
 from albert_dist.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, load_tokenizer
 from albert_dist.model.config import IGNORE_INDEX
@@ -101,7 +101,7 @@ def _validation_streams(cfg: DataConfig) -> list[SourceStream]:
     for i, src in enumerate(cfg.validation):
         where = f"data.validation[{i}]"
         # one slot: the set is read in file order by every rank alike, whatever the world size
-        plan = None if src.format == "hub" else plan_source(src, where, cfg.shard_piece_bytes, slots=1)
+        plan = None if src.format == "hub" else pieces_of(src, where, cfg.shard_piece_bytes, slots=1)
         streams.append(SourceStream(src, where, plan, 0, 1, cfg.eval_seed + 1000 * i, False, cfg.max_document_bytes))
     return streams
 
@@ -124,7 +124,7 @@ def build_validation_set(cfg: DataConfig, sp=None) -> ValidationSet:
 
 
 def _local_copies(cfg: DataConfig):
-    """The validation sources' objects pinned in the node's cache (`albert_dist.data.cache`) and read from there:
+    """The validation sources' objects pinned in the node's cache (`albert_dist.data.sources.cache`) and read from there:
     every rank and every (re)start of a job builds this set, so the store is read once per node, not once per
     build. A source larger than ``data.cache_max_bytes`` is read from the store (its first ``eval_examples``
     examples may be a small part of it); local and hub sources are read as they are."""

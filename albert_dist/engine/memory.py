@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, masking_budget
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.sizes import fmt_bytes
 from albert_dist.engine.config import EngineConfig
 from albert_dist.engine.deepspeed_config import bucket_defaults
 from albert_dist.model.config import AlbertConfig

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from albert_dist.engine.distributed import is_multi_rank
+from albert_dist.dist.group import is_multi_rank
 
 logger = logging.getLogger(__name__)
 

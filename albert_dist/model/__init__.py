@@ -1,8 +1,6 @@
-"""The ALBERT model: config, grouped cross-layer sharing, pretraining heads (pure nn.Module code).
-
-The names below are resolved on first use (PEP 562), so `albert_dist.model.config` — imported by the
-torch-free `albert_dist.config` — does not pull in torch through this package's `__init__`.
-"""
+"""The ALBERT model: config, grouped cross-layer sharing, pretraining heads (pure nn.Module code)."""
+# The names below are resolved on first use (PEP 562), so `albert_dist.model.config` (imported by the torch-free
+# `albert_dist.config`) does not pull in torch through this package's `__init__`.
 from __future__ import annotations
 
 import importlib

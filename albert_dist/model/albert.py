@@ -59,7 +59,7 @@ class PreTrainingOutput(NamedTuple):
     and ZeRO-3's `runtime/zero/utils.py::apply_to_tensors_only`, which rebuilds namedtuples). Without those
     hooks `engine._backward_prologue()` never runs: bf16 at ZeRO-1 (BF16_Optimizer) then never clears its
     bf16 gradients between micro-steps and accumulates 3 g1 + 2 g2 + g3 at GA 3
-    (tests/distributed/test_backward_prologue.py counts the prologue calls).
+    (tests/distributed/test_grad_matrix.py counts the prologue calls in every cell).
 
     `loss = mlm_loss + sop_loss`; each loss is the mean cross-entropy over its labelled positions / examples
     of this micro-batch (fp32 scalars; 0 when nothing is labelled). The sums let the trainer normalise over a

@@ -86,7 +86,7 @@ class JsonlTracker(Tracker):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Append one record (with the wall-clock time in ms, as MLflow stores it). The console line is the
-        trainer's (`albert_dist.engine.console`): every metric goes here, a few to the console."""
+        trainer's (`albert_dist.job.console`): every metric goes here, a few to the console."""
         record = {"step": int(step), "timestamp_ms": int(time.time() * 1000),
                   **{k: float(v) for k, v in metrics.items()}}
         with open(self.path, "a") as fh:  # one write of one whole line: a concurrent reader sees all or nothing

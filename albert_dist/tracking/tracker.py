@@ -113,7 +113,7 @@ def create_local_store(uri: str) -> None:
     creation and the second fails ("table ... already exists"); with the lock the second finds the tables made.
     A no-op for a server or any other URI.
     """
-    import fcntl
+    from albert_dist.job.lock import flock
 
     path = local_store_path(uri)
     if path is None or not uri.startswith("sqlite:"):
@@ -121,7 +121,7 @@ def create_local_store(uri: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path.parent, os.O_RDONLY)  # the directory: no lock file left beside the store
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock(fd)
         from mlflow import MlflowClient
 
         MlflowClient(uri).search_experiments(max_results=1)

@@ -135,7 +135,7 @@ def scoring_set(cfg, seed: int = SCORE_SEED, max_blocks: int = SCORE_BLOCKS) -> 
 
     from transformers import DataCollatorForLanguageModeling
 
-    from albert_dist.data.paths import discover_files
+    from albert_dist.data.sources.discover import discover_files
 
     files = [str(f) for i, src in enumerate(cfg.data.validation)
              for f in discover_files(src, f"data.validation[{i}]")]
@@ -150,7 +150,7 @@ def scoring_set(cfg, seed: int = SCORE_SEED, max_blocks: int = SCORE_BLOCKS) -> 
 
 
 def train_files(cfg) -> list[str]:
-    from albert_dist.data.paths import discover_files
+    from albert_dist.data.sources.discover import discover_files
 
     return [str(f) for i, src in enumerate(cfg.data.train) for f in discover_files(src, f"data.train[{i}]")]
 

@@ -129,7 +129,8 @@ def main(argv: list[str]) -> int:
     from albert_dist import train
     from albert_dist.config import load_config
     from albert_dist.engine.checkpoint import save as ckpt_save
-    from albert_dist.engine.distributed import discover, setup_logging
+    from albert_dist.dist.group import discover
+    from albert_dist.job.console import configure_logging
     from albert_dist.trainer import Trainer
 
     import deepspeed.ops
@@ -180,7 +181,7 @@ def main(argv: list[str]) -> int:
         if args.run:  # the app's main: its exit codes
             mp.setattr(train, "Trainer", RecordedTrainer)
             return train.main(args.config, args.overrides)
-        setup_logging(discover().rank)
+        configure_logging(discover().rank)
         trainer = RecordedTrainer(load_config(args.config, args.overrides))
         try:
             trainer.setup()
@@ -200,5 +201,5 @@ if __name__ == "__main__":
     from albert_dist.train import end_process
 
     exit_code = main(sys.argv[1:])
-    end_process(exit_code)  # as `albert-dist train` ends a rank of a job (albert_dist.engine.stop.end_rank)
+    end_process(exit_code)  # as `albert-dist train` ends a rank of a job (albert_dist.job.stop.end_rank)
     sys.exit(exit_code)

@@ -136,7 +136,7 @@ def test_the_stop_flag_is_agreed_on_a_host_tensor_over_the_host_group(monkeypatc
     import signal
 
     from albert_dist import trainer as T
-    from albert_dist.engine.stop import StopFlag
+    from albert_dist.job.stop import StopFlag
 
     reduced = []
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from albert_dist.engine.distributed import free_port
+from albert_dist.dist.group import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -19,8 +19,7 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from albert_dist.engine.distributed import (all_gather_object, barrier, broadcast_object, init_distributed,
-                                                is_multi_rank)
+    from albert_dist.dist.group import all_gather_object, barrier, broadcast_object, init_distributed, is_multi_rank
     env = init_distributed(timeout_s=60)
     t = torch.tensor([float(env.rank + 1)])
     dist.all_reduce(t)

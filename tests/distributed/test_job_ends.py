@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.engine.stop import EXIT_DEADLINE_S
+from albert_dist.job.stop import EXIT_DEADLINE_S
 from fixtures.ranks import CONFIG, Job
 
 pytestmark = pytest.mark.distributed

@@ -18,7 +18,7 @@ import pytest
 
 from albert_dist.engine.checkpoint.layout import read_latest
 from albert_dist.engine.checkpoint.choose import choose_checkpoint
-from albert_dist.engine.run_lock import LOCK_FILE
+from albert_dist.job.lock import LOCK_FILE
 from fixtures.ranks import CONFIG, Job
 from helpers import REPO, clean_env, start_ranks
 

@@ -19,7 +19,7 @@ import torch
 from helpers import read_metrics
 from mlflow import MlflowClient
 
-from albert_dist.engine.distributed import free_port
+from albert_dist.dist.group import free_port
 
 from albert_dist.engine import metric_names as names
 from albert_dist.tracking.checkpoints import complete_checkpoints
@@ -137,7 +137,7 @@ def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_r
 
     import sentencepiece as spm
 
-    from albert_dist.export import load_config as load_model_config
+    from albert_dist.config import load_model_config
 
     client, run_id, tmp = resumed_run["client"], resumed_run["run_id"], resumed_run["tmp"]
     hf_dir = client.download_artifacts(run_id, "model/hf", str(tmp / "dl_hf"))

@@ -1,4 +1,4 @@
-"""The node cache of object-store validation sources (albert_dist.data.cache) against a real S3 server (moto's).
+"""The node cache of object-store validation sources (albert_dist.data.sources.cache) against a real S3 server (moto's).
 
 Every read goes through a counting proxy in front of the server (tests/fixtures/s3_server.py `FaultProxy` with
 ``every=0``), so "0 remote bytes" is the server's side of the count, not only our own counters. The reference for
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from albert_dist.data import cache, store
+from albert_dist.data.sources import cache, store
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.data.validation import build_validation_set

@@ -4,7 +4,7 @@ The reference is always the same files on local disk, read by the same code (the
 other data tests check against independent references): a URL source must give exactly the same documents, in
 the same slots and order, for txt, .jsonl.zst and parquet; `data prepare` from s3:// to s3:// must write the
 same shards (sha256) as a local prepare of the same files; reads must be ranged (bytes requested / bytes used
-counted by albert_dist.data.store); transient faults retried without losing or repeating a document; a missing
+counted by albert_dist.data.sources.store); transient faults retried without losing or repeating a document; a missing
 bucket, object or credentials must be one line naming the URL.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from albert_dist.data.prepare import options, publish, run
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import read_piece
-from albert_dist.data.paths import slot_shares
-from albert_dist.data.stream import SourceStream, iter_texts, plan_source
+from albert_dist.data.sources.read import read_piece
+from albert_dist.data.sources.discover import slot_shares
+from albert_dist.data.stream import SourceStream, iter_texts, pieces_of
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +66,7 @@ def local_corpus(tmp_path_factory) -> dict[str, Path]:
 
 def _slot_documents(source: SourceConfig, slots: int) -> list[list[str]]:
     """Each slot's records (text or skip marker) in the order its stream reads them, unshuffled."""
-    pieces = plan_source(source, "t", PIECE, slots)
+    pieces = pieces_of(source, "t", PIECE, slots)
     out = []
     for slot in range(slots):
         docs = []
@@ -90,7 +90,7 @@ def test_a_url_source_reads_exactly_what_the_local_files_hold(kind, local_corpus
     assert _slot_documents(remote, 4) == _slot_documents(local, 4)
     # the shuffled per-slot stream the loader cycles: the same documents in the same order
     for src_pair in [(local, remote)]:
-        streams = [SourceStream(s, "t", plan_source(s, "t", PIECE, 4), 1, 4, seed=3, shuffle=True,
+        streams = [SourceStream(s, "t", pieces_of(s, "t", PIECE, 4), 1, 4, seed=3, shuffle=True,
                                 max_document_bytes=1 << 20) for s in src_pair]
         assert [streams[0].next_document() for _ in range(60)] == [streams[1].next_document() for _ in range(60)]
     # a prefix ("directory") names the same objects as the glob
@@ -99,7 +99,7 @@ def test_a_url_source_reads_exactly_what_the_local_files_hold(kind, local_corpus
 
 def test_prepare_s3_to_s3_then_plan_and_read_back(local_corpus, s3_server, tmp_path, monkeypatch):
     from albert_dist.config import load_config
-    from albert_dist.data.plan import plan_data
+    from albert_dist.data.sources.pieces import job_sources
 
     monkeypatch.setenv("ALBERT_DIST_PREPARE_TMP", str(tmp_path / "work"))
     s3_server.bucket("raw")
@@ -124,7 +124,7 @@ def test_prepare_s3_to_s3_then_plan_and_read_back(local_corpus, s3_server, tmp_p
     # `data plan` from metadata, with the source given as a plain URL in an override
     cfg = load_config(None, ["data.train=[s3://prepared/train]", "data.validation=[]", "tracking.enabled=false"])
     assert cfg.data.train[0].paths == ["s3://prepared/train"]
-    (plan,) = plan_data(cfg.data, 2, 2)
+    (plan,) = job_sources(cfg.data, 2, 2)
     assert plan.manifest == "s3://prepared/train/manifest.json"
     assert plan.documents == got["documents"] and plan.pieces == got["row_groups"]
     # read back: the documents the local output holds
@@ -140,7 +140,7 @@ def test_reads_are_ranged_and_counted(local_corpus, s3_server, tmp_path, monkeyp
                                      output="s3://prepared/wt", num_shards=2, row_group_bytes=16 << 10,
                                      tokenizer_path=None, progress=False), "t")
     source = SourceConfig(paths=["s3://prepared/wt"])
-    pieces = plan_source(source, "t", PIECE, 16)
+    pieces = pieces_of(source, "t", PIECE, 16)
     assert len(pieces) >= 16
     store.COUNTERS.clear()  # footers are parsed (and cached) by planning; count the reads of slot 5 alone
     used = 0
@@ -175,7 +175,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
     finally:
         proxy.stop()
     assert all(proxy.faults[kind] >= 2 for kind in FaultProxy.KINDS), proxy.faults
-    # one retry layer (albert_dist.data.store.call), bounded, each retry a warning with its attempt count
+    # one retry layer (albert_dist.data.sources.store.call), bounded, each retry a warning with its attempt count
     assert store.COUNTERS["retries"] == sum(proxy.faults.values())
     warnings = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(warnings) == store.COUNTERS["retries"] and all("(attempt 1, " in w for w in warnings), warnings

@@ -65,7 +65,7 @@ def test_prepare_plan_train_and_resume_all_on_s3(s3_server, tmp_path, monkeypatc
     try:
         env = {**s3_server.env(), "MLFLOW_TRACKING_URI": server.uri}
         run_dir = tmp_path / "run"
-        cache = tmp_path / "cache"  # the node cache of the validation source (albert_dist.data.cache)
+        cache = tmp_path / "cache"  # the node cache of the validation source (albert_dist.data.sources.cache)
         assert _launch(run_dir, tmp_path / "first.log", env, "max_steps=2", f"data.cache_dir={cache}") == 0, \
             (tmp_path / "first.log").read_text()[-5000:]
         assert _launch(run_dir, tmp_path / "second.log", env, "max_steps=4", "--resume", "auto",

@@ -5,7 +5,7 @@ The cluster is the one .ci/slurm-cluster.sh starts (two virtual nodes n1, n2 on 
 tiny recipe; MLflow tracks into a SQLite store in the test's temporary directory.
 
 References the assertions use: Slurm's own view of the job (`scontrol show job`: state, exit code, restart
-count), each task's discovery printed by the job (`python -m albert_dist.engine.distributed`), the files the
+count), each task's discovery printed by the job (`albert-dist dist`), the files the
 run writes (checkpoints, mlflow_run.json) and the MLflow store read back through MlflowClient.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.engine.slurm import port_from_job_id
+from albert_dist.dist.slurm import port_from_job_id
 from albert_dist.engine import metric_names as names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]

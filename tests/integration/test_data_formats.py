@@ -26,9 +26,9 @@ from albert_dist import cli
 from albert_dist.data import tokenizer as tok
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import build_train_loader
-from albert_dist.data.paths import slot_shares
-from albert_dist.data.plan import plan_data
-from albert_dist.data.stream import SourceStream, iter_texts, plan_source
+from albert_dist.data.sources.discover import slot_shares
+from albert_dist.data.sources.pieces import job_sources
+from albert_dist.data.stream import SourceStream, iter_texts, pieces_of
 from albert_dist.data.validation import build_validation_set
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_pat
     src = SourceConfig(paths=[str(path)])
     # documents, in file order (tokenizer input, token counts) and through an unshuffled slot stream
     assert list(iter_texts([src], "t", 1 << 20)) == DOCS
-    pieces = plan_source(src, "data.train[0]", PIECE)
+    pieces = pieces_of(src, "data.train[0]", PIECE)
     assert _epoch(SourceStream(src, "t", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)) == DOCS
     # the tokenizer: the same pieces and scores as from the plain .txt
     out = tmp_path / "tok"
@@ -177,7 +177,7 @@ def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_pat
     resumed.load_state_dict(first.state_dict())
     _same_batches([b for _, b in zip(range(6), resumed)], reference[4:])
     # `albert-dist data plan`: the pieces the format allows (2 ranks x 2 workers = 4 slots)
-    (plan,) = plan_data(_cfg(src), ranks=2, workers=2)
+    (plan,) = job_sources(_cfg(src), ranks=2, workers=2)
     expected = {"txt": -(-path.stat().st_size // PIECE), "jsonl": -(-path.stat().st_size // PIECE)}.get(name, 1)
     if kind == "parquet":
         expected = -(-len(DOCS) // ROWS_PER_GROUP)
@@ -275,7 +275,7 @@ def test_a_damaged_file_is_a_counted_skip_and_resumes(case, tmp_path, caplog):
     path = write_format(tmp_path / filename, kind, codec, BIG)
     damage(path)
     src = SourceConfig(paths=[str(path)])
-    pieces = plan_source(src, "data.train[0]", PIECE)
+    pieces = pieces_of(src, "data.train[0]", PIECE)
     stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
     with caplog.at_level(logging.WARNING):
         docs = _epoch(stream)
@@ -313,13 +313,13 @@ def test_a_parquet_file_with_a_damaged_footer_is_skipped_at_planning(tmp_path, c
     bad.write_bytes(bad.read_bytes()[:-40])  # footer cut: not a parquet file any more
     src = SourceConfig(paths=[str(tmp_path / "*.parquet")])
     with caplog.at_level(logging.WARNING):
-        pieces = plan_source(src, "data.train[0]", PIECE)
+        pieces = pieces_of(src, "data.train[0]", PIECE)
     assert {p["path"] for p in pieces} == {str(good)}
     assert f"skipping {bad}: not a readable parquet file" in caplog.text
-    (plan,) = plan_data(_cfg(src), ranks=1, workers=0)
+    (plan,) = job_sources(_cfg(src), ranks=1, workers=0)
     assert plan.damaged_files == 1 and plan.files == 2
     with pytest.raises(ValueError, match=r"holds only empty or damaged files \(1 files: 0 empty, 1 damaged\)"):
-        plan_source(SourceConfig(paths=[str(bad)]), "data.train[0]", PIECE)
+        pieces_of(SourceConfig(paths=[str(bad)]), "data.train[0]", PIECE)
 
 
 # ------------------------------------------------------------------------------------------------ user-facing errors
@@ -360,7 +360,7 @@ def _error_of(capsys, command: list[str], runner) -> str:
 def test_user_facing_errors_name_the_file_and_a_reason(case, tmp_path, capsys, monkeypatch):
     """`albert-dist tokenizer train`, `albert-dist train` (preflight) and `albert-dist data plan` on bad input:
     exit 2, one line, the input named, the reason non-empty and the expected one."""
-    from albert_dist.engine import distributed
+    from albert_dist.dist import group as distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
@@ -424,7 +424,7 @@ def test_plan_gives_the_slot_assignment_the_loader_reads(layout, tmp_path, monke
                  for k, (a, b) in enumerate([(0, 5), (5, 25), (25, 60)])]
     src = SourceConfig(paths=[str(tmp_path / "s*")])
     cfg = _cfg(src, num_workers=2, shard_piece_bytes=2048)
-    (plan,) = plan_data(cfg, ranks=2, workers=2)
+    (plan,) = job_sources(cfg, ranks=2, workers=2)
     assert (plan.pieces >= 4) == (layout == "pieces >= slots")
     # what the plan says each slot reads: the documents of its pieces (byte ranges: a record belongs to the
     # piece its first byte is in), j-th of every k records for a shared piece

@@ -17,7 +17,7 @@ import pytest
 from albert_dist import cli
 from albert_dist.data.prepare import dedup, jsonl, lock, options, publish, run, scan
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import plan_pieces
+from albert_dist.data.sources.discover import cut_pieces
 from albert_dist.data.stream import iter_texts
 
 # Unicode, inner newlines (blank-line txt keeps single newlines inside a document), quotes for JSON escaping.
@@ -105,7 +105,7 @@ def test_output_layout_row_groups_and_manifest_figures(tmp_path):
     exact = sum(len(ids) for d in docs for ids in sp.encode(split_sentences(d)))
     assert manifest["tokens_estimate"] == pytest.approx(exact, rel=0.02)
     # the training reader plans one piece per row group
-    pieces, _ = plan_pieces(SourceConfig(paths=[str(tmp_path / "out" / "*.parquet")]), "t", 1 << 22)
+    pieces, _ = cut_pieces(SourceConfig(paths=[str(tmp_path / "out" / "*.parquet")]), "t", 1 << 22)
     assert len(pieces) == manifest["row_groups"]
 
 
@@ -217,7 +217,7 @@ def test_reruns_are_safe_and_an_interrupted_run_resumes(tmp_path, monkeypatch, c
     assert not out.exists() and (tmp_path / ("out" + run.TMP_SUFFIX) / "spool" / "000000.json").exists()
     monkeypatch.setattr(run, "write_shard", real_write)
 
-    import albert_dist.data.files as files
+    import albert_dist.data.sources.read as files
 
     def no_reading(*a, **k):
         raise AssertionError("the resumed run read an input again")
@@ -297,19 +297,19 @@ def test_config_sources_and_cli_errors(tmp_path, capsys):
 ])
 def test_plan_sizes(tmp_path, text_gib, slots, rg, shards):
     opts = _opts([tmp_path], tmp_path / "o")
-    sizes = options.plan_sizes(int(text_gib * 2**30), 10**9, opts)
+    sizes = options.shard_sizes(int(text_gib * 2**30), 10**9, opts)
     assert (sizes.row_group_bytes, sizes.num_shards, sizes.target_slots) == (rg, shards, slots)
     row_groups = text_gib * 2**30 / sizes.row_group_bytes
     if text_gib >= 2:
         assert row_groups >= options.ROW_GROUPS_PER_SLOT * slots
-    assert options.plan_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
-    assert options.plan_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
+    assert options.shard_sizes(10**6, 3, _opts([tmp_path], tmp_path / "o", num_shards=10)).num_shards == 3
+    assert options.shard_sizes(10**6, 10**4, _opts([tmp_path], tmp_path / "o", shard_bytes=10**5)).num_shards == 10
 
 
 def test_dispatch_and_byte_sizes(tmp_path, capsys):
     import argparse
 
-    from albert_dist.data.sizes import parse_byte_size
+    from albert_dist.sizes import parse_byte_size
 
     src = _write(tmp_path / "c", BASE[:20], "txt", "")
     assert cli.main(["data", "prepare", "--input", str(src), "--output", str(tmp_path / "o"), "--workers", "1",
@@ -396,7 +396,7 @@ def test_an_unquoted_glob_is_every_file_it_matched(tmp_path, capsys):
 def test_the_one_byte_formatter_reads_back_as_parse_byte_size_reads_it():
     """`fmt_bytes` (memory line, data plan/prepare, tokenizer): powers of 1024, the unit `parse_byte_size` reads,
     so a printed size pasted back as an option is the same size to its printed precision."""
-    from albert_dist.data.sizes import fmt_bytes, parse_byte_size
+    from albert_dist.sizes import fmt_bytes, parse_byte_size
 
     assert [fmt_bytes(n) for n in (512, 1536, 2**30 - 1, 8 * 2**30, 3 * 2**40)] == [
         "512 B", "1.5 KiB", "1.00 GiB", "8.00 GiB", "3.00 TiB"]

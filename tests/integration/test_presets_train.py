@@ -18,7 +18,7 @@ import torch
 import yaml
 from helpers import read_metrics, run_cli
 
-from albert_dist.engine import console
+from albert_dist.job import console
 
 from albert_dist.engine import metric_names as names
 

@@ -261,7 +261,7 @@ FINISH_IN_GIVEN_RUN_DIR = ('for a; do [[ $a == run_dir=* ]] && d=${a#run_dir=}; 
 
 def test_two_runs_without_a_run_dir_get_two_new_run_directories(tmp_path):
     """Without RUN_DIR or run_dir=, each run gets a new runs/<recipe>-<UTC time>[-k] (named and created by
-    `albert-dist train --print-run-dir auto`, the ranks' own rule: albert_dist.engine.run_lock.auto_run_dir, whose
+    `albert-dist train --print-run-dir auto`, the ranks' own rule: albert_dist.job.lock.auto_run_dir, whose
     same-second case tests/unit/test_train_cli.py checks), passed to the ranks and judged there."""
     checkout = _checkout(tmp_path)
     dirs = []

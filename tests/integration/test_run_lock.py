@@ -1,4 +1,4 @@
-"""albert_dist.engine.run_lock: one job per run directory, the lock released by the kernel however the holder ends.
+"""albert_dist.job.lock: one job per run directory, the lock released by the kernel however the holder ends.
 
 The holders are real processes (a flock is per open file: a second lock in the same process would be a
 different open file, and would be refused just the same, but the pid in the message is what a user reads).
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.engine.run_lock import LOCK_FILE, RunDirBusy, RunDirLock
+from albert_dist.job.lock import LOCK_FILE, RunDirBusy, RunDirLock
 
 HOLD = """
 import sys, time
-from albert_dist.engine.run_lock import RunDirLock
+from albert_dist.job.lock import RunDirLock
 lock = RunDirLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -67,7 +67,7 @@ def test_forked_children_do_not_keep_the_lock(tmp_path):
     run_dir = tmp_path / "run"
     code = f"""
 import os, sys, time
-from albert_dist.engine.run_lock import RunDirLock
+from albert_dist.job.lock import RunDirLock
 lock = RunDirLock({str(run_dir)!r}).acquire()
 if os.fork() == 0:
     time.sleep(600)

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from albert_dist.engine import distributed as D
-from albert_dist.engine import slurm as S
+from albert_dist.dist import group as D
+from albert_dist.dist import slurm as S
 from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 

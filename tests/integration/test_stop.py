@@ -1,4 +1,4 @@
-"""albert_dist.engine.stop: the stop signals, a second Ctrl-C, and processes that end whatever happened (issue 20).
+"""albert_dist.job.stop: the stop signals, a second Ctrl-C, and processes that end whatever happened (issue 20).
 
 Each case runs in a child interpreter (signals and exit hooks are process-wide); the exit status and timing are
 the kernel's, not the code's own report.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from albert_dist.engine.stop import STOP_SIGNALS, peer_failure
+from albert_dist.job.stop import STOP_SIGNALS, peer_failure
 
 
 def _python(code: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
@@ -27,7 +27,7 @@ def test_sigint_is_a_stop_signal_and_a_second_one_aborts_at_once():
     assert signal.SIGINT in STOP_SIGNALS and signal.SIGTERM in STOP_SIGNALS and signal.SIGUSR1 in STOP_SIGNALS
     proc, _ = _python("""
         import os, signal, time
-        from albert_dist.engine.stop import StopFlag
+        from albert_dist.job.stop import StopFlag
         flag = StopFlag()
         flag.install()
         os.kill(os.getpid(), signal.SIGINT)
@@ -51,7 +51,7 @@ def test_a_worker_that_ignores_sigterm_no_longer_blocks_the_exit():
     The exit hook IgnoreStopSignals registers kills them first."""
     proc, elapsed = _python("""
         import multiprocessing, time
-        from albert_dist.engine.stop import IgnoreStopSignals
+        from albert_dist.job.stop import IgnoreStopSignals
 
         def worker():
             IgnoreStopSignals()(0)  # as a DataLoader worker's worker_init_fn
@@ -71,7 +71,7 @@ def test_a_worker_that_ignores_sigterm_no_longer_blocks_the_exit():
 def test_stop_loader_workers_kills_the_live_daemonic_workers():
     proc, elapsed = _python("""
         import multiprocessing, signal, time
-        from albert_dist.engine.stop import stop_loader_workers
+        from albert_dist.job.stop import stop_loader_workers
 
         def worker():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -105,7 +105,7 @@ def test_a_retired_flag_keeps_the_exit_code_when_a_launcher_sigterms_the_rank_at
     Python handler is reset to the default action (a handler that merely absorbed the signal exits 143 here)."""
     proc, _ = _python("""
         import os, subprocess, sys, time
-        from albert_dist.engine.stop import StopFlag
+        from albert_dist.job.stop import StopFlag
         flag = StopFlag()
         flag.install()
         flag.retire()

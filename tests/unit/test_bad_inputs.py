@@ -12,9 +12,9 @@ import pytest
 
 from albert_dist import cli
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.files import check_text_field
-from albert_dist.data.paths import plan_pieces
-from albert_dist.data.stream import plan_source
+from albert_dist.data.sources.read import check_text_field
+from albert_dist.data.sources.discover import cut_pieces
+from albert_dist.data.stream import pieces_of
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -31,7 +31,7 @@ def test_missing_text_field_is_found_on_the_first_records_naming_field_file_and_
     bad = _jsonl(tmp_path / "bad.jsonl", [{"content": "a b", "id": i} for i in range(40)])
     check_text_field(SourceConfig(paths=[str(good)]), "data.train[0]")
     with pytest.raises(ValueError) as err:
-        plan_source(SourceConfig(paths=[str(bad)]), "data.train[1]", 1 << 16)  # what building the loader does
+        pieces_of(SourceConfig(paths=[str(bad)]), "data.train[1]", 1 << 16)  # what building the loader does
     assert str(err.value) == (f"data.train[1].text_field='text' is not a key of the first 16 records of {bad} "
                               f"(keys found: ['content', 'id'])")
     check_text_field(SourceConfig(paths=[str(bad)], text_field="content"), "data.train[1]")
@@ -141,7 +141,7 @@ def test_skipped_records_are_named_by_file_and_line(tmp_path, caplog):
     rows[5] = json.dumps({"text": "   "})
     path.write_text("\n".join(rows) + "\n")
     src = SourceConfig(paths=[str(path)])
-    pieces, _ = plan_pieces(src, "data.train[0]", 1 << 20)
+    pieces, _ = cut_pieces(src, "data.train[0]", 1 << 20)
     stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
     with caplog.at_level(logging.WARNING):
         while stream.epoch == 0:

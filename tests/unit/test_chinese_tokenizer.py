@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from albert_dist.data import tokenizer as tok
-from albert_dist.data.paths import resolve_path
+from albert_dist.data.sources.discover import resolve_path
 from albert_dist.data.text import split_sentences
 
 ZH_TOKENIZER = "data/zhwiki/spiece.model"

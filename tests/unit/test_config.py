@@ -338,7 +338,7 @@ def test_a_source_may_be_a_plain_path_or_url_string():
     path is resolved as the mapping form's is, a URL is kept as given."""
     from albert_dist.config import load_config
     from albert_dist.data.config import SourceConfig
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     cfg = load_config(None, ["data.train=[data/sample/wikitext-2-train-00.txt, s3://bucket/prepared/train]",
                              "data.validation=gs://bucket/valid/*.jsonl.zst"])

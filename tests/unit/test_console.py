@@ -1,4 +1,4 @@
-"""The console (albert_dist.engine.console): the log line's content and length, number formats, the noise
+"""The console (albert_dist.job.console): the log line's content and length, number formats, the noise
 filters (exact messages only), the progress bar only on a terminal, the per-rank logging prefix."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from albert_dist.engine import console
+from albert_dist.job import console
 
 
 @pytest.fixture

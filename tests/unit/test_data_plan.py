@@ -13,9 +13,9 @@ import pytest
 from albert_dist import cli
 from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.paths import (MIN_PIECE_BYTES, PIECES_PER_SLOT, piece_bytes_for, read_amplification,
-                                    slot_shares)
-from albert_dist.data.plan import AMPLIFICATION_LIMIT, plan_data, slot_table
+from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, PIECES_PER_SLOT, piece_bytes_for, read_amplification,
+                                               slot_shares)
+from albert_dist.data.sources.pieces import AMPLIFICATION_LIMIT, job_sources, slot_table
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -65,7 +65,7 @@ def _zst_corpus(tmp_path: Path, files: int) -> Path:
 @pytest.fixture
 def tiny_pieces(monkeypatch):
     """Our test corpora are KBs: let them count as big enough for `prepare` (the real floor is 64 KiB a slot)."""
-    from albert_dist.data import plan
+    from albert_dist.data.sources import pieces as plan
 
     monkeypatch.setattr(plan, "MIN_PIECE_BYTES", 16)
 
@@ -78,7 +78,7 @@ def test_plan_of_a_compressed_corpus_prints_the_figures_and_the_prepare_command(
     assert "2 ranks x 4 workers = 8 slots" in out
     assert "3 files" in out and "3 compressed" in out and "pieces: 3 (one per compressed file" in out
     assert "each piece is read whole by 2-3 slots" in out
-    (plan,) = plan_data(DataConfig(train=[SourceConfig(paths=[f"{folder}/*.jsonl.zst"])]), ranks=2, workers=4)
+    (plan,) = job_sources(DataConfig(train=[SourceConfig(paths=[f"{folder}/*.jsonl.zst"])]), ranks=2, workers=4)
     sizes = sorted((p["nbytes"] for p in plan.piece_list), reverse=True)
     assert plan.amplification == pytest.approx((3 * sizes[0] + 3 * sizes[1] + 2 * sizes[2]) / sum(sizes))
     assert plan.amplification > AMPLIFICATION_LIMIT and f"read amplification: {plan.amplification:.2f}" in out
@@ -103,11 +103,11 @@ def test_plan_reads_documents_per_epoch_from_a_manifest(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 files" in out and f"per epoch: 100 documents, about 2,000 tokens (from {folder}/manifest.json)" in out
     # one shard of the two: its own count, from the per-file entries
-    (plan,) = plan_data(DataConfig(train=[SourceConfig(paths=[str(folder / "01.jsonl.zst")])]), 1, 0)
+    (plan,) = job_sources(DataConfig(train=[SourceConfig(paths=[str(folder / "01.jsonl.zst")])]), 1, 0)
     assert plan.documents == 50 and "1 of its 2 files" in plan.manifest
     # a manifest that does not describe the files is not used
     (folder / "manifest.json").write_text(json.dumps({"documents": 7, "files": ["other.parquet"]}))
-    (plan,) = plan_data(DataConfig(train=[SourceConfig(paths=[str(folder)])]), 1, 0)
+    (plan,) = job_sources(DataConfig(train=[SourceConfig(paths=[str(folder)])]), 1, 0)
     assert plan.documents is None and "not used" in plan.manifest
 
 

@@ -146,7 +146,7 @@ def test_uncompressed_files_are_read_about_as_much_as_sampled(tmp_path, monkeypa
     """A 5% sample of uncompressed files reads a small multiple of the text it takes, not the files: its windows
     span the file but read in blocks sized to their share (reads the size of the window read every file whole:
     20x the sample here). Bytes are counted at the file stream, independently of the sampler."""
-    from albert_dist.data import files
+    from albert_dist.data.sources import read as files
 
     for f in range(4):
         (tmp_path / f"{f}.jsonl").write_text("".join(json.dumps({"text": _doc(f"f{f}", i) * 3}) + "\n"

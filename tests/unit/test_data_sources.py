@@ -14,8 +14,8 @@ from albert_dist.data import loader as loader_mod
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.loader import PretrainingStream, build_train_loader
 from albert_dist.data.pretraining import Example
-from albert_dist.data.files import BLANK_LINE_MAX_SPACES, read_piece, split_records
-from albert_dist.data.paths import plan_pieces
+from albert_dist.data.sources.read import BLANK_LINE_MAX_SPACES, read_piece, split_records
+from albert_dist.data.sources.discover import cut_pieces
 from albert_dist.data.stream import SourceStream, iter_texts
 from fixtures.hub_folder import write_hub_folder
 from fixtures.loader_checks import check_ranks_and_workers_split_uneven_shards
@@ -61,7 +61,7 @@ def test_raw_wikitext_articles_separated_by_space_lines_are_documents(tmp_path):
     path = tmp_path / "train.txt"
     path.write_text(" \n".join(docs))
     src = SourceConfig(paths=[str(path)])
-    pieces, _ = plan_pieces(src, "data.train[0]", 64 << 10)  # byte ranges of 64 KiB (its floor)
+    pieces, _ = cut_pieces(src, "data.train[0]", 64 << 10)  # byte ranges of 64 KiB (its floor)
     assert len(pieces) > 10
     got = [rec["text"] for piece in sorted(pieces, key=lambda p: p["start"]) for rec in read_piece(piece, "text", "blank_line", 1 << 20)
            if not rec["skip"]]
@@ -103,7 +103,7 @@ def test_every_format_yields_the_same_documents(tmp_path, name):
     src = SourceConfig(paths=[str(tmp_path / name)], text_field="body",
                        txt_documents="file" if name == "files" else "blank_line")
     assert list(iter_texts([src], "t", 1 << 20)) == DOCS
-    pieces, stats = plan_pieces(src, "t", 1024)
+    pieces, stats = cut_pieces(src, "t", 1024)
     assert stats["files"] == (23 if name == "files" else 1)
     if name == "c.parquet":
         assert len(pieces) == 5  # one per row group
@@ -149,7 +149,7 @@ def test_bad_records_are_counted_and_skipped(tmp_path, caplog):
     src = SourceConfig(paths=[str(tmp_path / "*.jsonl"), str(tmp_path / "c.txt")], format="auto")
     with pytest.raises(ValueError, match="format"):  # a .jsonl and a .txt in one source are fine; auto per file
         SourceConfig(paths=[str(tmp_path / "a.jsonl")], format="csv")
-    pieces, stats = plan_pieces(src, "data.train[0]", 1 << 20)
+    pieces, stats = cut_pieces(src, "data.train[0]", 1 << 20)
     assert stats["empty_files"] == 1 and stats["files"] == 3
     stream = SourceStream(src, "data.train[0]", pieces, 0, 1, seed=0, shuffle=False, max_document_bytes=4 << 20)
     texts = []
@@ -186,7 +186,7 @@ def _epoch_docs(stream: SourceStream) -> list[int]:
 def test_slots_are_disjoint_and_cover_the_corpus(tmp_path, world_size, workers, piece_bytes):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
-    pieces, _ = plan_pieces(src, "t", piece_bytes)
+    pieces, _ = cut_pieces(src, "t", piece_bytes)
     num_slots = world_size * max(1, workers)
     seen: list[set] = []
     for slot in range(num_slots):
@@ -206,7 +206,7 @@ def test_ranks_and_workers_split_uneven_shards_with_equal_batches(tmp_path, monk
 def test_epochs_reshuffle_the_same_documents(tmp_path):
     total = _uneven_shards(tmp_path)
     src = SourceConfig(paths=[str(tmp_path / "shard-*.txt")])
-    pieces, _ = plan_pieces(src, "t", 1024)
+    pieces, _ = cut_pieces(src, "t", 1024)
     stream = SourceStream(src, "t", pieces, 0, 1, seed=1, shuffle=True, max_document_bytes=1 << 20)
     e0 = _epoch_docs(stream)
     e1 = [int(stream.next_document()[0].split()[1]) for _ in range(total - 1)]  # the first of epoch 1 was read
@@ -292,7 +292,7 @@ def test_side_files_beside_the_shards_are_ignored_with_one_counted_line(tmp_path
     pq.write_table(pa.table({"text": docs[15:]}), tmp_path / "part-00001.parquet")
     for name in ("_SUCCESS", "_committed_123", ".part-00000.parquet.crc", "README.md", "LICENSE", ".gitattributes"):
         (tmp_path / name).write_text("not a corpus\n")
-    with caplog.at_level(logging.INFO, logger="albert_dist.data.paths"):
+    with caplog.at_level(logging.INFO, logger="albert_dist.data.sources.discover"):
         assert list(iter_texts([SourceConfig(paths=[str(tmp_path)])], "data.train", 1 << 20)) == docs
     lines = [r.getMessage() for r in caplog.records if "side file" in r.getMessage()]
     assert len(lines) == 1 and "ignored 6 side file(s)" in lines[0] and "README.md" in lines[0]
@@ -365,8 +365,8 @@ def test_the_probe_of_a_huge_one_line_file_is_bounded(tmp_path, monkeypatch):
     reading about `probe_read_bytes`, not read to its end (the stream it would fail in reads it whole)."""
     from albert_dist import preflight
     from albert_dist.config import load_config
-    from albert_dist.data import files
-    from albert_dist.data.plan import probe_read_bytes
+    from albert_dist.data.sources import read as files
+    from albert_dist.data.sources.pieces import probe_read_bytes
 
     huge = tmp_path / "one-document.txt"
     with open(huge, "wb") as f:  # sparse: no disk, reads as NUL bytes

@@ -139,7 +139,7 @@ def test_bundled_unigram_baseline_predicts_the(sp, quickstart_set):
     labels = labels[labels != -100].numpy()
     # independently: the commonest token of the train shards, counted line by line with numpy
     counts = np.zeros(sp.get_piece_size(), dtype=np.int64)
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     for f in sorted(resolve_path("data/sample").glob("wikitext-2-train-*.txt")):
         for line in f.read_text(encoding="utf-8").splitlines():

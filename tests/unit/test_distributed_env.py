@@ -1,4 +1,4 @@
-"""Rank/world discovery (albert_dist.engine.distributed): precedence, Slurm node lists, errors.
+"""Rank/world discovery (albert_dist.dist.group): precedence, Slurm node lists, errors.
 
 References: the variables torchrun (GROUP_RANK, LOCAL_WORLD_SIZE) and deepspeed/launcher/launch.py
 (CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation (tests/fixtures/slurm_env.py;
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from albert_dist.engine import distributed as D
-from albert_dist.engine import slurm as S
+from albert_dist.dist import group as D
+from albert_dist.dist import slurm as S
 from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 
@@ -284,3 +284,40 @@ def test_bind_device_uses_the_local_rank_among_the_nodes_gpus():
 
     environ = {"LOCAL_RANK": "3"}
     assert D.bind_device(env, Cpu(), environ) is None and environ == {"LOCAL_RANK": "3"}
+
+
+def _clean_launch_env(monkeypatch):
+    import os
+    for name in list(os.environ):
+        if name.startswith("SLURM_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+                                                 "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(name)
+
+
+def test_dist_command_prints_the_discovery(monkeypatch, capsys):
+    """`albert-dist dist` (the job scripts' check): one
+    ``DIST {...}`` line of the discovered DistEnv plus the host."""
+    import json
+    import socket
+
+    from albert_dist.cli import main
+    _clean_launch_env(monkeypatch)
+    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["dist"]) == 0
+    line, = capsys.readouterr().out.splitlines()
+    assert line.startswith("DIST ") and json.loads(line[5:]) == {
+        "rank": 5, "world_size": 8, "local_rank": 1, "local_world_size": 4, "node_rank": 1,
+        "master_addr": "10.0.0.1", "master_port": 29500, "num_nodes": 2, "source": "torchrun",
+        "host": socket.gethostname()}
+
+
+def test_dist_command_bad_variables_one_line_exit_2(monkeypatch, capsys, no_scontrol):
+    from albert_dist.cli import main
+    _clean_launch_env(monkeypatch)
+    for k, v in slurm_step(procid=4, nodeid=1, localid=1).items():
+        monkeypatch.setenv(k, v)
+    assert main(["dist"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and "SLURM_PROCID=4" in captured.err

@@ -1,4 +1,6 @@
-"""The commands the README and docs/ show exist: `albert-dist <sub-command>`, `make <target>`, `launch/<script>`.
+"""The commands the README and docs/ show exist: `albert-dist <sub-command>`, `make <target>`, `launch/<script>`;
+and the modules (`albert_dist.x.y`) and test files the README, docs/ and the package's docstrings name exist
+(`missing_references`).
 
 Every line of a fenced code block in README.md and docs/*.md that starts (after `VAR=value` assignments) with
 `albert-dist`, `make` or `launch/` must name a real sub-command of `albert_dist.cli.COMMANDS`, a target of the
@@ -76,7 +78,11 @@ def _problems(command: str) -> list[str]:
 
 
 def _all_commands() -> list[tuple[str, str]]:
-    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS for cmd in _fenced_commands(doc.read_text())]
+    """The fenced commands of every page; docs/layout.md's generated package tree (modules' roles, not commands)
+    is left out."""
+    tree = re.compile(r"<!-- package-tree start -->.*?<!-- package-tree end -->", re.S)
+    return [(doc.relative_to(ROOT).as_posix(), cmd) for doc in DOCS
+            for cmd in _fenced_commands(tree.sub("", doc.read_text()))]
 
 
 def _head(command: str) -> str:
@@ -131,3 +137,87 @@ def test_checker_finds_wrong_commands(command, expected):
 def test_fenced_commands_join_continuations_and_drop_comments():
     text = "x\n```bash\nmake test   # all\nalbert-dist export a \\\n    --output b\n```\nmake nothing\n"
     assert _fenced_commands(text) == ["make test", "albert-dist export a --output b"]
+
+
+# ------------------------------------------------------------------ modules and test files named in prose
+
+_MODULE_RE = re.compile(r"(?<![\w.])albert_dist(?:\.[A-Za-z_]\w*)+")
+_PATH_RE = re.compile(r"(?<![\w/.])(?:albert_dist|tests/(?:unit|integration|distributed|e2e|fixtures))/[\w/]+\.py\b")
+#: file names that look like dotted module names: the checkpoint's model record, the run directory's lock
+_NOT_MODULES = {"albert_dist.json", "albert_dist.lock"}
+
+
+def _module_names(root: Path) -> dict[str, Path]:
+    names = {}
+    for path in (root / "albert_dist").rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names a module defines or imports at its top level (under if/try too)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def missing_references(root: Path = ROOT) -> list[str]:
+    """Every ``albert_dist.x.y[.name]`` and ``albert_dist/x/y.py`` / ``tests/<tier>/x.py`` path named in
+    README.md, docs/*.md or a module of the package (docstrings, comments) that does not exist: a dotted name
+    must be a module, or a module and a name it defines or imports (the first part after the module)."""
+    modules = _module_names(root)
+    defined: dict[str, set[str]] = {}
+    out = []
+    texts = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "albert_dist").rglob("*.py"))]
+    for path in (p for p in texts if p.is_file()):
+        text, where = path.read_text(), path.relative_to(root)
+        for m in _MODULE_RE.finditer(text):
+            name = m.group(0)
+            if name in _NOT_MODULES:
+                continue
+            parts = name.split(".")
+            head = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in modules), None)
+            rest = parts[len(head.split(".")):] if head else parts
+            if head is None or (rest and rest[0] not in defined.setdefault(head, _top_level_names(modules[head]))):
+                out.append(f"{where}: {name}")
+        out += [f"{where}: {m.group(0)}" for m in _PATH_RE.finditer(text) if not (root / m.group(0)).exists()]
+    return sorted(set(out))
+
+
+def test_modules_and_test_files_named_in_docs_and_docstrings_exist():
+    assert missing_references() == []
+
+
+def test_the_reference_check_finds_a_moved_module_a_gone_name_and_a_gone_test(tmp_path):
+    (tmp_path / "albert_dist" / "engine").mkdir(parents=True)
+    (tmp_path / "albert_dist" / "__init__.py").write_text("")
+    (tmp_path / "albert_dist" / "engine" / "__init__.py").write_text("")
+    (tmp_path / "albert_dist" / "engine" / "loss.py").write_text(
+        '"""See albert_dist.engine.loss.mlm_loss and tests/unit/test_gone.py."""\ndef mlm_loss(): pass\n')
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("`albert_dist.engine.distributed`, `albert_dist.engine.loss.sop_loss`, "
+                                            "`albert_dist/engine/loss.py`, albert_dist.json\n")
+    assert missing_references(tmp_path) == ["albert_dist/engine/loss.py: tests/unit/test_gone.py",
+                                            "docs/a.md: albert_dist.engine.distributed",
+                                            "docs/a.md: albert_dist.engine.loss.sop_loss"]
+
+
+def test_the_layout_page_tree_is_the_modules_roles():
+    """docs/layout.md's package tree is what bench/layout_tree.py makes of the modules' docstrings' first lines
+    (one home per fact: a module's role is in its docstring; rerun the script after adding or moving a module)."""
+    from helpers import load_bench
+
+    tree = load_bench("layout_tree")
+    page = (ROOT / "docs" / "layout.md").read_text()
+    start, end = "<!-- package-tree start -->\n", "\n<!-- package-tree end -->"
+    assert page[page.index(start) + len(start):page.index(end)] == tree.tree()
+    assert "  trainer.py             The pretraining loop on a DeepSpeed engine" in tree.tree()

@@ -132,11 +132,11 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
 
     import transformers
 
-    from albert_dist.downstream.source import from_transformers_dir
+    from albert_dist.finetune.source import from_transformers_dir
 
     _, run = world
     full = run / "final_model" / "hf"
-    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
         from_transformers_dir(full).encoder_state()
     assert not [r for r in caplog.records if "random init" in r.getMessage()]
     mlm = tmp_path / "mlm"
@@ -144,7 +144,7 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
     for f in full.iterdir():
         if not (mlm / f.name).exists():
             shutil.copy(f, mlm / f.name)
-    with caplog.at_level(logging.WARNING, logger="albert_dist.downstream.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
         state = from_transformers_dir(mlm).encoder_state()
     said = [r.getMessage() for r in caplog.records if "random init" in r.getMessage()]
     assert len(said) == 1 and "albert.pooler" in said[0] and "sop_classifier" in said[0], said
@@ -175,7 +175,7 @@ def test_a_file_task_whose_name_names_another_task_is_refused(world, capsys, tmp
     name: the second is refused before training instead of replacing the first's results."""
     import json
 
-    from albert_dist.finetune import RESULTS_FILE, write_results
+    from albert_dist.finetune.run import RESULTS_FILE, write_results
 
     _, run = world
     folder = tmp_path / "reviews"
@@ -202,7 +202,7 @@ def test_one_fine_tune_is_one_entry_whatever_named_its_model(tmp_path):
     replaces the entry; another step, task or model is kept beside it."""
     import json
 
-    from albert_dist.finetune import RESULTS_FILE, write_results
+    from albert_dist.finetune.run import RESULTS_FILE, write_results
 
     path = tmp_path / RESULTS_FILE
     base = {"task": "sst2", "init": "pretrained", "step": 7, "finetune": {"lr": 1}, "train_examples": 8,
@@ -220,7 +220,7 @@ def test_an_interrupted_write_keeps_the_results_and_leaves_no_lock(tmp_path, mon
     import json
     import os
 
-    from albert_dist.finetune import RESULTS_FILE, write_results
+    from albert_dist.finetune.run import RESULTS_FILE, write_results
 
     path = tmp_path / RESULTS_FILE
     write_results(path, {"task": "sst2", "v": 1})

@@ -18,7 +18,7 @@ def store(tmp_path_factory):
 
 
 def test_the_same_fine_tune_logged_again_replaces_its_child_run(store):
-    from albert_dist.downstream.tracking import DownstreamRuns
+    from albert_dist.tracking.finetune_runs import DownstreamRuns
 
     uri, client, experiment = store
     parent = client.create_run(experiment).info.run_id
@@ -40,7 +40,7 @@ def test_the_same_fine_tune_logged_again_replaces_its_child_run(store):
 def test_the_headline_keeps_the_setup_named_by_its_tag(store):
     """downstream/<task>/<metric> on the scored run is one setup's: the first logged, named by the tag
     downstream/<task>/setup; another setup leaves it as it is (it was whichever ran last, unnamed)."""
-    from albert_dist.downstream.tracking import DownstreamRuns
+    from albert_dist.tracking.finetune_runs import DownstreamRuns
 
     uri, client, experiment = store
     parent = client.create_run(experiment).info.run_id

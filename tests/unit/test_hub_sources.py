@@ -1,4 +1,4 @@
-"""Hub sources (``format: hub``) are resolved before any process group (`albert_dist.data.hub.check_hub_source`,
+"""Hub sources (``format: hub``) are resolved before any process group (`albert_dist.data.sources.hub.check_hub_source`,
 from the preflight of `train` and from `data plan`): an unreachable or misspelt dataset, a wrong configuration
 or split is exit 2 with one line naming the config key, not a traceback after ~30 s of start-up. No test touches
 the network: offline mode is set (as HF_HUB_OFFLINE=1 sets it at import), or the hub request is simulated."""
@@ -58,7 +58,7 @@ def test_online_the_check_tells_no_network_from_a_misspelt_name(tmp_path, monkey
     from huggingface_hub.errors import RepositoryNotFoundError
 
     from albert_dist.data.config import SourceConfig
-    from albert_dist.data.hub import check_hub_source
+    from albert_dist.data.sources.hub import check_hub_source
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

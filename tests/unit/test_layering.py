@@ -1,7 +1,7 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
-not, absolute or relative, or a module named in a string for importlib) runs down the layers base < model < data
-< engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
-trainer < train < downstream < finetune < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
+not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < dist <
+model < data < engine < tracking < app, and inside the app down APP_ORDER (config < export < run_tracking < preflight <
+trainer < train < finetune < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
 
@@ -84,23 +84,25 @@ def test_no_import_cycles_in_the_package():
 
 #: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
 #: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
-#: its fields with (what a change means on resume); `app` is every other top-level module.
-LAYERS = ("base", "model", "data", "engine", "tracking", "app")
+#: its fields with (what a change means on resume); `job` (a job's life on a rank) and `dist` (who am I) are the
+#: ground floor under the model; `app` is every other top-level module.
+LAYERS = ("base", "job", "dist", "model", "data", "engine", "tracking", "app")
 
 
 def layer_of(module: str) -> str:
-    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume) or app (the top
-    level)."""
+    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume, sizes) or app (the
+    top level)."""
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("model", "data", "engine", "tracking"):
+    if len(parts) > 1 and parts[1] in LAYERS[1:-1]:
         return parts[1]
-    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume") else "app"
+    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume",
+                                "albert_dist.sizes") else "app"
 
 
 #: The app layer, bottom to top: an app module may import the ones before it (and its own package), never one
 #: after it. A new top-level module (or package) must be placed here.
 APP_ORDER = ("albert_dist.config", "albert_dist.export", "albert_dist.run_tracking", "albert_dist.preflight",
-             "albert_dist.trainer", "albert_dist.train", "albert_dist.downstream", "albert_dist.finetune",
+             "albert_dist.trainer", "albert_dist.train", "albert_dist.finetune",
              "albert_dist.cli")
 
 

@@ -1,5 +1,5 @@
 """A lock refused because another process holds it names that process, even when the holder took the lock a
-moment ago and has not written its record yet (the run directory's lock, albert_dist.engine.run_lock, and
+moment ago and has not written its record yet (the run directory's lock, albert_dist.job.lock, and
 `data prepare`'s output lock, albert_dist.data.prepare.lock). The holder here is another file description of
 this process (flock conflicts between them as between processes), writing its record 0.3 s late."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from albert_dist.data.prepare.lock import OutputBusy, OutputLock
-from albert_dist.engine.run_lock import LOCK_FILE, RunDirBusy, RunDirLock
+from albert_dist.job.lock import LOCK_FILE, RunDirBusy, RunDirLock
 
 
 def _late_holder(path) -> tuple[int, threading.Timer]:

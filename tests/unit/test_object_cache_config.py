@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from albert_dist.config import load_config
-from albert_dist.data import cache
+from albert_dist.data.sources import cache
 from albert_dist.preflight import check_output_dirs, output_dirs
 
 

@@ -1,5 +1,5 @@
 """`data prepare` reads JSON lines a block at a time (albert_dist.data.prepare.jsonl) and must find exactly the
-records, documents and skips of the training reader (albert_dist.data.files: split_records, read_piece), the
+records, documents and skips of the training reader (albert_dist.data.sources.read: split_records, read_piece), the
 reference here, on every kind of line pyarrow and json.loads could read differently."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from albert_dist.data import files
+from albert_dist.data.sources import read as files
 from albert_dist.data.prepare import jsonl, scan
 
 # every kind of line where pyarrow's JSON reader and json.loads could part ways, between ordinary ones

@@ -1,4 +1,4 @@
-"""A rank's end removes DeepSpeed's CPU allreduce workspace from /dev/shm (albert_dist.engine.stop.
+"""A rank's end removes DeepSpeed's CPU allreduce workspace from /dev/shm (albert_dist.job.stop.
 release_shm_workspace): DeepSpeed creates one 66 MiB segment per rank and never unlinks it. The segment's name is
 built here from the installed DeepSpeed's own source (shm.cpp's SHM_BUFFER_NAME and its two name formats), so a
 change of DeepSpeed's naming fails this test instead of leaking silently."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import deepspeed
 
-from albert_dist.engine.stop import release_shm_workspace
+from albert_dist.job.stop import release_shm_workspace
 
 
 def _deepspeed_name(uid: int, addr: str, port: str, rank: int) -> str:

@@ -1,4 +1,4 @@
-"""The object store's one retry policy (albert_dist.data.store.RetryPolicy, `call`) on a fake clock and a fake
+"""The object store's one retry policy (albert_dist.data.sources.store.RetryPolicy, `call`) on a fake clock and a fake
 client (no sleeping), and what a training stream does when the policy gives up (`StoreUnavailable` reaches the
 training process as itself, and the loader's state before it resumes exactly)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data import stream as stream_mod
 from albert_dist.data.config import DataConfig
 from albert_dist.data.loader import build_train_loader, next_batch
@@ -59,7 +59,7 @@ def test_an_outage_shorter_than_the_budget_is_outlasted(fake, caplog):
     """A 30 s outage (connection refused) inside a 300 s budget: the read returns the bytes; the waits grow
     exponentially, each drawn at random below its cap (full jitter), and each retry is one warning naming the URL."""
     client = FlakyClient(fake, until=fake.now + 30.0, error=ConnectionRefusedError(111, "Connection refused"))
-    with caplog.at_level(logging.WARNING, logger="albert_dist.data.store"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.data.sources.store"):
         assert store.call(URL, "read of bytes 0-4", client.get, 0, 4) == bytes(4)
     n = len(fake.sleeps)
     assert client.calls == n + 1 and store.COUNTERS["retries"] == n

@@ -31,7 +31,7 @@ def test_bundled_model_has_albert_ids_and_vocab_8000(sample_sp):
 
 def test_transformers_albert_tokenizer_agrees(sample_sp):
     transformers = pytest.importorskip("transformers")
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     # transformers >= 5 converts a directory's spiece.model (its __init__ ignores vocab_file)
     model_dir = str(resolve_path(DataConfig().tokenizer_path).parent)
@@ -163,7 +163,7 @@ def test_byte_fallback_encodes_unseen_characters_as_bytes_and_round_trips(byte_f
 
 def test_transformers_albert_tokenizer_agrees_on_bundled_model_for_real_text(sample_sp):
     transformers = pytest.importorskip("transformers")
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     hf = transformers.AlbertTokenizer.from_pretrained(str(resolve_path(DataConfig().tokenizer_path).parent),
                                                       do_lower_case=False, keep_accents=True)

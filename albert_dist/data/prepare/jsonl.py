@@ -1,15 +1,15 @@
 """JSON lines read a block at a time into Arrow (pyarrow's JSON reader), for `albert-dist data prepare`'s scan.
 
-Why: the training reader (`albert_dist.data.files.read_piece`) hands out one record at a time as a Python dict,
+Why: the training reader (`albert_dist.data.sources.read.read_piece`) hands out one record at a time as a Python dict,
 right for a loader that needs one document now; the scan needs every document of a piece, and one Python
 ``json.loads`` + dict + hash per document made it 0.39x HF datasets' speed (issue 26). Here a run of complete
-lines (`line_blocks`, the same records `albert_dist.data.files.split_records` finds: those beginning in the
+lines (`line_blocks`, the same records `albert_dist.data.sources.read.split_records` finds: those beginning in the
 piece's byte range) is parsed by ``pyarrow.json.read_json`` into one string column (`parse_block`).
 
 Exactly the training reader's records: a block is taken whole only when pyarrow's reading cannot differ from
 ``json.loads`` of each line (`parse_block`'s checks); otherwise its lines go through the training reader's own
-per-record function (`albert_dist.data.files` ``_json_record``). A stream that turns out damaged raises
-`albert_dist.data.files.DamagedInput` out of `line_blocks`, and the caller scans the piece again with the
+per-record function (`albert_dist.data.sources.read` ``_json_record``). A stream that turns out damaged raises
+`albert_dist.data.sources.read.DamagedInput` out of `line_blocks`, and the caller scans the piece again with the
 training reader (`albert_dist.data.prepare.scan`), so where the damage cuts the piece is decided in one place.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def line_blocks(read: Callable[[int], bytes], start: int, end: float, max_bytes:
     """The records of ``split_records(read, "line", start, end, max_bytes)`` as runs of whole lines.
 
     ``read`` returns the stream from offset ``max(0, start - 1)`` on (the caller opens it there), as for
-    `albert_dist.data.files.split_records`: the first record begins after the first newline at or after
+    `albert_dist.data.sources.read.split_records`: the first record begins after the first newline at or after
     ``start - 1`` (at 0 when ``start`` is 0), and records beginning before ``end`` are ours (the last one read
     to its end). A record of more than ``max_bytes`` without a newline in the buffer is skipped while it is
     read and handed out as a ``data=None`` block. Raises what ``read`` raises (`DamagedInput`).

@@ -1,13 +1,9 @@
 """One `albert-dist data prepare` per output at a time (`OutputLock`: a second is refused naming the holder)."""
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
-from typing import Optional
 
-from albert_dist.data.lockfile import read_holder
+from albert_dist.job.lock import HolderLock
 
 #: the lock beside a local output, ``.<name>.prepare-lock`` (`OutputLock`): kept after the run (deleting it while
 #: a holder runs would let a second prepare lock a new file); a dotfile, so a glob or directory source skips it
@@ -18,10 +14,10 @@ class OutputBusy(ValueError):
     """Another `albert-dist data prepare` is writing the same output (exit 2; the message names the holder)."""
 
 
-class OutputLock:
-    """One prepare per output: an exclusive ``fcntl.flock`` on ``path`` (beside the output's work directory), held
-    until `release` or the process's end (the kernel drops it however the process ends, so a killed prepare never
-    leaves it stuck). The holder writes its pid, host and start time into the file for the refusal message.
+class OutputLock(HolderLock):
+    """One prepare per output: an exclusive lock (`albert_dist.job.lock.HolderLock`) on ``path`` (beside the
+    output's work directory), held until `release` or the process's end (the kernel drops it however the process
+    ends, so a killed prepare never leaves it stuck); a second prepare gets `OutputBusy` naming the holder.
 
     Why: two prepares on one output each took the other's live work directory for an interrupted run, and one
     could finish with a manifest whose sha256 did not match a shard the other had rewritten (issue 26). An
@@ -32,33 +28,7 @@ class OutputLock:
     """
 
     def __init__(self, path: Path, output: str) -> None:
-        self.path, self.output = path, output
-        self._fd: Optional[int] = None
-
-    def acquire(self) -> "OutputLock":
-        """Take the lock without waiting. Raises `OutputBusy` naming the holder, OSError if the file cannot be made."""
-        import fcntl
-        import socket
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            who = read_holder(self.path)
-            holder = (f"pid {who['pid']} on host {who.get('host', '?')} since {who.get('started', '?')}"
-                      if who.get("pid") else "a process that has not written its pid yet")
-            raise OutputBusy(f"--output {self.output} is being written by another albert-dist data prepare: "
-                             f"{holder} (lock {self.path}); wait for it to end, or choose another output") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
+        self.output = output
+        super().__init__(path, lambda holder: OutputBusy(
+            f"--output {output} is being written by another albert-dist data prepare: {holder} (lock {path}); "
+            "wait for it to end, or choose another output"))

@@ -1,4 +1,4 @@
-"""What `albert-dist data prepare` does (`PrepareOptions`) and how it sizes the output (`plan_sizes`).
+"""What `albert-dist data prepare` does (`PrepareOptions`) and how it sizes the output (`shard_sizes`).
 
 Sizing: ``row_group_bytes = clamp(text_bytes / (ROW_GROUPS_PER_SLOT x slots), MIN_ROW_GROUP_BYTES,
 MAX_ROW_GROUP_BYTES)`` with slots = ``--target-ranks x --target-loader-workers``; files hold
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.sizes import fmt_bytes
 
 #: Bumped when the output layout or the manifest's meaning changes.
 FORMAT_VERSION = 1
@@ -31,7 +31,7 @@ DEFAULT_DEDUP_MEMORY_BYTES = 1 << 30
 
 @dataclass
 class PrepareOptions:
-    """What `prepare` does. Sizes in bytes of UTF-8 document text; ``None`` = derived by `plan_sizes`."""
+    """What `prepare` does. Sizes in bytes of UTF-8 document text; ``None`` = derived by `shard_sizes`."""
 
     sources: list[SourceConfig]
     output: str
@@ -85,7 +85,7 @@ class Sizes:
     rule: str
 
 
-def plan_sizes(text_bytes: int, documents: int, opts: PrepareOptions) -> Sizes:
+def shard_sizes(text_bytes: int, documents: int, opts: PrepareOptions) -> Sizes:
     """Shard count and row-group size for ``text_bytes`` of kept text (see the module docstring)."""
     slots = opts.target_ranks * opts.target_loader_workers
     if opts.row_group_bytes is not None:

@@ -7,6 +7,8 @@ import multiprocessing as mp
 import sys
 from typing import Callable, Optional, Sequence
 
+from albert_dist.job.console import configure_logging
+
 
 _PROGRESS = None  # a multiprocessing Value in each worker (set by _init_worker), or in-process
 
@@ -41,7 +43,7 @@ def _init_worker(counter) -> None:
     global _PROGRESS
     _PROGRESS = counter
     hold_freed_memory()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(level=logging.WARNING, replace=False)
 
 
 def advance(n: float) -> None:

@@ -16,8 +16,8 @@ MANIFEST_NAME = "manifest.json"
 
 def load_manifest(output: str | Path) -> Optional[dict]:
     """The manifest of a prepare output directory or object-store prefix, or None when there is none (or it does
-    not parse). Raises `albert_dist.data.store.StoreError` for a denied prefix or missing credentials."""
-    from albert_dist.data import store
+    not parse). Raises `albert_dist.data.sources.store.StoreError` for a denied prefix or missing credentials."""
+    from albert_dist.data.sources import store
 
     try:
         text = store.read_text(store.join(str(output), MANIFEST_NAME))
@@ -40,15 +40,15 @@ def remote_work_root(output: str) -> Path:
 def publish(shards_dir: Path, output: str, manifest: dict, previous: Optional[dict]) -> None:
     """Upload a finished local output (shards + manifest.json) to the object-store prefix ``output``.
 
-    Order is what makes it safe for readers (`albert_dist.data.plan` and the loader read the manifest and the
+    Order is what makes it safe for readers (`albert_dist.data.sources.pieces` and the loader read the manifest and the
     shards it names): a previous manifest (``--overwrite``) is deleted first, so no reader pairs it with new
     shards; each shard is one PUT (a multipart upload for a large one), which an object store makes visible only
     once complete, so no reader sees a half-written shard; the manifest is uploaded last, one PUT as well (no
     temporary key and move: an object store has no rename, a move is a copy, and a PUT is already all or
     nothing), so a manifest never names a shard that is not there. Shards of the previous
-    output that the new one does not name are deleted at the end. Raises `albert_dist.data.store.StoreError`.
+    output that the new one does not name are deleted at the end. Raises `albert_dist.data.sources.store.StoreError`.
     """
-    from albert_dist.data import store
+    from albert_dist.data.sources import store
 
     fs, root = store.filesystem(output)
     root = root.rstrip("/")

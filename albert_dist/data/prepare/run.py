@@ -10,7 +10,7 @@ work, `prepare(PrepareOptions(...), command)` (`albert_dist.data.prepare.run`).
 Why: a ``.gz``/``.zst`` file cannot be split, so a job with more slots (ranks x loader workers) than such files
 reads some of them several times per epoch. The output is the format NVIDIA's LDDL and the HF Hub use: parquet
 files of one ``text`` column (zstd), cut into row groups of a size chosen for the cluster, and the training
-loader takes each row group as a piece (`albert_dist.data.paths.plan_pieces`). With at least as many row
+loader takes each row group as a piece (`albert_dist.data.sources.discover.cut_pieces`). With at least as many row
 groups as slots every slot reads only its own row groups: each byte once per epoch.
 
 Pipeline (every stage streams; nothing holds the corpus in memory):
@@ -33,7 +33,7 @@ Pipeline (every stage streams; nothing holds the corpus in memory):
 4. a token estimate (a byte-budgeted sample of the output encoded with the tokenizer), ``manifest.json``, and a
    rename of the finished directory to ``--output``.
 
-Sizing (`plan_sizes`): ``row_group_bytes = clamp(text_bytes / (ROW_GROUPS_PER_SLOT x slots), MIN_ROW_GROUP_BYTES,
+Sizing (`shard_sizes`): ``row_group_bytes = clamp(text_bytes / (ROW_GROUPS_PER_SLOT x slots), MIN_ROW_GROUP_BYTES,
 MAX_ROW_GROUP_BYTES)`` with slots = ``--target-ranks x --target-loader-workers`` (default 1,024 x 8), so any job
 up to that size gets at least ROW_GROUPS_PER_SLOT row groups per slot once the corpus has ``4 x 8192 x 64 KiB
 = 2 GiB`` of text; files hold `ROW_GROUPS_PER_SHARD` row groups (8 MiB to 512 MiB files) unless ``--num-shards``
@@ -46,7 +46,7 @@ kept); a rerun on a complete output says so and exits 0; ``--overwrite`` replace
 byte-identical shards whatever ``--workers`` is (tested), so the manifest's checksums can be trusted.
 One prepare per output at a time (`OutputLock`: a second is refused naming the holder).
 
-Object stores: ``--input`` and ``--output`` may be fsspec URLs (``s3://``, ``gs://``; `albert_dist.data.store`).
+Object stores: ``--input`` and ``--output`` may be fsspec URLs (``s3://``, ``gs://``; `albert_dist.data.sources.store`).
 A URL output is built in a local work directory (`remote_work_root`) and uploaded when complete (`publish`: the
 shards, then the manifest last), so a reader of the bucket never sees a manifest naming a missing shard.
 """
@@ -65,13 +65,13 @@ import numpy as np
 
 from albert_dist.data.prepare.dedup import find_duplicates
 from albert_dist.data.prepare.lock import LOCK_SUFFIX, OutputLock
-from albert_dist.data.prepare.options import FORMAT_VERSION, PrepareOptions, plan_sizes
+from albert_dist.data.prepare.options import FORMAT_VERSION, PrepareOptions, shard_sizes
 from albert_dist.data.prepare.pool import Workers
 from albert_dist.data.prepare.publish import MANIFEST_NAME, load_manifest, publish, remote_work_root
-from albert_dist.data.prepare.scan import SKIP_EXAMPLES, SPOOL_FORMAT, ScanTask, plan_scan, read_hashes, scan_task
+from albert_dist.data.prepare.scan import SKIP_EXAMPLES, SPOOL_FORMAT, ScanTask, scan_tasks, read_hashes, scan_task
 from albert_dist.data.prepare.tokens import estimate_tokens
 from albert_dist.data.prepare.write import shard_slices, write_shard
-from albert_dist.data.sizes import fmt_bytes, peak_rss_bytes
+from albert_dist.sizes import fmt_bytes, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def prepare(opts: PrepareOptions, command: str) -> dict:
         ValueError: bad inputs (missing paths, unknown format, text field), an output directory that is not a
             prepare output, or one of another command without ``overwrite``; no usable document at all.
     """
-    from albert_dist.data import store
+    from albert_dist.data.sources import store
 
     t0 = time.time()
     remote = store.is_url(opts.output)
@@ -128,9 +128,9 @@ def _refuse_output_inside_an_input(opts: PrepareOptions, out: Path) -> None:
 
 def _prepare_locked(opts: PrepareOptions, command: str, t0: float, remote: bool, url: str, out: Path) -> dict:
     """`prepare` with the output's lock held."""
-    from albert_dist.data import store
+    from albert_dist.data.sources import store
 
-    tasks, inputs, plan_skips = plan_scan(opts.sources)
+    tasks, inputs, plan_skips = scan_tasks(opts.sources)
     if opts.tokenizer_path:  # used only for the token estimate at the end: a bad path must not cost the whole run
         from albert_dist.data.tokenizer import load_tokenizer
 
@@ -237,7 +237,7 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
     if documents == 0:
         raise ValueError(f"no usable document in the inputs ({len(inputs)} files; skipped {dict(skipped) or 'none'})")
 
-    sizes = plan_sizes(text_bytes, documents, opts)
+    sizes = shard_sizes(text_bytes, documents, opts)
     slices = shard_slices(hash_files, drops, text_bytes, sizes.num_shards)
     n = len(slices)
     t_write = time.time()

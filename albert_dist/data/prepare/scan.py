@@ -17,7 +17,7 @@ import numpy as np
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.prepare.pool import advance
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +49,14 @@ class ScanTask:
     disk_bytes: int = 0
 
 
-def plan_scan(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
+def scan_tasks(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
     0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
     and check_text_field do."""
-    from albert_dist.data import store
-    from albert_dist.data.files import check_text_field
-    from albert_dist.data.paths import discover_files, file_format, parquet_metadata
+    from albert_dist.data.sources import store
+    from albert_dist.data.sources.read import check_text_field
+    from albert_dist.data.sources.discover import discover_files, file_format, parquet_metadata
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
@@ -117,7 +117,7 @@ def _task_pieces(task: ScanTask) -> list[dict]:
 
 
 def _location(task: ScanTask, pos: int, row_group: int = -1) -> str:
-    from albert_dist.data.files import record_location
+    from albert_dist.data.sources.read import record_location
 
     return record_location(task.kind, task.compression, task.path, pos, row_group)
 
@@ -228,9 +228,9 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
 
     A JSON-lines piece is read a block at a time (`albert_dist.data.prepare.jsonl`); every other piece, and a
     JSON-lines piece whose stream turns out damaged (read again from its start), record by record with the
-    training reader (`albert_dist.data.files.read_piece`). Both give the same documents and skips.
+    training reader (`albert_dist.data.sources.read.read_piece`). Both give the same documents and skips.
     """
-    from albert_dist.data.files import DamagedInput
+    from albert_dist.data.sources.read import DamagedInput
 
     spool = Path(spool_dir)
     done = spool / f"{task.index:06d}.json"
@@ -252,7 +252,7 @@ def scan_task(task: ScanTask, spool_dir: str, max_document_bytes: int) -> dict:
 
 def _scan_records(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> dict:
     """`scan_task` with the training reader, one record at a time."""
-    from albert_dist.data.files import read_piece
+    from albert_dist.data.sources.read import read_piece
     from albert_dist.data.prepare.jsonl import arrow_strings
 
     counts, progress = _Counts(), _Progress(task)
@@ -296,7 +296,7 @@ def _scan_blocks(task: ScanTask, spool_dir: Path, max_document_bytes: int) -> di
     """`scan_task` of a JSON-lines piece, a block of lines at a time (`albert_dist.data.prepare.jsonl`); a block
     pyarrow cannot take whole goes line by line through the training reader's per-record function. Raises
     `DamagedInput` (or OSError) for a stream that cannot be read to its end: nothing is kept of this attempt."""
-    from albert_dist.data.files import _json_record, open_stream
+    from albert_dist.data.sources.read import _json_record, open_stream
     from albert_dist.data.prepare.jsonl import arrow_strings, line_blocks, parse_block
 
     counts, progress = _Counts(), _Progress(task)

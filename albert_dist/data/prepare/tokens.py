@@ -27,7 +27,7 @@ def estimate_tokens(shard_dir: Path, tokenizer_path: Optional[str], text_bytes: 
     sampled = sum(sample.taken.values())
     if not sampled:
         return None
-    from albert_dist.data.paths import resolve_path
+    from albert_dist.data.sources.discover import resolve_path
 
     per_byte = tokens / sampled
     return {"tokens": int(round(per_byte * text_bytes)), "tokens_per_byte": round(per_byte, 6),

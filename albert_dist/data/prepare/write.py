@@ -11,7 +11,7 @@ import numpy as np
 
 from albert_dist.data.prepare.pool import advance
 from albert_dist.data.prepare.scan import read_hashes
-from albert_dist.data.sizes import peak_rss_bytes
+from albert_dist.sizes import peak_rss_bytes
 
 #: zstd level of the output shards.
 SHARD_ZSTD_LEVEL = 1

@@ -90,14 +90,20 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def configure_logging(rank: int, stream: Optional[IO] = None) -> None:
-    """Root logging for one rank: INFO on rank 0, WARNING on the others (their INFO lines would repeat rank
-    0's), a short prefix with the rank, and `install_noise_filters`. DeepSpeed's and torch.distributed's
-    own loggers stay at WARNING: their INFO output (DeepSpeed's whole engine configuration, per rank) is
-    volume, not noise of one known message."""
+def configure_logging(rank: int = 0, stream: Optional[IO] = None, level: Optional[int] = None,
+                      replace: bool = True) -> None:
+    """The package's one logging set-up, which every command calls (a training rank, `albert-dist data`,
+    `tokenizer`, `tracking`, `finetune`, a `data prepare` worker): root logging for one rank, INFO on rank 0,
+    WARNING on the others (their INFO lines would repeat rank 0's) unless `level` is given, a short prefix with
+    the rank, and `install_noise_filters`. DeepSpeed's and torch.distributed's own loggers stay at WARNING:
+    their INFO output (DeepSpeed's whole engine configuration, per rank) is volume, not noise of one known
+    message. `replace`: replace a set-up already there (a training rank: a library may have made one first);
+    False keeps one there (the tools' commands: an in-process caller's own, e.g. pytest's log capture)."""
     handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(_Formatter(rank))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, force=True, handlers=[handler])
+    if level is None:
+        level = logging.INFO if rank == 0 else logging.WARNING
+    logging.basicConfig(level=level, force=replace, handlers=[handler])
     for name in ("DeepSpeed", "deepspeed", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.WARNING)
     install_noise_filters()

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from albert_dist.data.config import DataConfig
-from albert_dist.data.paths import resolve_location, resolve_path
+from albert_dist.data.sources.discover import resolve_location, resolve_path
 from albert_dist.engine.config import (CheckpointConfig, EngineConfig, OptimConfig, global_batch_size,
                                        resolve_accumulation)
 from albert_dist.engine.objective import ObjectiveConfig
@@ -82,7 +82,7 @@ class TrainConfig:
 
 #: Model presets for `model: {preset: NAME}` / `model.preset=NAME`: configs/model/NAME.yaml (flat AlbertConfig
 #: fields) of the source checkout.
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "model"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 
 
 def preset_names() -> list[str]:
@@ -307,7 +307,7 @@ def _locate(node, path: str = "") -> str | None:
 
 
 def find_config_file(path: str | Path) -> Path:
-    """A recipe or config file as the data paths are found (`albert_dist.data.paths.resolve_path`): as given when
+    """A recipe or config file as the data paths are found (`albert_dist.data.sources.discover.resolve_path`): as given when
     absolute or present relative to the working directory, else relative to the repository root, so
     ``--config configs/pretrain/<recipe>.yaml`` works from any directory, as the recipe's own data paths do.
 
@@ -391,7 +391,7 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
     an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
+    repository root (`albert_dist.data.sources.discover.resolve_path`, the rule the data section always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     def inputs(paths: list[str]) -> list[str]:

@@ -17,7 +17,6 @@ checkpoint's step. See docs/finetune.md.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -26,17 +25,15 @@ import logging
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, error_line
+from albert_dist.finetune.options import FinetuneOptions
 
 log = logging.getLogger(__name__)
 
-COMMAND = "albert-dist finetune"
 RESULTS_FILE = "downstream.json"
 #: Fine-tuning defaults per task (each a flag). Batch sizes and warmup as the ALBERT paper's GLUE recipe
 #: (Lan et al. 2020, Table 17 (appendix A.4): batch 16 for CoLA/STS-B, 32 for the others; warmup ~10 %); 3 epochs
@@ -56,7 +53,7 @@ GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
 def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
     """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
     asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
-    from albert_dist.downstream.tasks import TaskError, glue_task
+    from albert_dist.finetune.tasks import TaskError, glue_task
 
     glue_task(task)  # an unknown name is named as such, before any folder is looked for
     if data_dir is None:
@@ -74,9 +71,9 @@ def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str
     return str(root)  # load_glue names the missing file or directory
 
 
-def load_tasks(args: argparse.Namespace) -> list:
+def load_tasks(args: FinetuneOptions) -> list:
     """The tasks asked for, read and checked; `TaskError` for bad input."""
-    from albert_dist.downstream.tasks import TaskError, glue_task, load_files, load_glue
+    from albert_dist.finetune.tasks import TaskError, glue_task, load_files, load_glue
 
     if bool(args.task) == bool(args.train_file):
         raise TaskError("give --task NAME [NAME ...] or --train-file/--validation-file (one of them)")
@@ -90,10 +87,10 @@ def load_tasks(args: argparse.Namespace) -> list:
     return [load_glue(t, _glue_dir(t, args.data_dir, len(args.task) > 1)) for t in args.task]
 
 
-def finetune_config(args: argparse.Namespace, task: str, max_positions: int):
+def finetune_config(args: FinetuneOptions, task: str, max_positions: int):
     """The task's `FinetuneConfig` from flags and per-task defaults; `ValueError` naming a bad flag."""
-    from albert_dist.downstream.tasks import GLUE_TASKS
-    from albert_dist.downstream.train import FinetuneConfig
+    from albert_dist.finetune.tasks import GLUE_TASKS
+    from albert_dist.finetune.train import FinetuneConfig
     from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB
 
     glue = GLUE_TASKS.get(task)
@@ -120,7 +117,7 @@ _FILE_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet", ".gz")
 
 
 def _task_identity(entry: dict[str, Any]) -> str:
-    from albert_dist.downstream.tasks import file_task_identity
+    from albert_dist.finetune.tasks import file_task_identity
 
     if entry.get("task_identity"):
         return str(entry["task_identity"])
@@ -136,7 +133,7 @@ def check_task_names(results: Path, tasks: list) -> None:
     Raises:
         TaskError: naming the name, both tasks and --task-name.
     """
-    from albert_dist.downstream.tasks import TaskError
+    from albert_dist.finetune.tasks import TaskError
 
     taken = {}
     for entry in read_results(results):
@@ -151,7 +148,7 @@ def check_task_names(results: Path, tasks: list) -> None:
 def setup_line(task: Any, cfg: Any, train_examples: int, dev_examples: int, seeds: list[int],
                subset_seed: int) -> str:
     """What a task's scores depend on besides the model, as one line (the run's ``downstream/<task>/setup`` tag,
-    `albert_dist.downstream.tracking.DownstreamRuns.log_summary`): data, subset sizes, seeds, hyper-parameters."""
+    `albert_dist.tracking.finetune_runs.DownstreamRuns.log_summary`): data, subset sizes, seeds, hyper-parameters."""
     hyper = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "deepspeed"}  # how it ran, not what
     return " ".join([f"data={task.source}", f"train={train_examples}", f"dev={dev_examples}",
                      f"seeds={','.join(map(str, seeds))}", f"subset_seed={subset_seed}",
@@ -211,12 +208,12 @@ def _results_lock(lock_path: Path) -> Iterator[None]:
     """An exclusive flock on `lock_path`, removed when released (so no lock file outlives a command). A waiter
     that wakes on a file its holder has just removed sees another inode at the path and locks again, the usual
     flock-and-unlink protocol."""
-    import fcntl
+    from albert_dist.job.lock import flock
 
     while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            flock(fd)
             try:
                 held = os.stat(lock_path)
             except FileNotFoundError:
@@ -263,54 +260,51 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def finetune(args: argparse.Namespace) -> int:
+def finetune(args: FinetuneOptions) -> int:
     """Fine-tune and score `args.model` on `args`' tasks over its seeds (the work of `albert-dist finetune`, whose
-    flags `albert_dist.cli.finetune` defines); returns 0, or 2 (one line on stderr) for bad input found before any
-    training (unknown task, missing columns, label sets that differ, no tokenizer, a vocabulary mismatch, no such
-    checkpoint step)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from albert_dist.downstream.source import SourceError, check_vocabulary, describe, resolve
-    from albert_dist.downstream.tasks import TaskError
+    flags `albert_dist.cli.finetune` parses into `args`); returns 0.
+
+    Raises:
+        ValueError: bad input found before any training (unknown task, missing columns, label sets that differ,
+            no tokenizer, a vocabulary mismatch, no such checkpoint step, the hf extra missing, an MLflow store
+            that refuses); OSError: unreadable input. The front end prints it as one line, exit 2.
+    """
+    from albert_dist.job.console import configure_logging
+
+    configure_logging(replace=False)
+    from albert_dist.finetune.source import check_vocabulary, describe, resolve
 
     try:  # the hf extra: transformers (tokenizers, Trainer) and accelerate (which the Trainer needs)
         import accelerate  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        return _bad(ImportError(f"{exc.name or exc} is not installed: pip install 'albert_dist[hf]'"))
+        raise ValueError(f"{exc.name or exc} is not installed: pip install 'albert_dist[hf]'") from None
     for flag in ("max_train_samples", "max_eval_samples"):
         value = getattr(args, flag)
         if value is not None and value < 1:
-            return _bad(ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}"))
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if len(set(args.seeds)) != len(args.seeds):
-        return _bad(ValueError(f"--seeds has duplicates: {args.seeds}"))
+        raise ValueError(f"--seeds has duplicates: {args.seeds}")
     with tempfile.TemporaryDirectory(prefix="albert-finetune-src-") as cache:
-        try:
-            # an MLflow run's checkpoint is downloaded into `cache`, read, and removed at the end
-            source = resolve(args.model, args.step, args.tracking_uri, Path(cache))
-            check_vocabulary(source)
-            tasks = load_tasks(args)
-            configs = {t.name: finetune_config(args, t.name, source.config.max_position_embeddings) for t in tasks}
-            out_dir = Path(args.output) if args.output else source.run_dir
-            if out_dir is None:
-                raise ValueError(f"{args.model} is not a run directory: pass --output DIR for {RESULTS_FILE}")
-            check_task_names(out_dir / RESULTS_FILE, tasks)
-            state = source.encoder_state() if args.init == "pretrained" else None
-            if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
-                from albert_dist.downstream.train import build_model
+        # an MLflow run's checkpoint is downloaded into `cache`, read, and removed at the end
+        source = resolve(args.model, args.step, args.tracking_uri, Path(cache))
+        check_vocabulary(source)
+        tasks = load_tasks(args)
+        configs = {t.name: finetune_config(args, t.name, source.config.max_position_embeddings) for t in tasks}
+        out_dir = Path(args.output) if args.output else source.run_dir
+        if out_dir is None:
+            raise ValueError(f"{args.model} is not a run directory: pass --output DIR for {RESULTS_FILE}")
+        check_task_names(out_dir / RESULTS_FILE, tasks)
+        state = source.encoder_state() if args.init == "pretrained" else None
+        if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
+            from albert_dist.finetune.train import build_model
 
-                build_model(source.config, tasks[0].num_labels, state, 0, 0.0)
-        except (SourceError, TaskError, ValueError, OSError) as exc:
-            return _bad(exc)
+            build_model(source.config, tasks[0].num_labels, state, 0, 0.0)
         return _run(args, source, tasks, configs, state, out_dir, describe(source))
 
 
-def _bad(exc: BaseException) -> int:
-    print(error_line(COMMAND, exc), file=sys.stderr)
-    return EXIT_CONFIG_ERROR
-
-
-def _open_tracking(args: argparse.Namespace, source: Any):
-    from albert_dist.downstream.tracking import DownstreamRuns
+def _open_tracking(args: FinetuneOptions, source: Any):
+    from albert_dist.tracking.finetune_runs import DownstreamRuns
     from albert_dist.tracking.tracker import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri or source.tracking_uri)
@@ -322,11 +316,11 @@ def _open_tracking(args: argparse.Namespace, source: Any):
                           standalone_params={"init": args.init})
 
 
-def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, state: Any, out_dir: Path,
+def _run(args: FinetuneOptions, source: Any, tasks: list, configs: dict, state: Any, out_dir: Path,
          described: dict) -> int:
     from tqdm.auto import tqdm
 
-    from albert_dist.downstream.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
+    from albert_dist.finetune.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
 
     main = _is_main_process()
     runs = None
@@ -334,8 +328,8 @@ def _run(args: argparse.Namespace, source: Any, tasks: list, configs: dict, stat
         try:
             runs = _open_tracking(args, source)
         except Exception as exc:  # noqa: BLE001 - a store that refuses is reported before any training
-            return _bad(RuntimeError(f"MLflow ({args.tracking_uri or source.tracking_uri or 'default store'}): "
-                                     f"{type(exc).__name__}: {exc}"))
+            raise ValueError(f"MLflow ({args.tracking_uri or source.tracking_uri or 'default store'}): "
+                             f"{type(exc).__name__}: {exc}") from None
     step = source.step if args.init == "pretrained" else 0
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prepared = []

@@ -23,7 +23,7 @@ Slot assignment (`slot_shares`; the loader and ``albert-dist data plan`` both ca
   uncompressed txt/jsonl this happens only when a source is smaller than ``MIN_PIECE_BYTES`` x slots (a few
   MB per slot at most); for compressed files and parquet files with few row groups it is how they ship, and
   ``albert-dist data prepare`` rewrites them as parquet shards with enough row groups (the loader's warning
-  prints the command: `albert_dist.data.plan`).
+  prints the command: `albert_dist.data.sources.pieces`).
 
 Planning reads only metadata: file sizes and parquet footers (never a record), so it is cheap for 10,000 files.
 """
@@ -39,12 +39,12 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
 
 logger = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 #: stream compressions understood for txt/jsonl (parquet compresses inside, by column chunk)
 COMPRESSIONS = (".gz", ".zst")
 #: suffixes of each kind, after the compression suffix is removed
@@ -81,7 +81,7 @@ def resolve_path(path: str) -> Path:
 
 
 def resolve_location(path: str) -> str:
-    """An fsspec URL (``s3://...``, `albert_dist.data.store.is_url`) as given, else `resolve_path` as a string."""
+    """An fsspec URL (``s3://...``, `albert_dist.data.sources.store.is_url`) as given, else `resolve_path` as a string."""
     return path if store.is_url(path) else str(resolve_path(path))
 
 
@@ -238,7 +238,7 @@ def parquet_file(path: str):
     Why: opening a ParquetFile reads the footer again, and pyarrow reads it with one speculative read of the
     file's last 64 KiB; a reader that opens the file once per row group of a few tens of KB (what `data prepare`
     writes for a cluster) then reads each byte ~3 times (bench/data_scale.py: 3.07 before this cache, 1.0 after).
-    Planning (`plan_pieces`) fills the cache in the rank's process, and DataLoader workers forked from it
+    Planning (`cut_pieces`) fills the cache in the rank's process, and DataLoader workers forked from it
     inherit it (spawned workers parse each footer they need once). Raises what pyarrow raises for a missing file or a damaged footer (nothing is cached then).
     """
     import pyarrow.parquet as pq
@@ -251,7 +251,7 @@ def parquet_file(path: str):
 
 def parquet_row_group(path: str, row_group: int, columns: list[str]):
     """A ``pyarrow.parquet.ParquetFile`` to read ``columns`` of ``row_group`` from: the local file, or for a URL
-    only those column chunks' byte ranges (`albert_dist.data.store.parquet_row_group_file`)."""
+    only those column chunks' byte ranges (`albert_dist.data.sources.store.parquet_row_group_file`)."""
     import pyarrow.parquet as pq
 
     if not store.is_url(path):
@@ -273,7 +273,7 @@ def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any])
     return pieces
 
 
-def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
                 files: list[str] | None = None) -> tuple[list[dict[str, Any]], Counter]:
     """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots.
 
@@ -282,7 +282,7 @@ def plan_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots:
     the compressed file, the row group's text column chunk). Counters: ``files``, ``bytes``, ``empty_files``,
     ``damaged_files`` (a parquet footer that does not parse: skipped with a warning), ``piece_bytes`` (the
     byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked by
-    `albert_dist.data.files.check_text_field`.
+    `albert_dist.data.sources.read.check_text_field`.
 
     Raises ValueError as `discover_files` and `file_format` do.
     """

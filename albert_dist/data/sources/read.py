@@ -1,6 +1,6 @@
 """Reading corpus files: byte streams (plain, gzip, zstd), records of a piece, damaged input, the text-field check.
 
-Formats (see `albert_dist.data.paths` for how files are cut into pieces): ``.txt`` documents separated by blank
+Formats (see `albert_dist.data.sources.discover` for how files are cut into pieces): ``.txt`` documents separated by blank
 lines (or one document per file), ``.jsonl``/``.json`` one JSON object per line with the text under
 ``text_field``, ``.parquet`` the ``text_field`` column (any codec pyarrow reads: none, snappy, gzip, zstd, ...);
 txt and jsonl optionally compressed as ``.gz`` or ``.zst`` (several gzip members or zstd frames are one stream).
@@ -26,9 +26,9 @@ import re
 import zlib
 from typing import Any, Callable, Iterator, Optional
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import discover_files, file_format, parquet_file, parquet_row_group
+from albert_dist.data.sources.discover import discover_files, file_format, parquet_file, parquet_row_group
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _reason(err: BaseException) -> str:
 class _PlainStream:
     def __init__(self, path: str, offset: int) -> None:
         # unbuffered: split_records sizes its reads to the piece, a buffer would read past them (for a URL each
-        # read is one ranged GET of exactly that many bytes: albert_dist.data.store.RangedFile)
+        # read is one ranged GET of exactly that many bytes: albert_dist.data.sources.store.RangedFile)
         self._f = store.open_input(path, offset)
 
     def read(self, n: int) -> bytes:
@@ -195,7 +195,7 @@ class _ZstdStream(_DecodedStream):
 
 class ReadBudget:
     """Bytes that `read_piece` may still read from the (decompressed) streams it is handed this budget for, across
-    pieces: a probe's bound (`albert_dist.data.plan.check_slots_readable`), so that a reader inside a 10 GB
+    pieces: a probe's bound (`albert_dist.data.sources.pieces.check_slots_readable`), so that a reader inside a 10 GB
     one-line file stops after the budget instead of reading the line to its end. A spent budget reads as the end
     of the file: the record being read then is handed out cut short (``nbytes`` = its bytes read; ``too_long``
     if those already exceed max_bytes), and ``spent`` is set by the first read it refuses."""
@@ -370,7 +370,7 @@ def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_b
     byte offset, of the decompressed stream for .gz/.zst, or the row of parquet row group ``group``;
     `record_location` turns it into text for a message); ``detail`` says what was wrong with a damaged piece.
     ``share = (k, j)``: keep only the records j, j+k, j+2k, ... (file order, counting bad records too), before
-    they are decoded (`albert_dist.data.paths.slot_shares`); a ``damaged`` marker is always kept.
+    they are decoded (`albert_dist.data.sources.discover.slot_shares`); a ``damaged`` marker is always kept.
     A damaged piece ends with one ``damaged`` marker at the first position that could not be read; nothing is
     raised for damage. Memory: O(max_bytes + 1 MiB).
     ``budget``: bound the bytes read from txt/jsonl streams (`ReadBudget`; parquet row groups are not bounded).
@@ -518,7 +518,7 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]
                 keys = list(parquet_file(path).schema_arrow.names)
             except store.StoreError:  # a missing/denied object is the user's to fix, not a damaged file
                 raise
-            except Exception as err:  # noqa: BLE001 - a damaged footer: plan_pieces skips the file, so do we
+            except Exception as err:  # noqa: BLE001 - a damaged footer: cut_pieces skips the file, so do we
                 logger.warning("%s: %s is not a readable parquet file (%s); checking the next one", where, path,
                                _reason(err))
                 continue

@@ -2,14 +2,14 @@
 
 The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.preflight.check_inputs`) and
 ``albert-dist data plan`` (front end and report: `albert_dist.cli.data`) all plan a local source through
-`plan_source_pieces`: discover its files (`albert_dist.data.paths.discover_files`) -> check its text field
-(`albert_dist.data.files.check_text_field`) -> plan its pieces (`albert_dist.data.paths.plan_pieces`) -> refuse a
+`source_pieces`: discover its files (`albert_dist.data.sources.discover.discover_files`) -> check its text field
+(`albert_dist.data.sources.read.check_text_field`) -> plan its pieces (`albert_dist.data.sources.discover.cut_pieces`) -> refuse a
 source of only empty or damaged files. The preflight then probes each slot's share for a usable record
 (`check_slots_readable`) and hands the plan to the loader (`albert_dist.preflight.JobPlan.train_pieces`).
 
-The figures of a plan (`SourcePlan`, `summarize_pieces`, `plan_data`): from metadata alone, no process group and
+The figures of a plan (`SourceSlots`, `summarize_pieces`, `job_sources`): from metadata alone, no process group and
 no reading beyond file sizes and parquet footers (plus the first 16 records of one jsonl file per source for
-the text-field check); and the slot assignment the loader uses (`albert_dist.data.paths.slot_shares`), so the
+the text-field check); and the slot assignment the loader uses (`albert_dist.data.sources.discover.slot_shares`), so the
 figures are the job's. Per training source: the pieces, pieces and bytes read per slot (min / mean / max), the
 read amplification (bytes all slots read in one epoch each over the source's bytes; 1.0 = every byte once), the
 documents (and tokens) per epoch when a ``manifest.json`` of ``albert-dist data prepare`` lies beside the files,
@@ -39,12 +39,12 @@ from typing import Any, Optional
 import numpy as np
 
 from albert_dist.data.config import DataConfig, SourceConfig
-from albert_dist.data.files import ReadBudget, check_text_field, read_piece
-from albert_dist.data import store
-from albert_dist.data.hub import check_hub_source
-from albert_dist.data.paths import (MIN_PIECE_BYTES, discover_files, plan_pieces, read_amplification,
-                                    readers_per_piece, slot_shares)
-from albert_dist.data.sizes import fmt_bytes
+from albert_dist.data.sources.read import ReadBudget, check_text_field, read_piece
+from albert_dist.data.sources import store
+from albert_dist.data.sources.hub import check_hub_source
+from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, discover_files, cut_pieces, read_amplification,
+                                               readers_per_piece, slot_shares)
+from albert_dist.sizes import fmt_bytes
 
 #: Reading a source more than this many times per epoch prints the `prepare` command (plan) or warns (loader).
 AMPLIFICATION_LIMIT = 1.5
@@ -65,17 +65,17 @@ PROBE_MAX_SLOTS = 1024
 
 
 # ---------------------------------------------------------------------------------------------------- planning
-def plan_source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
                        require_pieces: bool = True) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The checked piece plan of a local (or object-store) source for a job of ``slots`` slots (slot = rank x
     max(1, num_workers) + worker), the one implementation every caller shares: its files found
-    (`albert_dist.data.paths.discover_files`), its text field checked on the first records of one file
-    (`albert_dist.data.files.check_text_field`), its pieces planned from metadata
-    (`albert_dist.data.paths.plan_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
+    (`albert_dist.data.sources.discover.discover_files`), its text field checked on the first records of one file
+    (`albert_dist.data.sources.read.check_text_field`), its pieces planned from metadata
+    (`albert_dist.data.sources.discover.cut_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
     ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file).
 
-    Returns ``(pieces, stats)``: the pieces in plan order (dicts of `plan_pieces`: ``path``, ``start``, ``end``,
-    ``row_group``, ``nbytes``, ``kind``, ``compression``, ...) and plan_pieces' counters (``files``, ``bytes``,
+    Returns ``(pieces, stats)``: the pieces in plan order (dicts of `cut_pieces`: ``path``, ``start``, ``end``,
+    ``row_group``, ``nbytes``, ``kind``, ``compression``, ...) and cut_pieces' counters (``files``, ``bytes``,
     ``empty_files``, ``damaged_files``, ``piece_bytes``).
 
     Raises:
@@ -84,7 +84,7 @@ def plan_source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int,
     """
     files = discover_files(source, where)
     check_text_field(source, where, files)
-    pieces, stats = plan_pieces(source, where, shard_piece_bytes, slots, files)
+    pieces, stats = cut_pieces(source, where, shard_piece_bytes, slots, files)
     if not pieces and require_pieces:
         raise ValueError(f"{where}: {source.paths!r} holds only empty or damaged files "
                          f"({stats['files']} files: {stats['empty_files']} empty, {stats['damaged_files']} "
@@ -92,10 +92,10 @@ def plan_source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int,
     return pieces, stats
 
 
-def plan_source(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
+def pieces_of(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
                 require_pieces: bool = True) -> list[dict[str, Any]]:
-    """The pieces of `plan_source_pieces` (what the loader's streams read). Raises as it does."""
-    return plan_source_pieces(source, where, shard_piece_bytes, slots, require_pieces)[0]
+    """The pieces of `source_pieces` (what the loader's streams read). Raises as it does."""
+    return source_pieces(source, where, shard_piece_bytes, slots, require_pieces)[0]
 
 
 def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], slots: int,
@@ -105,7 +105,7 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
     every resume again), or begins with nothing but records longer than ``max_document_bytes`` (a ``.txt`` that
     is one 10 MB document, a ``.jsonl`` of whole books), before any process group.
 
-    Each slot reads its share (`albert_dist.data.paths.slot_shares`) until its first usable record; a healthy
+    Each slot reads its share (`albert_dist.data.sources.discover.slot_shares`) until its first usable record; a healthy
     slot costs one small read. Other skips count by their bytes: after `PROBE_BYTES_PER_SLOT` of them the slot
     is let through (undecided: the stream counts and logs its skips). Too-long records do not (the bytes of one
     say nothing about the records after it): the slot reads on, but at most `probe_read_bytes` in all (a 10 GB
@@ -213,7 +213,7 @@ def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int,
 
 def slot_table(nbytes: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
     """Per slot, ``(pieces it reads, bytes it reads in one epoch)``, both (num_slots,) int64, for pieces of
-    sizes ``nbytes`` (plan order) under `albert_dist.data.paths.slot_shares` (vectorised: 8192 slots x 100k
+    sizes ``nbytes`` (plan order) under `albert_dist.data.sources.discover.slot_shares` (vectorised: 8192 slots x 100k
     pieces in milliseconds)."""
     nbytes = np.asarray(nbytes, dtype=np.int64)
     num_pieces = len(nbytes)
@@ -226,7 +226,7 @@ def slot_table(nbytes: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarr
 
 
 @dataclass
-class SourcePlan:
+class SourceSlots:
     """The plan of one training source for a job of ``slots`` slots (see the module docstring)."""
 
     where: str
@@ -283,13 +283,13 @@ def _stats(values: np.ndarray) -> tuple[int, float, int]:
 
 
 def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[dict],
-                     stats: Optional[dict] = None, manifest: bool = True) -> SourcePlan:
-    """The `SourcePlan` of a source's planned ``pieces`` (`albert_dist.data.paths.plan_pieces`) at ``slots``
-    slots; ``stats``: plan_pieces' counters (without them, files and bytes are counted from the pieces);
+                     stats: Optional[dict] = None, manifest: bool = True) -> SourceSlots:
+    """The `SourceSlots` of a source's planned ``pieces`` (`albert_dist.data.sources.discover.cut_pieces`) at ``slots``
+    slots; ``stats``: cut_pieces' counters (without them, files and bytes are counted from the pieces);
     ``manifest``: look for a manifest.json beside the files."""
     stats = stats if stats is not None else {"files": len({p["path"] for p in pieces}),
                                              "bytes": sum(p["nbytes"] for p in pieces)}
-    plan = SourcePlan(where, list(source.paths), slots, files=stats.get("files", 0), bytes=stats.get("bytes", 0),
+    plan = SourceSlots(where, list(source.paths), slots, files=stats.get("files", 0), bytes=stats.get("bytes", 0),
                       empty_files=stats.get("empty_files", 0), damaged_files=stats.get("damaged_files", 0),
                       pieces=len(pieces), piece_bytes=stats.get("piece_bytes", 0), piece_list=pieces)
     plan.compressed_files = len({p["path"] for p in pieces if p["compression"]})
@@ -305,29 +305,29 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
     return plan
 
 
-def plan_source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourcePlan:
-    """The `SourcePlan` of one source for ``slots`` slots (`plan_source_pieces`, then `summarize_pieces` with the
-    manifest); a hub source, once resolved (`albert_dist.data.hub.check_hub_source`), gets an empty plan marked
-    ``hub``. Raises ValueError as `plan_source_pieces` and `check_hub_source` do."""
+def source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourceSlots:
+    """The `SourceSlots` of one source for ``slots`` slots (`source_pieces`, then `summarize_pieces` with the
+    manifest); a hub source, once resolved (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked
+    ``hub``. Raises ValueError as `source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
         t0 = time.perf_counter()
         check_hub_source(source, where)
-        return SourcePlan(where, list(source.paths), slots, hub=True, plan_s=time.perf_counter() - t0)
+        return SourceSlots(where, list(source.paths), slots, hub=True, plan_s=time.perf_counter() - t0)
     t0 = time.perf_counter()
-    pieces, stats = plan_source_pieces(source, where, shard_piece_bytes, slots)
+    pieces, stats = source_pieces(source, where, shard_piece_bytes, slots)
     plan = summarize_pieces(source, where, slots, pieces, stats)
     plan.plan_s = time.perf_counter() - t0
     return plan
 
 
-def plan_data(cfg: DataConfig, ranks: int, workers: int) -> list[SourcePlan]:
-    """`plan_source_slots` for every training source of ``cfg`` at ``ranks`` x max(1, ``workers``) slots."""
+def job_sources(cfg: DataConfig, ranks: int, workers: int) -> list[SourceSlots]:
+    """`source_slots` for every training source of ``cfg`` at ``ranks`` x max(1, ``workers``) slots."""
     if ranks < 1:
         raise ValueError(f"--ranks must be >= 1, got {ranks}")
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     slots = ranks * max(1, workers)
-    plans = [plan_source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots) for i, src in enumerate(cfg.train)]
+    plans = [source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots) for i, src in enumerate(cfg.train)]
     for plan, src in zip(plans, cfg.train):
         plan.ranks, plan.workers, plan.weight, plan.only_source = ranks, workers, src.weight, len(cfg.train) == 1
     return plans
@@ -353,7 +353,7 @@ def _manifest_files(manifest: dict) -> Optional[dict[str, dict]]:
     return out
 
 
-def _apply_manifest(plan: SourcePlan, pieces: list[dict]) -> None:
+def _apply_manifest(plan: SourceSlots, pieces: list[dict]) -> None:
     """Fill ``documents``/``tokens``/``manifest`` of ``plan`` from a manifest.json beside the source's files."""
     paths = sorted({p["path"] for p in pieces})
     if not paths:
@@ -388,14 +388,14 @@ def _apply_manifest(plan: SourcePlan, pieces: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- advice
-def prepared_dir(plan: SourcePlan) -> str:
+def prepared_dir(plan: SourceSlots) -> str:
     """A suggested output directory for `prepare_command`: ``<folder of the source's files>-prepared``."""
     files = sorted({p["path"] for p in plan.piece_list})
     folder = os.path.commonpath([os.path.dirname(p) for p in files]) if files else "corpus"
     return folder.rstrip("/") + "-prepared"
 
 
-def prepare_command(plan: SourcePlan) -> str:
+def prepare_command(plan: SourceSlots) -> str:
     """The ``albert-dist data prepare`` command that rewrites ``plan``'s source into parquet shards with enough
     row groups for the job (``--target-ranks``/``--target-loader-workers``: its ranks and workers, or its slots
     as ranks x 1 when only those are known), and how to train on them."""
@@ -409,14 +409,14 @@ def prepare_command(plan: SourcePlan) -> str:
             f"--target-loader-workers {workers}  # then train with {then}")
 
 
-def _why(p: SourcePlan) -> str:
+def _why(p: SourceSlots) -> str:
     pieces = (f"{p.pieces} pieces ({p.compressed_files} compressed files, which cannot be split) for {p.slots} slots"
               if p.compressed_files else f"{p.pieces} pieces for {p.slots} slots")
     return (f"{pieces}: each piece is read whole by up to {p.readers_per_piece[1]} slots that keep 1 record in "
             f"{p.readers_per_piece[1]}")
 
 
-def advice(p: SourcePlan) -> str:
+def advice(p: SourceSlots) -> str:
     """What to do about an amplified source: the `prepare_command`, or why none helps (a source too small)."""
     if p.needs_prepare:
         return f"to read it once: {prepare_command(p)}"
@@ -425,7 +425,7 @@ def advice(p: SourcePlan) -> str:
             "(fewer workers, or a larger corpus, read it once)")
 
 
-def amplification_warning(plans: list[SourcePlan]) -> Optional[str]:
+def amplification_warning(plans: list[SourceSlots]) -> Optional[str]:
     """The loader's warning text when some source is read more than `AMPLIFICATION_LIMIT` times per epoch (the
     figure, why, and the `prepare_command` or why none helps); None when every source reads about once."""
     lines = [f"{p.where}: every epoch reads its {fmt_bytes(p.bytes)} {p.amplification:.1f} times ({_why(p)}); {advice(p)}"

@@ -20,7 +20,7 @@ serves as complete.
 * an entry is one object, keyed by its URL, version (ETag / generation, from the listing: `store.stat`) and size,
   so a changed object is a new key and never served stale; its file ``<key>-<object name>`` is complete or absent:
   a download writes ``<key>.part`` and renames it (``os.replace``) when every byte has arrived;
-* ``<key>.lock`` is the entry's lock (``fcntl.flock``; `filelock` has no shared locks): a download holds it
+* ``<key>.lock`` is the entry's lock (``flock``, `albert_dist.job.lock`; `filelock` has no shared locks): a download holds it
   exclusively, so a second process on the node waits and then reads the first one's file; a reader holds it
   shared while it reads, so no other process evicts an entry in use;
 * ``.cache.lock`` serialises the space accounting: a download reserves its bytes (the ``.part`` file is created
@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import logging
 import os
 import time
 from typing import Iterator, Optional
 
-from albert_dist.data import store
+from albert_dist.data.sources import store
+from albert_dist.job.lock import flock
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,7 @@ def _flock(path: str, exclusive: bool, blocking: bool = True) -> Optional[int]:
     the lock, so a lock on a deleted file is never taken for the entry's."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
+        if not flock(fd, exclusive, blocking):
             os.close(fd)
             return None
         try:
@@ -162,7 +160,7 @@ class ObjectCache:
                     store._count(cache_misses=1)
                 # shared from here; flock's conversion is not atomic (it unlocks first), so an evictor may slip in:
                 # check the entry is still there, else start over
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                flock(fd, exclusive=False)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(part)

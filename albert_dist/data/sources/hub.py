@@ -1,6 +1,6 @@
 """Hub sources (``format: hub``): the arguments every reader passes to ``datasets``, and the check that resolves
 one before any process group (`check_hub_source`, from the preflight and ``albert-dist data plan`` through
-`albert_dist.data.plan.plan_source_slots`).
+`albert_dist.data.sources.pieces.source_slots`).
 
 A hub dataset used to be resolved only when the first slot streamed it: a misspelt name, or a node without
 network, failed after about 30 s of start-up (huggingface_hub retries each request 5 times, 23 s on a node with
@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.paths import resolve_path
+from albert_dist.data.sources.discover import resolve_path
 
 logger = logging.getLogger(__name__)
 

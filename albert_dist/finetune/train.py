@@ -2,7 +2,7 @@
 encoder, train it with transformers' `Trainer` (CPU or GPU; under torchrun or the deepspeed launcher it runs
 data-parallel, as transformers' run_glue does) and score the dev split.
 
-The Trainer reports nowhere (``report_to="none"``: `albert_dist.downstream.tracking` logs to MLflow itself,
+The Trainer reports nowhere (``report_to="none"``: `albert_dist.tracking.finetune_runs` logs to MLflow itself,
 as child runs of the pretraining run), saves nothing (``save_strategy="no"``) and shows no bar of its own: the
 caller's bar advances per optimizer step through `StepBar`.
 """
@@ -18,8 +18,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from albert_dist.downstream.metrics import compute
-from albert_dist.downstream.tasks import Split, TaskData
+from albert_dist.finetune.metrics import compute
+from albert_dist.finetune.tasks import Split, TaskData
 from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB, AlbertForSequenceClassification
 from albert_dist.model.config import AlbertConfig
 
@@ -109,7 +109,7 @@ def finetune_once(model: AlbertForSequenceClassification, train: EncodedSplit, d
     """Train `model` on `train` with the Trainer and score `dev`.
 
     Returns:
-        the task's metrics on dev (`albert_dist.downstream.metrics`), plus ``train_loss`` (mean over the run,
+        the task's metrics on dev (`albert_dist.finetune.metrics`), plus ``train_loss`` (mean over the run,
         nats or squared units) and ``train_runtime_s``.
     """
     from transformers import DataCollatorWithPadding, PrinterCallback, Trainer, TrainingArguments

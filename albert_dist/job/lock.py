@@ -1,4 +1,10 @@
-"""One job per run directory: an OS lock (`fcntl.flock`) on `<run_dir>/.albert_dist.lock`, held by rank 0 for the
+"""File locks, the one module that calls `flock`: a held lock naming its holder (`HolderLock`), and `flock`.
+
+`HolderLock` is one job per run directory (`RunDirLock`) and one `albert-dist data prepare` per output
+(`albert_dist.data.prepare.lock`); `flock` is the plain wait of the object cache, the fine-tune results file and
+the MLflow store's creation.
+
+One job per run directory: an OS lock (`flock`) on `<run_dir>/.albert_dist.lock`, held by rank 0 for the
 whole job and released by the kernel when the process ends, however it ends (a killed job never leaves it
 stuck, so `--resume auto` after a crash and a Slurm requeue take it again).
 
@@ -24,9 +30,7 @@ import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
-
-from albert_dist.data.lockfile import read_holder
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,36 @@ LOCK_FILE = ".albert_dist.lock"
 
 #: errnos of a file system that cannot lock at all (as opposed to a lock held by someone else)
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+def flock(fd, exclusive: bool = True, blocking: bool = True) -> bool:
+    """Lock open file `fd` (an int or a file object): exclusive or shared, waiting or not. Returns False, without
+    the lock, when `blocking` is False and another process holds a conflicting one. A lock belongs to the open
+    file (released when its last descriptor closes, however the process ends)."""
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, mode)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def read_holder(path: Path, wait_s: float = 1.0) -> dict:
+    """The holder's record in lock file ``path``, a JSON object the holder writes right after it takes the lock
+    ({} when unreadable or not JSON). A holder that has just taken the lock writes it a moment later (1 of 5
+    same-instant starts read an empty file), so an empty file is read again for up to ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = path.read_text()
+        except OSError:
+            text = ""
+        if text or time.monotonic() >= deadline:
+            try:
+                return json.loads(text or "{}")
+            except ValueError:
+                return {}
+        time.sleep(0.05)
 
 
 class RunDirBusy(ValueError):
@@ -55,41 +89,39 @@ def _holder(lock_path: Path) -> str:
     return text
 
 
-class RunDirLock:
-    """The lock of one run directory (see the module docstring). `acquire()` once on rank 0, before the process
-    group; the lock lasts while this object's file descriptor is open (`release()`, or the process's end)."""
+class HolderLock:
+    """An exclusive lock on file `path`, taken without waiting, whose holder writes its pid, host, Slurm job and
+    start time into the file; a second taker is refused with `refuse(holder)` naming it. The lock lasts while
+    this object's file descriptor is open (`release()`, or the process's end)."""
 
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
+    def __init__(self, path: str | Path, refuse: Callable[[str], Exception]):
+        self.path = Path(path)
+        self._refuse = refuse
         self._fd: Optional[int] = None
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> "RunDirLock":
-        """Take the lock without waiting (creating the run directory if needed) and record this process in
-        the lock file. Returns self.
+    def acquire(self) -> "HolderLock":
+        """Take the lock without waiting (creating its directory if needed) and record this process in the lock
+        file. Returns self. Where the file system cannot lock (ENOLCK, EOPNOTSUPP, ...): a warning, no lock.
 
         Raises:
-            RunDirBusy: another process holds it; the message names the directory, the holder and what to do.
-            OSError: the run directory or the lock file cannot be created.
+            the `refuse` exception: another process holds it (its message names the holder).
+            OSError: the directory or the lock file cannot be created.
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunDirBusy(
-                    f"run directory {self.run_dir} is in use by another job: {_holder(self.path)} (lock "
-                    f"{self.path}); one job per run directory: wait for it to end, or choose another run_dir"
-                ) from None
+                raise self._refuse(_holder(self.path)) from None
             if err.errno in _NO_LOCKING:
-                logger.warning("cannot lock %s on this file system (%s): a second job on %s would not be refused",
-                               self.path, os.strerror(err.errno), self.run_dir)
+                logger.warning("cannot lock %s on this file system (%s): a second taker would not be refused",
+                               self.path, os.strerror(err.errno))
                 return self
             raise
         record = {"pid": os.getpid(), "host": socket.gethostname(),
@@ -120,6 +152,18 @@ class RunDirLock:
             self._fd = None
 
 
+class RunDirLock(HolderLock):
+    """The lock of one run directory (see the module docstring). `acquire()` once on rank 0, before the process
+    group; raises `RunDirBusy` naming the directory, the holder and what to do."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        super().__init__(self.run_dir / LOCK_FILE, lambda holder: RunDirBusy(
+            f"run directory {self.run_dir} is in use by another job: {holder} (lock {self.path}); one job per "
+            "run directory: wait for it to end, or choose another run_dir"))
+
+
+
 def auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> Path:
     """A new run directory for a job without a fixed `run_dir`: the first of `runs/<recipe_name>-<UTC
     time>[-<k>]` (absolute: ranks of other nodes may start in another working directory) that this call creates
@@ -145,4 +189,4 @@ def auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> Path:
     raise ValueError(f"run_dir: no free run directory {base}[-k] after 99 tries")
 
 
-__all__ = ["LOCK_FILE", "RunDirBusy", "RunDirLock", "auto_run_dir"]
+__all__ = ["LOCK_FILE", "HolderLock", "RunDirBusy", "RunDirLock", "auto_run_dir", "flock", "read_holder"]

@@ -7,7 +7,7 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   generation) taken from the listing and kept per process (`stat`), so planning 10,000 objects costs a few LIST
   calls and no HEAD per object;
 * ranged reads (`RangedFile`): a byte range is fetched with one ranged GET per ``read`` (the readers size their
-  reads to their pieces: `albert_dist.data.files.split_records`), a compressed object is streamed in
+  reads to their pieces: `albert_dist.data.sources.read.split_records`), a compressed object is streamed in
   `SEQUENTIAL_BLOCK_BYTES` blocks, and a parquet row group is read from its column chunk's byte range alone,
   the footer parsed once per process (`parquet_metadata`). Nothing downloads a whole object a slot does not own;
 * counting (`COUNTERS`): ``bytes_requested`` (bytes the server sent), ``requests``, ``retries``; the readers add
@@ -61,7 +61,7 @@ COUNTERS: Counter = Counter()
 _LOCK = threading.Lock()
 #: url -> {"size": int, "version": str}, filled by listings (`expand`) and `stat`
 _STAT: dict[str, dict[str, Any]] = {}
-#: url -> a complete local copy of that version of the object (albert_dist.data.cache), read in its place by
+#: url -> a complete local copy of that version of the object (albert_dist.data.sources.cache), read in its place by
 #: `RangedFile` while `read_locally` is in force: the same readers and pieces, 0 remote bytes
 _LOCAL_COPIES: dict[str, str] = {}
 
@@ -303,7 +303,7 @@ def _check_root(fs, raw: str, inner: str) -> None:
 @contextlib.contextmanager
 def read_locally(copies: dict[str, str]):
     """Within the block, reads of the objects ``copies`` names (``{url: local file}``, complete copies of the
-    version `stat` gives: `albert_dist.data.cache.ObjectCache.pin`) come from those files and request nothing."""
+    version `stat` gives: `albert_dist.data.sources.cache.ObjectCache.pin`) come from those files and request nothing."""
     _LOCAL_COPIES.update(copies)
     try:
         yield

@@ -1,6 +1,6 @@
 """Rank / world discovery and process-group start-up, for every way albert_dist is launched.
 
-``python -m albert_dist.engine.distributed`` prints the discovery of the calling task (a job-script check).
+``albert-dist dist`` prints the discovery of the calling task (a job-script check).
 
 Launch methods and the variables each one sets (precedence from top to bottom):
 
@@ -21,8 +21,8 @@ Launch methods and the variables each one sets (precedence from top to bottom):
 ``MASTER_ADDR`` / ``MASTER_PORT`` already in the environment always win ("unless given"): the sbatch scripts
 compute them once in the batch shell so that thousands of ranks do not each ask slurmctld.
 
-Slurm's host lists and the job's port are `albert_dist.engine.slurm`'s; the ranks tests and benchmarks start on
-one machine, `albert_dist.engine.local_ranks`'.
+Slurm's host lists and the job's port are `albert_dist.dist.slurm`'s; the ranks tests and benchmarks start on
+one machine, `albert_dist.dist.local_ranks`'.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Optional
 
-from albert_dist.engine.slurm import expand_nodelist, expand_tasks_per_node, node_address, port_from_job_id
+from albert_dist.dist.slurm import expand_nodelist, expand_tasks_per_node, node_address, port_from_job_id
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
 
     Args:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
-        store: the job's rendezvous store, already open (`albert_dist.engine.rendezvous.open_store`: the
+        store: the job's rendezvous store, already open (`albert_dist.dist.rendezvous.open_store`: the
             preflight verdict went through it); the process group starts over it instead of env://.
 
     Raises:
@@ -416,35 +416,3 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
 
 #: The discovery of the process group this process started (`init_distributed`), while it is up.
 _STARTED: Optional[DistEnv] = None
-
-
-def setup_logging(rank: int) -> None:
-    """stdlib logging for a rank (`albert_dist.engine.console`): INFO on rank 0, WARNING elsewhere (DESIGN.md),
-    the rank in every line's prefix, known third-party noise filtered by exact message."""
-    from albert_dist.engine.console import configure_logging
-
-    configure_logging(rank)
-
-
-def main() -> int:
-    """``python -m albert_dist.engine.distributed``: print this task's discovery as one JSON line.
-
-    A pre-flight check for job scripts (``srun python -m albert_dist.engine.distributed``): every task prints
-    ``DIST {"rank": ..., "node_rank": ..., ...}``, so a node list or a batch-shell expansion gone wrong
-    (every node believing it is node 0) shows before any training starts. Imports no torch (stdlib and python-hostlist).
-    Exit status 2 with the message when discovery fails.
-    """
-    import json
-    import sys
-
-    try:
-        env = discover()
-    except ValueError as err:
-        print(f"DIST-ERROR {err}", file=sys.stderr)
-        return 2
-    print("DIST " + json.dumps(dataclasses.asdict(env) | {"host": socket.gethostname()}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Who am I: rank and world discovery, the process group and its collectives, Slurm, local ranks, rendezvous."""
