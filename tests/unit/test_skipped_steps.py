@@ -19,7 +19,8 @@ class Interval:
 
     def reduce(self) -> dict[str, float]:
         return {**{q: 1.0 for q in names.EVAL_QUANTITIES}, "mlm_dropped": 0.0, "grad_norm": 1.0,
-                "tokens_per_s": 1.0, "samples_per_s": 1.0, "positions_per_s": 1.0}
+                "tokens_per_s": 1.0, "samples_per_s": 1.0, "positions_per_s": 1.0, "data_wait_s": 0.0,
+                "data_wait_share": 0.0}
 
 
 def test_skipped_steps_are_logged_and_a_rise_is_warned(caplog):
