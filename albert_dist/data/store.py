@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -467,16 +467,23 @@ def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str
 
 #: (url, start, end) -> the Future of a `ReadAhead` fetch of those bytes, taken (once) by `RangedFile.fetch`
 _AHEAD: dict[tuple[str, int, int], Future] = {}
-_POOL: Optional[ThreadPoolExecutor] = None
+os.register_at_fork(after_in_child=_AHEAD.clear)  # a forked loader worker has none of its parent's threads
 
 
-def _reset_after_fork() -> None:  # a forked loader worker has none of its parent's threads
-    global _POOL
-    _POOL = None
-    _AHEAD.clear()
+def _in_background(fn: Callable[..., bytes], *args: Any) -> Future:
+    """``fn(*args)`` in a daemon thread (a process that exits during an outage does not wait for a fetch that
+    is retrying, as it would for a ThreadPoolExecutor's); its result or error in the returned Future."""
+    future: Future = Future()
 
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - handed to the reader, raised where it asks for the bytes
+                future.set_exception(err)
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+    threading.Thread(target=run, name="read-ahead", daemon=True).start()
+    return future
 
 
 def _drop(started: dict[int, list[tuple[str, int, int]]], before: Optional[int] = None) -> None:
@@ -494,12 +501,12 @@ class ReadAhead:
     ``order``: what one reader (a loader slot) reads, in its reading order; ``ranges_of(item)``: the byte ranges
     ``[(url, start, end)]`` its reader will fetch with `RangedFile.fetch` (ranges of local files or of objects with
     a local copy are ignored). `at(i)`, called when the reader starts item ``i``, starts fetching items i..i+depth
-    not yet started, each range in a background thread (`READ_AHEAD_PIECES` threads per process) through `call`,
-    so the retry policy applies and its `StoreUnavailable` / `StoreError` is raised by the reader's own fetch; the
-    fetched bytes of items before ``i`` that the reader did not ask for are dropped. Memory: at most ``depth + 1``
-    items' bytes (``depth`` default: `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as
-    without read-ahead). Nothing here is loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)``
-    and fetches again what the interrupted one had fetched ahead.
+    not yet started, each range in a background thread through `call`, so the retry policy applies and its
+    `StoreUnavailable` / `StoreError` is raised by the reader's own fetch; the fetched bytes of items before ``i``
+    that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
+    `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as without read-ahead). Nothing here is
+    loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)`` and fetches again what the
+    interrupted one had fetched ahead.
     """
 
     def __init__(self, order: list, ranges_of: Callable[[Any], list[tuple[str, int, int]]],
@@ -514,7 +521,6 @@ class ReadAhead:
 
     def at(self, index: int) -> None:
         """The reader starts item ``index``; raises what ``ranges_of`` raises."""
-        global _POOL
         _drop(self._started, index)
         for i in range(index, min(index + self.depth + 1, len(self.order))):
             if i in self._started:
@@ -526,9 +532,7 @@ class ReadAhead:
                 f = RangedFile(url)
                 key = (url, start, min(end, f.size))
                 if key not in _AHEAD:
-                    if _POOL is None:
-                        _POOL = ThreadPoolExecutor(max(1, READ_AHEAD_PIECES), thread_name_prefix="read-ahead")
-                    _AHEAD[key] = _POOL.submit(f._get, *key[1:])
+                    _AHEAD[key] = _in_background(f._get, *key[1:])
                     keys.append(key)
             self._started[i] = keys
 
