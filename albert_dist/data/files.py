@@ -482,7 +482,7 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
 def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str) -> list[tuple[str, int, int]]:
     """The byte ranges ``[(path, start, end)]`` `read_piece` fetches first for ``piece`` (what
     `albert_dist.data.store.ReadAhead` fetches ahead): a parquet row group's text column chunk; an uncompressed
-    byte range's first read (the range and `_OVERREAD_BYTES` past it). None for a compressed stream or a
+    byte range's first read (the range and `_OVERREAD_BYTES` past it). None ([]) for a compressed stream or a
     whole-file text document (read in blocks whose sizes depend on what was read)."""
     if piece["kind"] == "parquet":
         if not store.is_url(piece["path"]):
