@@ -63,9 +63,10 @@ def _cfg(path: str, kind: str = "parquet"):
 @pytest.mark.parametrize("kind", ["parquet", "txt"])
 def test_pieces_are_fetched_ahead_within_the_bound_and_a_resume_is_exact(tmp_path, monkeypatch, kind):
     """Every piece's first read (a row group's text chunk, a byte range's first block) is fetched once, in a
-    read-ahead thread (a byte range's later reads, for the record past its end, by the reader), never more than `READ_AHEAD_PIECES` + 1 pieces' ranges held or in flight; the batches
-    equal the local corpus's, and a loader resumed from a state taken while pieces were fetched ahead (not yet
-    read) continues with exactly the local run's next batches."""
+    read-ahead thread (a byte range's later reads, for the record past its end, by the reader), never more than
+    `READ_AHEAD_PIECES` + 1 pieces' ranges held or in flight; the batches equal the local corpus's; a loader
+    dropped mid-way leaves nothing held, and one resumed from a state taken while pieces were fetched ahead (not
+    yet read) continues with exactly the local run's next batches."""
     local, url, fs = _corpus(tmp_path, kind)
     reference = take(iter(build_train_loader(_cfg(str(local), kind), 4, rank=1, world_size=2)), 16)
 
