@@ -26,15 +26,17 @@ import logging
 import os
 import zlib
 from collections import Counter
+from functools import partial
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources.read import read_piece, record_location
+from albert_dist.data.sources.read import piece_read_ranges, read_piece, record_location
 from albert_dist.data.sources.hub import load_args as hub_load_args
 from albert_dist.data.sources.discover import file_format, slot_shares
 from albert_dist.data.sources.pieces import pieces_of
+from albert_dist.data.sources.store import ReadAhead, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,15 @@ _LOG_EVERY_DOCUMENTS = 100_000
 SHUFFLE_BLOCK_BYTES = 4 << 20
 
 
-def _generate_records(shares: list[dict], text_field: str, txt_documents: str, max_bytes: int, order_seed: int):
-    """datasets generator: the records of each share ``{"piece", "k", "j"}`` (records j, j+k, ... of the
-    piece), shuffled in blocks of `SHUFFLE_BLOCK_BYTES` when order_seed >= 0."""
+def _generate_records(shares: list[dict], text_field: str, txt_documents: str, max_bytes: int, order_seed: int,
+                      ahead: Optional[ReadAhead] = None):
+    """datasets generator: the records of each share ``{"piece", "k", "j", "at"}`` (records j, j+k, ... of the
+    piece; ``at``: its place in the epoch's order), shuffled in blocks of `SHUFFLE_BLOCK_BYTES` when order_seed >=
+    0. ``ahead``: the epoch's pieces, fetched ahead of the reader (datasets calls this once per share)."""
     for share in shares:
         piece = share["piece"]
+        if ahead is not None:
+            ahead.at(share["at"])
         records = read_piece(piece, text_field, txt_documents, max_bytes, (share["k"], share["j"]))
         if order_seed < 0:
             yield from records
@@ -65,6 +71,8 @@ def _generate_records(shares: list[dict], text_field: str, txt_documents: str, m
                 yield from _shuffled(block, [order_seed, piece["start"], piece["row_group"] + 1, name, index])
                 block, held, index = [], 0, index + 1
         yield from _shuffled(block, [order_seed, piece["start"], piece["row_group"] + 1, name, index])
+    if ahead is not None and shares and shares[-1]["at"] == len(ahead.order) - 1:
+        ahead.at(len(ahead.order))  # the epoch is read: drop what was fetched for it and not read
 
 
 def _shuffled(block: list[dict], seed: list[int]) -> Iterator[dict]:
@@ -121,14 +129,21 @@ class SourceStream:
 
         if self.shares is not None:
             order_seed = int(np.random.default_rng([self.seed, self.epoch, 11]).integers(2**31)) if self.shuffle else -1
+            shares = [{**share, "at": i} for i, share in enumerate(self._epoch_shares())]
+            # an object store's pieces are fetched ahead of the reader (a local file's page cache does that)
+            remote = any(is_url(share["piece"]["path"]) for share in shares)
+            ahead = ReadAhead([share["piece"] for share in shares],
+                              partial(piece_read_ranges, text_field=self.source.text_field,
+                                      txt_documents=self.source.txt_documents)) if remote else None
             ds = datasets.IterableDataset.from_generator(
                 _generate_records,
                 gen_kwargs={
-                    "shares": self._epoch_shares(),
+                    "shares": shares,
                     "text_field": self.source.text_field,
                     "txt_documents": self.source.txt_documents,
                     "max_bytes": self.max_document_bytes,
                     "order_seed": order_seed,
+                    "ahead": ahead,
                 },
             )
         else:

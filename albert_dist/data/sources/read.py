@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources.discover import discover_files, file_format, parquet_file, parquet_row_group
+from albert_dist.data.sources.discover import (discover_files, file_format, parquet_file, parquet_metadata,
+                                               parquet_row_group)
 
 logger = logging.getLogger(__name__)
 
@@ -476,6 +477,23 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
                 yield {"text": text, "skip": skip, "nbytes": nbytes}, row - 1
     except (OSError, pa.ArrowException) as err:  # a page or column chunk that does not decode, an I/O error
         yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field))), row
+
+
+def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str) -> list[tuple[str, int, int]]:
+    """The byte ranges ``[(path, start, end)]`` `read_piece` fetches first for ``piece`` (what
+    `albert_dist.data.sources.store.ReadAhead` fetches ahead): a parquet row group's text column chunk; an uncompressed
+    byte range's first read (the range and `_OVERREAD_BYTES` past it). None ([]) for a compressed stream or a
+    whole-file text document (read in blocks whose sizes depend on what was read)."""
+    if piece["kind"] == "parquet":
+        if not store.is_url(piece["path"]):
+            return []
+        meta = parquet_metadata(piece["path"])
+        return [(piece["path"], a, b) for a, b in store.column_chunk_ranges(meta, piece["row_group"], [text_field])]
+    if piece["compression"] or (piece["kind"] == "txt" and txt_documents == "file"):
+        return []
+    at = max(0, piece["start"] - _SEPARATORS["line" if piece["kind"] == "jsonl" else "blank_line"][1])
+    return [(piece["path"], at, at + int(min(piece.get("read_bytes", _BLOCK_BYTES),
+                                             piece["end"] + _OVERREAD_BYTES - at)))]
 
 
 def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:

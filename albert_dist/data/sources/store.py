@@ -10,6 +10,9 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   reads to their pieces: `albert_dist.data.sources.read.split_records`), a compressed object is streamed in
   `SEQUENTIAL_BLOCK_BYTES` blocks, and a parquet row group is read from its column chunk's byte range alone,
   the footer parsed once per process (`parquet_metadata`). Nothing downloads a whole object a slot does not own;
+* read-ahead (`ReadAhead`): a slot's reader fetches the next `READ_AHEAD_PIECES` pieces' bytes in background
+  threads while it decodes the current one, so the per-request latency of a bucket (10-50 ms) overlaps the
+  work instead of adding to it;
 * counting (`COUNTERS`): ``bytes_requested`` (bytes the server sent), ``requests``, ``retries``; the readers add
   ``bytes_used`` (bytes of the pieces they own); bench/object_store.py prints the ratio;
 * faults: every read, list and write goes through `call`, the one retry layer (`RetryPolicy`: exponential
@@ -32,10 +35,12 @@ import io
 import logging
 import os
 import re
-import threading
 import random
+import threading
 import time
+import weakref
 from collections import Counter
+from concurrent.futures import Future
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -55,6 +60,11 @@ SEQUENTIAL_BLOCK_BYTES = 8 << 20
 #: bytes fetched from the end of a parquet object to find its footer (pyarrow's own first read; a larger footer,
 #: e.g. the ~120 KB of a `data prepare` shard of 128 row groups, costs one more request for the rest)
 FOOTER_SAMPLE_BYTES = 64 << 10
+
+#: pieces a slot's reader has fetched (or is fetching) ahead of the one it reads (`ReadAhead`): at most this many
+#: requests in flight and this many pieces' bytes held per reader (a piece is a row group's text chunk, ~64 KiB
+#: in a `data prepare` shard, or a byte range of at most ``data.shard_piece_bytes``)
+READ_AHEAD_PIECES = 4
 
 #: process-wide counts (bytes_requested, requests, retries, bytes_used); a forked worker starts from the parent's
 COUNTERS: Counter = Counter()
@@ -350,6 +360,12 @@ class RangedFile(io.RawIOBase):
         end = min(end, self.size)
         if end <= start:
             return b""
+        ahead = _AHEAD.pop((self.url, start, end), None)
+        if ahead is not None:  # fetched by `ReadAhead` (under the same retry policy): its bytes or its error
+            return ahead.result()
+        return self._get(start, end)
+
+    def _get(self, start: int, end: int) -> bytes:
         local = _LOCAL_COPIES.get(self.url)
         if local is not None:
             fd = os.open(local, os.O_RDONLY)
@@ -423,22 +439,102 @@ def parquet_metadata(url: str, size: int):
     return pq.read_metadata(f)
 
 
-def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str]) -> RangedFile:
-    """A `RangedFile` over a parquet object holding the byte ranges of ``columns``' chunks in ``row_group``,
-    each fetched with one ranged GET (what `fsspec.parquet.open_parquet_file` does, without re-reading the
-    footer per row group: the metadata comes from the per-process cache). Open it with
-    ``pq.ParquetFile(f, metadata=metadata)``; any other byte pyarrow asks for is fetched (and counted) on demand."""
-    f = RangedFile(url)
+def column_chunk_ranges(metadata, row_group: int, columns: list[str]) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of ``columns``' chunks in ``row_group`` of a parquet file (all columns when
+    ``columns`` is empty), from its footer's ``metadata``."""
     group = metadata.row_group(row_group)
+    ranges = []
     for j in range(group.num_columns):
         col = group.column(j)
         if columns and col.path_in_schema not in columns and col.path_in_schema.split(".")[0] not in columns:
             continue
         offsets = [col.data_page_offset, col.dictionary_page_offset if col.has_dictionary_page else None]
         start = min(o for o in offsets if o is not None)
-        end = start + col.total_compressed_size
+        ranges.append((start, start + col.total_compressed_size))
+    return ranges
+
+
+def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str]) -> RangedFile:
+    """A `RangedFile` over a parquet object holding the byte ranges of ``columns``' chunks in ``row_group``,
+    each fetched with one ranged GET (what `fsspec.parquet.open_parquet_file` does, without re-reading the
+    footer per row group: the metadata comes from the per-process cache). Open it with
+    ``pq.ParquetFile(f, metadata=metadata)``; any other byte pyarrow asks for is fetched (and counted) on demand."""
+    f = RangedFile(url)
+    for start, end in column_chunk_ranges(metadata, row_group, columns):
         f._parts[(start, end)] = f.fetch(start, end)
     return f
+
+
+#: (url, start, end) -> the Future of a `ReadAhead` fetch of those bytes, taken (once) by `RangedFile.fetch`
+_AHEAD: dict[tuple[str, int, int], Future] = {}
+os.register_at_fork(after_in_child=_AHEAD.clear)  # a forked loader worker has none of its parent's threads
+
+
+def _in_background(fn: Callable[..., bytes], *args: Any) -> Future:
+    """``fn(*args)`` in a daemon thread (a process that exits during an outage does not wait for a fetch that
+    is retrying, as it would for a ThreadPoolExecutor's); its result or error in the returned Future."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - handed to the reader, raised where it asks for the bytes
+                future.set_exception(err)
+
+    threading.Thread(target=run, name="read-ahead", daemon=True).start()
+    return future
+
+
+def _drop(started: dict[int, list[tuple[str, int, int]]], before: Optional[int] = None) -> None:
+    """Drop the fetches of the items of ``started`` before ``before`` (all: None) from `_AHEAD`."""
+    for i in [i for i in started if before is None or i < before]:
+        for key in started.pop(i):
+            future = _AHEAD.pop(key, None)
+            if future is not None:
+                future.cancel()
+
+
+class ReadAhead:
+    """Fetches the bytes of the pieces a reader will read next while it reads the current one.
+
+    ``order``: what one reader (a loader slot) reads, in its reading order; ``ranges_of(item)``: the byte ranges
+    ``[(url, start, end)]`` its reader will fetch with `RangedFile.fetch` (ranges of local files or of objects with
+    a local copy are ignored). `at(i)`, called when the reader starts item ``i``, starts fetching items i..i+depth
+    not yet started, each range in a background thread through `call`, so the retry policy applies and its
+    `StoreUnavailable` / `StoreError` is raised by the reader's own fetch; the fetched bytes of items before ``i``
+    that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
+    `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as without read-ahead). Nothing here is
+    loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)`` and fetches again what the
+    interrupted one had fetched ahead.
+    """
+
+    def __init__(self, order: list, ranges_of: Callable[[Any], list[tuple[str, int, int]]],
+                 depth: Optional[int] = None) -> None:
+        self.order, self.ranges_of = order, ranges_of
+        self.depth = READ_AHEAD_PIECES if depth is None else depth
+        self._started: dict[int, list[tuple[str, int, int]]] = {}
+        weakref.finalize(self, _drop, self._started)  # a reader dropped mid-way (a new loader) leaves nothing held
+
+    def __reduce__(self):  # pickled (datasets hashes its generator's arguments) without fetches in flight
+        return ReadAhead, (self.order, self.ranges_of, self.depth)
+
+    def at(self, index: int) -> None:
+        """The reader starts item ``index``; raises what ``ranges_of`` raises."""
+        _drop(self._started, index)
+        for i in range(index, min(index + self.depth + 1, len(self.order))):
+            if i in self._started:
+                continue
+            keys = []
+            for url, start, end in self.ranges_of(self.order[i]):
+                if not is_url(url) or url in _LOCAL_COPIES:
+                    continue
+                f = RangedFile(url)
+                key = (url, start, min(end, f.size))
+                if key not in _AHEAD:
+                    _AHEAD[key] = _in_background(f._get, *key[1:])
+                    keys.append(key)
+            self._started[i] = keys
 
 
 def join(folder: str, name: str) -> str:
