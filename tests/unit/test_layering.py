@@ -1,7 +1,8 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
 not, absolute or relative, or a module named in a string for importlib) runs down the layers base < model < data
-< engine < tracking < app, and inside the app down APP_ORDER (init_source < config < export < run_tracking < init_from < preflight <
-trainer < train < downstream < finetune < cli). What a fresh import loads: tests/integration/test_import_weight.py."""
+< engine < tracking < app, and inside the app down APP_ORDER (init_source < config < export < run_tracking <
+init_from < preflight < trainer < train < downstream < finetune < cli). What a fresh import loads:
+tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
 
