@@ -389,8 +389,9 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     and every later reader see the same file whatever their working directory).
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
-    an explicit `checkpoint.resume`, a `model.init_from` directory): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.paths.resolve_path`, the rule the data section always had).
+    an explicit `checkpoint.resume`, a `model.init_from` directory): against the working directory if they exist
+    there, else against the repository root (`albert_dist.data.paths.resolve_path`, the rule the data section
+    always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     def inputs(paths: list[str]) -> list[str]:
