@@ -282,9 +282,10 @@ def tokenizer_file(path: str | Path) -> Path:
 
 def copy_tokenizer(path: str | Path, out_dir: str | Path, model_max_length: Optional[int] = None) -> None:
     """Put the tokenizer `path` into the transformers directory `out_dir`: a directory's spiece.model and its
-    transformers settings as they are (a model started from it keeps its source's ids), a sentencepiece file
-    with `write_transformers_config`'s."""
+    transformers settings as they are, or written out when it has none (a model started from it keeps its
+    source's ids), a sentencepiece file with `write_transformers_config`'s."""
     path, out_dir = Path(path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer_file(path), out_dir / SPIECE)
     if not path.is_dir():
         write_transformers_config(out_dir, model_max_length)
@@ -292,6 +293,10 @@ def copy_tokenizer(path: str | Path, out_dir: str | Path, model_max_length: Opti
     for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
         if (path / name).is_file():
             shutil.copyfile(path / name, out_dir / name)
+    if not (path / TOKENIZER_CONFIG).is_file():  # transformers' defaults applied to it (the hub's albert-base-v2)
+        write_transformers_config(out_dir, model_max_length)
+        config = {**json.loads((out_dir / TOKENIZER_CONFIG).read_text()), **vars(read_preprocessing(path))}
+        (out_dir / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:

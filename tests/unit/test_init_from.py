@@ -14,7 +14,7 @@ import torch
 
 from albert_dist import cli
 from albert_dist.config import load_config, to_yaml
-from albert_dist.data.tokenizer import load_tokenizer
+from albert_dist.data.tokenizer import copy_tokenizer, load_tokenizer
 from albert_dist.init_from import check, load_into
 from albert_dist.init_source import resolve
 from albert_dist.model.albert import AlbertForPreTraining
@@ -57,6 +57,9 @@ def test_a_tokenizer_directory_gives_transformers_ids_on_mixed_case_accented_tex
         shutil.copyfile(hub / name, defaults / name)
     for directory in (hub, converted, defaults):
         assert transformers.AutoTokenizer.from_pretrained(directory)(MIXED_TEXT)["input_ids"][1:-1] == reference
+        copy_tokenizer(directory, tmp_path / f"{directory.name}-export")  # what an export of its model holds
+        exported = transformers.AutoTokenizer.from_pretrained(tmp_path / f"{directory.name}-export")
+        assert exported(MIXED_TEXT)["input_ids"][1:-1] == reference, directory.name
         sp = load_tokenizer(str(directory))
         assert sp.encode(MIXED_TEXT) == reference, directory.name
         tokens, _, _ = ExampleBuilder(sp, DataConfig()).encode_document(MIXED_TEXT)
