@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +36,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from albert_dist.config import load_model_config, model_config_of
 from albert_dist.data.sources.discover import resolve_path
-from albert_dist.data.tokenizer import write_transformers_config
+from albert_dist.data.tokenizer import copy_tokenizer
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, read_meta
 from albert_dist.engine.checkpoint.choose import newest_verified
 from albert_dist.model.albert import AlbertForPreTraining
@@ -256,8 +255,7 @@ def export(checkpoint: str | Path, config: AlbertConfig | str | Path, output: st
     output = Path(output)
     hf.save_pretrained(output)
     if tokenizer is not None:
-        shutil.copyfile(tokenizer, output / "spiece.model")
-        write_transformers_config(output, config.max_position_embeddings)
+        copy_tokenizer(tokenizer, output, config.max_position_embeddings)
     logger.info("exported %s to %s", checkpoint, output)
     return output
 
@@ -300,7 +298,7 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
         model_config: the run's ``AlbertConfig``.
         ckpt_dir, tag: the final DeepSpeed checkpoint.
         out_dir: receives ``fp32/`` and (when transformers can represent the model) ``hf/``.
-        tokenizer_path: the sentencepiece model copied into ``hf/spiece.model`` (None: no tokenizer).
+        tokenizer_path: the tokenizer copied into ``hf/`` (`albert_dist.data.tokenizer.copy_tokenizer`; None: none).
 
     Returns:
         ``{"fp32": dir, "hf": dir}`` for what was written; ``hf`` is absent when the model has no transformers
@@ -341,9 +339,8 @@ def write_final_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path:
     finally:
         if bar_was_on:
             hf_logging.enable_progress_bar()
-    if tokenizer_path:
-        shutil.copy2(resolve_path(tokenizer_path), os.path.join(hf_dir, "spiece.model"))
-        write_transformers_config(hf_dir, model_config.max_position_embeddings)
+    if tokenizer_path:  # a tokenizer directory (model.init_from's) keeps its settings: the source's ids
+        copy_tokenizer(resolve_path(tokenizer_path), hf_dir, model_config.max_position_embeddings)
     written["hf"] = hf_dir
     logger.info("final model exported to %s", out_dir)
     return written
@@ -367,7 +364,7 @@ def export_found(source: str, output: str, config: Optional[str] = None, tokeniz
         raise ValueError(f"{source}: no config beside it (albert_dist.json, a run's {RUN_CONFIG} or "
                          f"{MODEL_CONFIG}): pass --config")
     spiece = tokenizer if tokenizer is not None else found.tokenizer
-    if tokenizer is None and spiece is not None and not Path(spiece).is_file():
+    if tokenizer is None and spiece is not None and not Path(spiece).exists():
         logger.warning("the run's tokenizer %s (%s) is not there any more: exported without spiece.model; "
                        "pass --tokenizer", spiece, found.config_source)
         spiece = None

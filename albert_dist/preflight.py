@@ -10,7 +10,8 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
    table; `check_data_settings`: the Chinese segmenter importable, a segmenter without whole-word masking
    warned) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
    created and written, e.g. not on a read-only file system);
-2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on);
+2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on) and `model.init_from`
+   (`albert_dist.init_from.check`: the source read, the job's shapes and sharing fit it);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
    checkpoint to resume from and how to load it, `albert_dist.engine.checkpoint.resume.plan_load`);
 4. the memory fit (`check_memory`: the estimate of `albert_dist.engine.memory` logged, and refused on a GPU it
@@ -45,6 +46,8 @@ from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.dist.group import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock, auto_run_dir
+from albert_dist.init_from import check as check_init_from
+from albert_dist.init_source import InitSource
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,8 @@ class JobPlan:
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
     (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
     planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
+    init_source: Optional[InitSource] = None
+    """`model.init_from`'s source, checked (`albert_dist.init_from.check`); None without one."""
     run_dir: Optional[str] = None
     """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
     receive it from rank 0 once the process group is up (`Trainer.setup`: the ranks' clocks differ)."""
@@ -95,7 +100,9 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
-    plan = replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces)
+    source = check_init_from(cfg, resume_from)
+    plan = replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces,
+                   init_source=source)
     check_memory(cfg, env.world_size, memory.device_memory(env.local_rank), log=env.rank == 0)
     if env.rank != 0:
         return plan, []

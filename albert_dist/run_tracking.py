@@ -113,7 +113,8 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
     tracker = open_tracker(cfg.tracking, run_dir, rank, local_rank, resume_run_id=run_id, local=local,
                            keep_last_checkpoints=cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last,
                            keep_steps=() if not resumed_step else (resumed_step,),
-                           tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve())})
+                           tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve()),
+                                 **({"init_from": cfg.model.init_from} if cfg.model.init_from else {})})
     if rank == 0:
         if model is not None:
             tracker.log_params({"derived": model_param_counts(model)})

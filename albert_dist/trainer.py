@@ -57,6 +57,7 @@ from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
+from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import training_flops_per_token
 from albert_dist.preflight import JobPlan, load_plan_for, plan_job
@@ -96,6 +97,7 @@ class Trainer:
         plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size
+        self.init_source = plan.init_source  # model.init_from's source, checked by the preflight
         self._named_run_dir = plan.run_dir  # rank 0 without a fixed run_dir: named and locked by the preflight
         if cfg.run_dir is None and self.dist_env.rank == 0 and plan.run_dir is None:
             raise ValueError("run_dir is unset and no preflight named one (albert_dist.preflight.preflight names "
@@ -183,6 +185,12 @@ class Trainer:
         seed_all(cfg.seed)  # identical initial weights on every rank (ZeRO-3 partitions each rank's copy)
         # The static MLM gather (one shape for every batch, no host sync): as many slots as a row can hold.
         model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=cfg.data.prediction_slots)
+        if cfg.model.init_from is not None and self.load_plan.point is None and self.resume_from is None:
+            # every rank, before deepspeed.initialize: ZeRO-3 then partitions the source's values
+            source = self.init_source or check_init_from(cfg)
+            load_into(model, source)
+            if self.dist_env.rank == 0:
+                logger.info("weights from model.init_from %s (%s)", source.ref, source.weights)
         # ds_to_universal refuses checkpoints of modules without this attribute (DeepSpeed 0.19).
         model.universal_checkpoint_info = dict(UNIVERSAL_CHECKPOINT_INFO)
         self.n_params = sum(p.numel() for p in model.parameters())

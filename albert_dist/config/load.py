@@ -390,8 +390,9 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     and every later reader see the same file whatever their working directory).
 
     Inputs (the local `data.train`/`data.validation` paths and globs, `hub_data_files`, `data.tokenizer_path`,
-    an explicit `checkpoint.resume`): against the working directory if they exist there, else against the
-    repository root (`albert_dist.data.sources.discover.resolve_path`, the rule the data section always had).
+    an explicit `checkpoint.resume`, a `model.init_from` directory): against the working directory if they exist
+    there, else against the repository root (`albert_dist.data.sources.discover.resolve_path`, the rule the data section
+    always had).
     Outputs (`run_dir`, `checkpoint.dir`): against the working directory. Hub dataset names stay as given.
     """
     def inputs(paths: list[str]) -> list[str]:
@@ -409,6 +410,9 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
                    validation=[source(s) for s in cfg.data.validation],
                    tokenizer_path=str(resolve_path(cfg.data.tokenizer_path)))
     resume = cfg.checkpoint.resume
+    init_from = cfg.model.init_from  # a directory (an MLflow run id stays as given)
+    if init_from is not None and resolve_path(init_from).exists():
+        cfg = replace(cfg, model=replace(cfg.model, init_from=str(resolve_path(init_from))))
     checkpoint = replace(cfg.checkpoint, dir=output(cfg.checkpoint.dir),
                          resume=resume if resume in (None, "auto") else str(resolve_path(resume)))
     return replace(cfg, data=data, checkpoint=checkpoint, run_dir=output(cfg.run_dir))
@@ -420,12 +424,65 @@ def _is_model_preset(mapping: dict) -> bool:
     return not keys & {f.name for f in fields(TrainConfig)} and bool(keys & {f.name for f in fields(AlbertConfig)})
 
 
+def _given(layers: list[tuple[str, dict]]) -> set[str]:
+    """Dotted `model.<field>` and `data.tokenizer_path` keys written in the last layer that sets
+    `model.init_from` or after it: the source replaces what earlier layers (a from-scratch recipe's preset and
+    tokenizer) set, what is written beside `init_from` or later overrides the source. A model preset's fields are
+    never given: a preset is a from-scratch architecture."""
+    def sets_init_from(layer: dict) -> bool:
+        return isinstance(layer.get("model"), dict) and "init_from" in layer["model"]
+
+    starts = [i for i, (_, layer) in enumerate(layers) if sets_init_from(layer)]
+    given: set[str] = set()
+    for _, layer in layers[starts[-1] if starts else len(layers):]:
+        model = layer.get("model")
+        if isinstance(model, dict):
+            given |= {f"model.{k}" for k in model if k != "preset"}
+        if isinstance(layer.get("data"), dict) and "tokenizer_path" in layer["data"]:
+            given.add("data.tokenizer_path")
+    return given
+
+
+def _apply_init_from(merged, given: set[str]) -> None:
+    """With `model.init_from` set: the model fields and the tokenizer the layers left unset come from the source
+    (`albert_dist.init_source`), so the resolved config (config.yaml, MLflow params) holds what the run trains.
+    Whether what the layers did set fits the source's weights is the preflight's check
+    (`albert_dist.init_from.check`). A config that sets all of them (a run's config.yaml) reads no source.
+
+    Raises:
+        ValueError: the source cannot be read, or has no tokenizer when `data.tokenizer_path` is unset.
+    """
+    ref = merged.model.init_from
+    if ref is None:
+        return
+    from albert_dist.init_source import ARCHITECTURE, resolve  # here: only init_from reads a source
+
+    unset = [f for f in ARCHITECTURE if f"model.{f}" not in given]
+    if not unset and "data.tokenizer_path" in given:
+        return
+    found = resolve(ref, merged.tracking.tracking_uri)
+    for name in unset:
+        merged.model[name] = found.model[name]
+    if "data.tokenizer_path" not in given:
+        if found.tokenizer is None:
+            raise ValueError(f"model.init_from={ref!r}: the source has no tokenizer (spiece.model) to train with: "
+                             "set data.tokenizer_path to the one it was trained with")
+        merged.data.tokenizer_path = str(found.tokenizer)
+
+
 def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
-    """Defaults <- each (source, mapping) layer in order (presets applied) -> a validated TrainConfig."""
+    """Defaults <- each (source, mapping) layer in order (presets applied) -> the unset model fields and tokenizer
+    from `model.init_from`'s source (`_apply_init_from`) -> a validated TrainConfig."""
     merged = OmegaConf.structured(TrainConfig)
     for source, layer in layers:
         merged = _apply_layer(merged, layer, source)
     sources = " + ".join(source for source, _ in layers) or "defaults"
+    try:
+        _apply_init_from(merged, _given(layers))
+    except OmegaConfBaseException as err:  # a source's value the schema's type refuses
+        raise ValueError(f"{sources}: model.init_from: {_describe(err)}") from err
+    except ValueError as err:
+        raise ValueError(f"{sources}: {err}") from err
     try:
         cfg = OmegaConf.to_object(merged)
     except ValueError as err:  # a section's __post_init__: prefix where that section sits in the YAML

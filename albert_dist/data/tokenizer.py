@@ -17,9 +17,13 @@ pieces as their literal names): an exported model would see other ids than it wa
 """
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import tempfile
 import time
+import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -208,8 +212,99 @@ def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
             raise ValueError(f"tokenizer: piece {piece!r} has id {got}, ALBERT needs {expected}")
 
 
+#: Files of a transformers ALBERT tokenizer directory: the sentencepiece model and transformers' settings.
+SPIECE = "spiece.model"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+
+
+@dataclass(frozen=True)
+class TextPreprocessing:
+    """transformers' ALBERT text preprocessing before sentencepiece (tokenizer_config.json's keys). The defaults
+    are transformers' `AlbertTokenizer` defaults, which a directory whose tokenizer_config.json omits a key gets
+    (the hub's albert-base-v2: lower-cased, accents stripped)."""
+
+    do_lower_case: bool = True
+    """Lower-case the text."""
+    keep_accents: bool = False
+    """False: NFKD, then drop the combining marks (category Mn), so "é" becomes "e"."""
+    remove_space: bool = True
+    """Strip the text and collapse runs of whitespace (sentencepiece's nmt_nfkc does it too)."""
+
+    def apply(self, text: str) -> str:
+        """`text` as transformers' AlbertTokenizer hands it to sentencepiece (transformers 4's
+        ``preprocess_text``; transformers 5's normalizer sequence Replace, NFKD + StripAccents, Lowercase)."""
+        if self.remove_space:
+            text = " ".join(text.strip().split())
+        text = text.replace("``", '"').replace("''", '"')
+        if not self.keep_accents:
+            text = "".join(c for c in unicodedata.normalize("NFKD", text) if unicodedata.category(c) != "Mn")
+        return text.lower() if self.do_lower_case else text
+
+
+def read_preprocessing(model_dir: str | Path) -> TextPreprocessing:
+    """The preprocessing a transformers tokenizer directory asks for (its tokenizer_config.json, transformers'
+    defaults for keys it lacks or without one). Raises ValueError for a tokenizer_config.json that is not JSON."""
+    path = Path(model_dir) / TOKENIZER_CONFIG
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    keys = TextPreprocessing.__dataclass_fields__
+    return TextPreprocessing(**{k: bool(data[k]) for k in keys if k in data})
+
+
+class PreprocessingSentencePiece(spm.SentencePieceProcessor):
+    """A sentencepiece model whose `encode` first applies a `TextPreprocessing` (a transformers tokenizer
+    directory's settings), so its ids equal ``AutoTokenizer.from_pretrained(directory)``'s; None: the text as
+    given (a sentencepiece file: its own normaliser only, as albert-dist's exports tell transformers)."""
+
+    preprocessing: Optional[TextPreprocessing] = None
+
+    def _prepare(self, text):
+        if self.preprocessing is None:
+            return text
+        if isinstance(text, str):
+            return self.preprocessing.apply(text)
+        return [self.preprocessing.apply(t) for t in text]
+
+    def Encode(self, input, *args, **kwargs):  # noqa: N802 - sentencepiece's name; `encode` is its alias
+        return super().Encode(self._prepare(input), *args, **kwargs)
+
+    encode = Encode
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """The sentencepiece model of a tokenizer path: the file itself, or a directory's spiece.model."""
+    path = Path(path)
+    return path / SPIECE if path.is_dir() else path
+
+
+def copy_tokenizer(path: str | Path, out_dir: str | Path, model_max_length: Optional[int] = None) -> None:
+    """Put the tokenizer `path` into the transformers directory `out_dir`: a directory's spiece.model and its
+    transformers settings as they are, or written out when it has none (a model started from it keeps its
+    source's ids), a sentencepiece file with `write_transformers_config`'s."""
+    path, out_dir = Path(path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tokenizer_file(path), out_dir / SPIECE)
+    if not path.is_dir():
+        write_transformers_config(out_dir, model_max_length)
+        return
+    for name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+        if (path / name).is_file():
+            shutil.copyfile(path / name, out_dir / name)
+    if not (path / TOKENIZER_CONFIG).is_file():  # transformers' defaults applied to it (the hub's albert-base-v2)
+        write_transformers_config(out_dir, model_max_length)
+        config = {**json.loads((out_dir / TOKENIZER_CONFIG).read_text()), **vars(read_preprocessing(path))}
+        (out_dir / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
 def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
     """Load a sentencepiece model (relative paths resolved as in the data config) and check ALBERT's ids.
+
+    `path` is a sentencepiece model file (encoded with its own normaliser only), or a transformers tokenizer
+    directory (spiece.model + tokenizer_config.json, e.g. a hub ALBERT's or an exported model's): then `encode`
+    applies its `TextPreprocessing` first (`PreprocessingSentencePiece`), as transformers does.
 
     Raises ValueError when the file is missing, is not a sentencepiece model (e.g. the ``spiece.vocab`` text
     file beside it: sentencepiece's own error is a RuntimeError "could not parse ModelProto") or the special
@@ -217,13 +312,15 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
     """
     from albert_dist.data.sources.discover import resolve_path
 
-    p = resolve_path(path)
+    directory = resolve_path(path) if resolve_path(path).is_dir() else None
+    p = tokenizer_file(resolve_path(path))
     if not p.is_file():
         # The config has usually resolved the path already; repeat it only when resolving changed it.
         shown = repr(path) if str(p) == str(path) else f"{path!r} (resolved to {str(p)!r})"
         raise ValueError(f"tokenizer {shown} is not a file")
     try:
-        sp = spm.SentencePieceProcessor(model_file=str(p))
+        sp = PreprocessingSentencePiece(model_file=str(p))
+        sp.preprocessing = read_preprocessing(directory) if directory is not None else None
     except RuntimeError as err:
         hint = " (the .vocab file is its text listing: name the .model beside it)" if p.suffix == ".vocab" else ""
         raise ValueError(f"tokenizer {str(p)!r} is not a sentencepiece model{hint}: "

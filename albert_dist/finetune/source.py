@@ -82,7 +82,7 @@ def sentencepiece_tokenizer(path: str | Path) -> Any:
     Raises:
         SourceError: the file is missing or lacks ALBERT's special ids.
     """
-    from albert_dist.data.tokenizer import load_tokenizer, write_transformers_config
+    from albert_dist.data.tokenizer import copy_tokenizer, load_tokenizer
 
     try:
         load_tokenizer(str(path))  # checks ALBERT's special ids
@@ -90,16 +90,15 @@ def sentencepiece_tokenizer(path: str | Path) -> Any:
         raise SourceError(str(exc)) from exc
     from transformers import AutoTokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "spiece.model").write_bytes(Path(path).read_bytes())
-        write_transformers_config(tmp)
+    with tempfile.TemporaryDirectory() as tmp:  # a tokenizer directory (model.init_from's) with its settings
+        copy_tokenizer(path, tmp)
         return AutoTokenizer.from_pretrained(tmp)
 
 
 def _run_tokenizer(tokenizer_path: Optional[Path], where: str) -> Any:
     if tokenizer_path is None:
         raise SourceError(f"{where}: the run's config names no tokenizer (data.tokenizer_path)")
-    if not Path(tokenizer_path).is_file():
+    if not Path(tokenizer_path).exists():
         raise SourceError(f"{where}: the run's tokenizer {tokenizer_path} is not there any more")
     return sentencepiece_tokenizer(tokenizer_path)
 
@@ -247,7 +246,7 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
     found = locate(tag_dir)
     if found.model is None:
         raise SourceError(f"MLflow run {run_id}: the {what} carries no config")
-    tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).is_file() else None
+    tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).exists() else None
     if tokenizer_path is None:  # another machine's path: the run's logged copy (albert_dist.run_tracking)
         try:
             files = [f.path for f in client.list_artifacts(run_id, "tokenizer")]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, Optional, get_args
 
 from albert_dist.on_resume import APPLIES, on_resume
 
@@ -15,6 +15,12 @@ ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 Sharing = Literal["all", "attention", "ffn", "none"]
 SHARING_MODES: tuple[str, ...] = get_args(Sharing)
 
+
+#: AlbertConfig fields that transformers' AlbertConfig has under the same name.
+HF_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_hidden_groups",
+             "inner_group_num", "num_attention_heads", "intermediate_size", "hidden_act", "hidden_dropout_prob",
+             "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size", "initializer_range",
+             "layer_norm_eps")
 
 #: Label value of positions / examples that take no part in a loss: the data pipeline writes it, the model's
 #: losses skip it (transformers' convention, torch's cross_entropy default ignore_index).
@@ -64,6 +70,11 @@ class AlbertConfig:
     """Cross-layer sharing: "all" | "attention" | "ffn" | "none" (see albert_dist.model.sharing)."""
     gradient_checkpointing: bool = field(default=False, metadata=on_resume(APPLIES))
     """Recompute every executed block in backward (non-reentrant torch.utils.checkpoint)."""
+    init_from: Optional[str] = field(default=None, metadata=on_resume(
+        APPLIES, "loads its checkpoint's weights: init_from only chooses where a new run starts"))
+    """A new run's starting weights: a transformers ALBERT directory, a run directory (its final model or newest
+    checkpoint), a checkpoint (``<run>/checkpoints/step_N``) or an MLflow run id (albert_dist.init_source); its
+    architecture and tokenizer unless the recipe sets them. None: random initialisation."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_hidden_groups",
@@ -90,6 +101,8 @@ class AlbertConfig:
             value = getattr(self, name)
             if not value > 0.0:
                 raise ValueError(f"model.{name} must be > 0, got {value!r}")
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError("model.init_from must be a directory or an MLflow run id, or null; got ''")
 
     @property
     def head_dim(self) -> int:

@@ -15,14 +15,9 @@ from __future__ import annotations
 import torch
 
 from albert_dist.model.albert import AlbertForPreTraining
-from albert_dist.model.config import AlbertConfig
+from albert_dist.model.config import HF_FIELDS, AlbertConfig
 from albert_dist.model.sharing import group_index
 
-#: AlbertConfig fields that transformers' AlbertConfig has under the same name.
-HF_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_hidden_groups",
-             "inner_group_num", "num_attention_heads", "intermediate_size", "hidden_act", "hidden_dropout_prob",
-             "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size", "initializer_range",
-             "layer_norm_eps")
 _MAPPING = "albert.encoder.embedding_hidden_mapping_in."
 
 

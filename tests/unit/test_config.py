@@ -16,8 +16,27 @@ RECIPES = sorted((REPO / "configs" / "pretrain").glob("*.yaml"))
 MAIN_RECIPE = REPO / "configs" / "pretrain" / "albert-tiny-wikitext.yaml"
 
 
+def _earlier_phase(recipe: Path, where: Path) -> None:
+    """A recipe starting from another recipe's run (model.init_from: ALBERT's phase 2): that run's directory,
+    as far as loading reads it (config.yaml, final_model/fp32/model.yaml), under `where`."""
+    import dataclasses
+
+    import yaml
+
+    ref = (yaml.safe_load(recipe.read_text()).get("model") or {}).get("init_from")
+    if ref is None:
+        return
+    earlier = next(r for r in RECIPES if (yaml.safe_load(r.read_text()).get("run_dir") or "") == ref)
+    cfg = load_config(earlier)
+    (where / ref / "final_model" / "fp32").mkdir(parents=True)
+    (where / ref / "config.yaml").write_text(to_yaml(cfg))
+    (where / ref / "final_model" / "fp32" / "model.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg.model)))
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
-def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe):
+def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a later phase's run directory is looked for here first
+    _earlier_phase(recipe, tmp_path)
     cfg = for_world_size(load_config(recipe), 2)
     ds = build_deepspeed_config(cfg.engine, world_size=2, accelerator="cuda", model=cfg.model)
     assert ds["train_batch_size"] == (cfg.engine.train_micro_batch_size_per_gpu

@@ -64,6 +64,7 @@ CHANGED: dict[str, Any] = {
     "tracking.experiment_name": "other",
     "tracking.keep_last_checkpoints": 2,
     "tracking.max_backoff_s": 60.0,
+    "model.init_from": "/elsewhere/albert",
 }
 
 

@@ -1,0 +1,148 @@
+"""A new run from existing weights (`model.init_from`): the preflight's check of the job against its source
+(`check`), and the weights loaded into the model on every rank before `deepspeed.initialize` (`load_into`), so
+ZeRO-3 partitions the loaded values. The source itself is found by `albert_dist.init_source`; the config loader
+has already taken from it the model fields and the tokenizer the recipe left unset.
+
+What may differ from the source: fields that keep every tensor's shape and meaning (dropout, initializer_range,
+layer_norm_eps, hidden_act) and less sharing (`sharing`, more `num_hidden_groups`: each block starts from its
+group's weights, `albert_dist.model.unroll.source_names`). Heads the source lacks (a transformers
+`AlbertForMaskedLM` has no SOP head nor pooler, an `AlbertModel` no MLM head) start from random initialisation,
+logged by name. Optimizer, schedule, data streams and the MLflow run are new.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from albert_dist.config import TrainConfig
+from albert_dist.init_source import InitSource, resolve
+from albert_dist.model.config import AlbertConfig
+
+logger = logging.getLogger(__name__)
+
+#: Fields a run must share with its source: every tensor's shape, or (heads, depth) what the weights compute.
+SAME_AS_SOURCE = ("vocab_size", "embedding_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                  "num_hidden_layers", "inner_group_num", "max_position_embeddings", "type_vocab_size")
+#: Parameter name prefixes of the heads a source may lack (started fresh, logged).
+HEADS = ("albert.pooler.", "sop_classifier.", "predictions.")
+#: Weight files of a transformers directory (`save_pretrained`, safetensors or bin, whole or sharded).
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+              "pytorch_model.bin.index.json")
+
+
+def check(cfg: TrainConfig, resume_from: Optional[str] = None) -> Optional[InitSource]:
+    """The preflight's check of `model.init_from` (None when unset): not with `--resume PATH` or `--resume-from`
+    (those continue a run; `--resume auto` continues this run's own checkpoint when it has one), the source
+    readable, every `SAME_AS_SOURCE` field equal to the source's, no more sharing than the source, weights present.
+
+    Raises:
+        ValueError: naming the field (or flag) and both values.
+    """
+    ref = cfg.model.init_from
+    if ref is None:
+        return None
+    if resume_from is not None:
+        raise ValueError(f"model.init_from={ref!r} starts a new run; --resume-from {resume_from} continues an "
+                         "MLflow run: give one of them")
+    if cfg.checkpoint.resume not in (None, "auto"):
+        raise ValueError(f"model.init_from={ref!r} starts a new run from the source's weights; "
+                         f"--resume {cfg.checkpoint.resume} continues a checkpoint with its optimizer, schedule and "
+                         "data position: give one of them")
+    source = resolve(ref, cfg.tracking.tracking_uri)
+    for name in SAME_AS_SOURCE:
+        ours, theirs = getattr(cfg.model, name), source.model[name]
+        if ours != theirs:
+            raise ValueError(f"model.{name}={ours!r} does not fit the source {ref} ({name}={theirs!r}): its weights "
+                             f"keep their shapes; leave model.{name} unset to take the source's")
+    source_config = AlbertConfig(**source.model)
+    from albert_dist.model.unroll import source_names
+
+    source_names(cfg.model, source_config)  # more sharing than the source: refused, naming the fields
+    if source.kind == "hf":
+        from albert_dist.model.hf import mismatched_layers
+
+        bad = mismatched_layers(source_config.num_hidden_layers, source_config.num_hidden_groups)
+        if bad:
+            raise ValueError(f"model.init_from={ref!r}: num_hidden_layers={source_config.num_hidden_layers}, "
+                             f"num_hidden_groups={source_config.num_hidden_groups}: transformers puts layers {bad} "
+                             "in other groups than albert_dist does")
+        if not any((source.weights / name).is_file() for name in HF_WEIGHTS):
+            raise ValueError(f"model.init_from={ref!r}: no weights in the directory (none of {', '.join(HF_WEIGHTS)})")
+    if source.tokenizer is not None and Path(cfg.data.tokenizer_path) != source.tokenizer:
+        logger.warning("model.init_from: data.tokenizer_path %s is not the source's tokenizer %s: the model will "
+                       "see other ids than it was trained on unless they are the same", cfg.data.tokenizer_path,
+                       source.tokenizer)
+    return source
+
+
+def source_state(source: InitSource) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The source's weights in albert_dist's names under its own config (fp32, CPU), and the names of the heads
+    (`HEADS`) it has no weights for.
+
+    Raises:
+        ValueError: a transformers directory whose non-head weights are incomplete, or weights that do not load.
+    """
+    if source.kind != "hf":
+        from albert_dist.export import TIED_TO, load_state_dict
+
+        state = load_state_dict(source.weights)
+        for alias, tensor in TIED_TO.items():  # the tied decoder may be stored under either name
+            state.setdefault(tensor, state.get(alias))
+        return {k: v for k, v in state.items() if v is not None}, []
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from albert_dist.model.hf import from_transformers
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its "newly initialized" warning: we name the fresh heads ourselves
+    hf_logging.disable_progress_bar()
+    try:
+        hf, info = transformers.AlbertForPreTraining.from_pretrained(source.weights, attn_implementation="sdpa",
+                                                                      output_loading_info=True,
+                                                                      dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+    missing = set(info.get("missing_keys", ())) - {"predictions.decoder.bias", "predictions.decoder.weight"}
+    lost = sorted(k for k in missing if not k.startswith(HEADS))
+    if lost:
+        raise ValueError(f"model.init_from={source.ref!r}: the directory has no weights for {lost[:5]}")
+    state = from_transformers(hf).state_dict()
+    return {k: v for k, v in state.items() if k not in missing}, sorted(missing)
+
+
+def load_into(model: torch.nn.Module, source: InitSource) -> list[str]:
+    """Copy the source's weights into `model` (an `AlbertForPreTraining` of the job's config, before
+    `deepspeed.initialize`): every parameter from the source parameter `source_names` maps it to; a head the
+    source lacks keeps `model`'s initialisation (the same on every rank: the trainer seeds it). Returns the names
+    left fresh (logged).
+
+    Raises:
+        ValueError: as `source_state`, or a tensor whose shape differs from the model's.
+    """
+    from albert_dist.model.unroll import source_names
+
+    state, _ = source_state(source)
+    names = source_names(model.config, AlbertConfig(**source.model))
+    fresh = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            tensor = state.get(names[name])
+            if tensor is None:
+                if not name.startswith(HEADS):
+                    raise ValueError(f"model.init_from={source.ref!r}: the source has no {names[name]}")
+                fresh.append(name)
+                continue
+            if tensor.shape != param.shape:
+                raise ValueError(f"model.init_from={source.ref!r}: {names[name]} has shape {tuple(tensor.shape)}, "
+                                 f"the model's {name} {tuple(param.shape)}")
+            param.copy_(tensor)
+    if fresh:
+        logger.warning("model.init_from: the source has no weights for %s: they start from random initialisation",
+                       ", ".join(sorted({n.rsplit(".", 1)[0] for n in fresh})))
+    return fresh
