@@ -1,8 +1,8 @@
 """ALBERT-base bf16 pretraining steps on one NVIDIA GPU: eager vs compiled, static vs dynamic MLM gather, host
 syncs, MFU, peak memory, and transformers' model in the same run.
 
-Run by bench/gpu_check.sh (which prepares the Python environment); not part of the CPU suite (it has no ``run``
-function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512), on the bundled
+Run on its own on a GPU (bench/gpu_check.py's ``step`` phase reuses `engine_variant`); not part of the CPU suite
+(it has no ``run`` function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512), on the bundled
 WikiText-2 sample (batches from ``build_train_loader`` with the data defaults: 15% masking, at most 20 per row,
 prefetched to the GPU so the figure is the step, not the loader):
 
@@ -28,7 +28,7 @@ would start after ``--budget-s`` are skipped and listed, so the whole check ends
 
     python bench/gpu_step.py [--seqs 128 512] [--steps 20] [--variants ...] [--out results.json]
     python bench/gpu_step.py --device cpu --model albert-tiny --seqs 64 --steps 2 --micro-batch 4 \
-        --compile-backend eager     # the CPU smoke run of bench/gpu_check.sh --cpu
+        --compile-backend eager     # a CPU smoke run
 """
 from __future__ import annotations
 
