@@ -46,7 +46,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "step": {"cuda": dict(model="albert-base", seqs=(128, 512), steps=10, warmup=2, micro={128: 128, 512: 32}),
              "cpu": dict(model="albert-tiny", seqs=(32,), steps=1, warmup=0, micro={32: 2})},
     "exactness": {"cuda": dict(hidden=256, layers=6, batch=8, seq=128), "cpu": dict(hidden=32, layers=3, batch=2, seq=16)},
-    "pretrain": {"cuda": dict(seconds=140, overrides=["engine.precision=bf16", "engine.train_micro_batch_size_per_gpu=64",
+    "pretrain": {"cuda": dict(seconds=140, overrides=["engine.train_micro_batch_size_per_gpu=64",
                                                       "data.num_workers=4", "log_interval_steps=20", "eval_interval_steps=100000",
                                                       "data.eval_examples=512"]),
                  "cpu": dict(seconds=0, overrides=["engine.train_micro_batch_size_per_gpu=2", "data.max_seq_length=32",
@@ -319,7 +319,7 @@ def _records(run_dir: Path) -> list[dict]:
 def phase_pretrain(out: Path, cpu: bool) -> dict[str, Any]:
     size = SIZES["pretrain"]["cpu" if cpu else "cuda"]
     run_dir = out / "pretrain_run"
-    common = ["--config", RECIPE, f"run_dir={run_dir}", "tracking.enabled=false", "progress_bar=false",
+    common = ["--config", RECIPE, f"run_dir={run_dir}", "tracking.enabled=false", "progress_bar=false", "engine.precision=bf16",
               "optimizer.warmup_ratio=null", f"optimizer.warmup_steps={2 if cpu else 100}", *size["overrides"]]
     half = size["seconds"] / 2
     log1 = open(out / "pretrain_1.log", "w")

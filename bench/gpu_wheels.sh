@@ -86,6 +86,7 @@ if ! compgen -G "$DEST/deepspeed-${DS#deepspeed==}-*.whl" >/dev/null; then
   DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DEST" "$DS"
 fi
 { echo "$DS"; sort -u "$TMP/kit.txt"; } > "$DEST/kit.txt"
+[ -f "$SST2/train.tsv" ] || { echo "gpu kit: no SST-2 at $SST2 (GLUE's train.tsv, dev.tsv): set SST2=DIR" >&2; exit 2; }
 cp "$SST2/train.tsv" "$SST2/dev.tsv" "$SST2/README.md" "$DATA/"
 SIZE_MIB=$(du -scm "$DEST" "$DATA" | tail -1 | cut -f1)
 echo "gpu kit: $(grep -c . "$DEST/kit.txt") requirements, $(find "$DEST" -name '*.whl' | wc -l) wheels for CPython $PYVERS" \
