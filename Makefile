@@ -3,6 +3,7 @@
 #   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; about 1 min on 2 cores)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
 #   make bench     - run every benchmark in bench/ and write bench/results/results.json
+#   make gpu-kit   - .whl (wheels for the GPU image's CPython $(PYVER)) and .gpu_data (SST-2) for bench/gpu_check.sh
 # GPU users: install the torch build for your CUDA first, e.g.
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -17,7 +18,8 @@ NUM_RANKS ?= 2
 # other's ops, and a build killed by another checkout's job can leave a stale lock there).
 RUN_ENV := PATH=$(abspath $(VENV))/bin:$$PATH TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions
 
-.PHONY: install test test-fast pretrain bench clean
+PYVER ?= 3.12
+.PHONY: install test test-fast pretrain bench gpu-kit clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +47,10 @@ pretrain: install
 
 bench: install
 	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) bench/run_all.py
+
+# PYVER="3.12 3.11": wheels for both (3.11: this machine's CPython, for the bare-venv rehearsal of gpu_check --cpu)
+gpu-kit: install
+	PYTHON=$(PY) PYVER="$(PYVER)" bash bench/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) runs mlruns.db

@@ -51,7 +51,7 @@ from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
-from albert_dist.engine.metrics import MetricAccumulator, mfu, peak_memory_bytes, resolve_peak_tflops
+from albert_dist.engine.metrics import MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
@@ -59,7 +59,7 @@ from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_worker
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
-from albert_dist.model.flops import training_flops_per_token
+from albert_dist.model.flops import pretraining_flops_per_sequence
 from albert_dist.preflight import JobPlan, load_plan_for, plan_job
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
@@ -151,14 +151,16 @@ class Trainer:
             device = self.engine.device
             self.device = torch.device(device) if not isinstance(device, torch.device) else device
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.engine.precision, torch.float32)
-            self.flops_per_position = training_flops_per_token(cfg.model, cfg.data.max_seq_length)
-            self.peak_tflops, peak_source = (resolve_peak_tflops(cfg.engine.peak_tflops_per_device, self.device,
-                                                                 dtype) if rank == 0 else (0.0, ""))
+            seq = cfg.data.max_seq_length
+            self.flops_per_position = pretraining_flops_per_sequence(cfg.model, seq, cfg.data.prediction_slots) / seq
+            self.peaks = (resolve_peaks(cfg.engine.peak_tflops_per_device, self.device, dtype) if rank == 0
+                          else Peaks(None, "", None, ""))
             self.tracker = self._build_tracker(resumed_step=None if resumed.point is None else resumed.step)
         if rank == 0:
-            logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peak %.3g TFLOP/s/device (%s)",
-                        self.run_dir, self.dist_env.describe(), self.n_params, self.global_batch,
-                        self.peak_tflops, peak_source)
+            logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peaks, TFLOP/s/device: %s (%s), "
+                        "%s (%s)", self.run_dir, self.dist_env.describe(), self.n_params, self.global_batch,
+                        self.peaks.datasheet, self.peaks.datasheet_source, self.peaks.measured,
+                        self.peaks.measured_source)
             params = dict(self.config)
             params["derived"] = {"world_size": world, "train_batch_size": self.global_batch,
                                  "n_parameters": self.n_params, "config_hash": self.config_hash}
@@ -397,13 +399,17 @@ class Trainer:
             for r, value in enumerate(per_rank):
                 record[names.mem_peak_rank(r)] = value / 2**30
         if self.dist_env.rank == 0:
-            record[names.PERF_MFU] = mfu(self.flops_per_position, stats["positions_per_s"], world, self.peak_tflops)
+            for name, peak in ((names.PERF_MFU, self.peaks.datasheet),
+                               (names.PERF_MFU_MEASURED_PEAK, self.peaks.measured)):
+                if peak is not None:
+                    record[name] = mfu(self.flops_per_position, stats["positions_per_s"], world, peak)
             self.tracker.log_metrics(record, self.step)
             start, first = self._pace
             eta = console.eta_s(time.perf_counter() - start, self.step - first, self.cfg.max_steps - self.step)
             logger.info(console.train_line(self.step, self.cfg.max_steps, record[names.TRAIN_LOSS],
                                            record[names.TRAIN_MLM_ACCURACY], float(lr),
-                                           record[names.PERF_TOKENS_PER_S], record[names.PERF_MFU], eta))
+                                           record[names.PERF_TOKENS_PER_S],
+                                           record.get(names.PERF_MFU, record.get(names.PERF_MFU_MEASURED_PEAK)), eta))
         return record
 
     @torch.no_grad()

@@ -1,8 +1,8 @@
 """ALBERT-base bf16 pretraining steps on one NVIDIA GPU: eager vs compiled, static vs dynamic MLM gather, host
 syncs, MFU, peak memory, and transformers' model in the same run.
 
-Run by bench/gpu_check.sh (which prepares the Python environment); not part of the CPU suite (it has no ``run``
-function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512), on the bundled
+Run on its own on a GPU (bench/gpu_check.py's ``step`` phase reuses `engine_variant`); not part of the CPU suite
+(it has no ``run`` function, so bench/run_all.py does not pick it up). For each sequence length (128 and 512), on the bundled
 WikiText-2 sample (batches from ``build_train_loader`` with the data defaults: 15% masking, at most 20 per row,
 prefetched to the GPU so the figure is the step, not the loader):
 
@@ -12,12 +12,13 @@ prefetched to the GPU so the figure is the step, not the loader):
    ``eager_dynamic`` (the MLM gather padded to the batch's longest row), ``eager_static`` (the trainer's static
    gather), ``block`` and ``model`` (static + `engine.compile` with that `compile_scope`). Per variant: the first
    step's seconds (the compile), tokens/s (padded positions, the compute run) and non-padding tokens/s, MFU =
-   training_flops_per_token(S) x positions/s / peak (the trainer's definition), peak allocated memory, and the
+   pretraining_flops_per_sequence(S) / S x positions/s / peak (the trainer's definition), peak allocated memory, and the
    host syncs: one step under ``torch.cuda.set_sync_debug_mode("warn")`` with every warning attributed to
    albert_dist, DeepSpeed or other code, then one forward + backward under ``"error"`` (must pass for the
    static variants; the dynamic gather is the control and must raise). Compiled variants run every step after
-   the first under ``torch._dynamo.config.error_on_recompile``. The peak is the datasheet dense bf16 figure
-   (:data:`PEAK_BF16_TFLOPS`), else $ALBERT_DIST_PEAK_TFLOPS; a bf16 matmul measured in the same run is printed.
+   the first under ``torch._dynamo.config.error_on_recompile``. MFU against two peaks, as the trainer logs it:
+   the datasheet dense bf16 figure (`albert_dist.engine.peaks`, else $ALBERT_DIST_PEAK_TFLOPS) and a bf16 matmul
+   measured in the same run (``mfu``, ``mfu_measured_peak``).
 2. ``model step vs transformers``: plain PyTorch, no DeepSpeed, bf16 autocast over fp32 weights, fused AdamW,
    the same batches: albert_dist's AlbertForPreTraining (static gather, eager) vs transformers'
    (``attn_implementation="sdpa"``) with the same weights, alternating blocks of steps; ratio ours / transformers.
@@ -27,7 +28,7 @@ would start after ``--budget-s`` are skipped and listed, so the whole check ends
 
     python bench/gpu_step.py [--seqs 128 512] [--steps 20] [--variants ...] [--out results.json]
     python bench/gpu_step.py --device cpu --model albert-tiny --seqs 64 --steps 2 --micro-batch 4 \
-        --compile-backend eager     # the CPU smoke run of bench/gpu_check.sh --cpu
+        --compile-backend eager     # a CPU smoke run
 """
 from __future__ import annotations
 
@@ -52,23 +53,43 @@ MODEL_DIR = ROOT / "configs" / "model"
 MICRO_BATCH = {128: 128, 512: 32}
 VARIANTS = ("eager_dynamic", "eager_static", "block", "model")
 
-#: Dense bf16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name() (first match wins;
-#: vendor datasheets, without sparsity).
-PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("GH200", 989.0), ("H200", 989.0), ("H100", 989.0),
-    ("H800", 989.0), ("H20", 148.0), ("B200", 2250.0), ("B100", 1750.0), ("A100", 312.0), ("A800", 312.0),
-    ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0),
-)
 log = logging.getLogger("bench.gpu_step")
 
 
 def datasheet_peak_tflops(device_name: str) -> Optional[float]:
-    """Dense bf16 peak of a device by name (:data:`PEAK_BF16_TFLOPS`), else $ALBERT_DIST_PEAK_TFLOPS, else None."""
-    for key, value in PEAK_BF16_TFLOPS:
-        if key in device_name:
-            return value
+    """Dense bf16 peak of a device by name (`albert_dist.engine.peaks`, the trainer's table), else
+    $ALBERT_DIST_PEAK_TFLOPS, else None."""
+    from albert_dist.engine.peaks import datasheet_peak
+
+    found = datasheet_peak(device_name, torch.bfloat16)
     env = os.environ.get("ALBERT_DIST_PEAK_TFLOPS")
-    return float(env) if env else None
+    return found[0] if found else (float(env) if env else None)
+
+
+class SyncCounter:
+    """Counts device synchronizes while `counting` is true: DeepSpeed's (`get_accelerator().synchronize`, what its
+    timers call) and torch's (`torch.cuda.synchronize`, which the CUDA accelerator's calls in turn)."""
+
+    def __init__(self):
+        from deepspeed.accelerator import get_accelerator
+
+        self.counts = {"accelerator": 0, "torch.cuda": 0}
+        self.counting = False
+        self._acc, self._torch_sync = get_accelerator(), torch.cuda.synchronize
+        acc_sync = self._acc.synchronize
+
+        def counted(key, fn):
+            def wrapper(*args, **kwargs):
+                if self.counting:
+                    self.counts[key] += 1
+                return fn(*args, **kwargs)
+            return wrapper
+        self._acc.synchronize = counted("accelerator", acc_sync)
+        torch.cuda.synchronize = counted("torch.cuda", self._torch_sync)
+
+    def close(self) -> None:
+        del self._acc.synchronize  # the instance attribute set above; the class's method shows again
+        torch.cuda.synchronize = self._torch_sync
 
 
 def _prefetch(seq: int, micro_batch: int, n: int, device: torch.device) -> tuple[list[dict], float, Any]:
@@ -145,9 +166,13 @@ def host_syncs(engine, batch: dict, device: torch.device) -> dict[str, Any]:
 
 
 def engine_variant(model_name: str, variant: str, batches: list[dict], data_cfg, warmup: int, device: torch.device,
-                   peak: Optional[float], backend: str) -> dict[str, Any]:
+                   peaks: tuple[Optional[float], Optional[float]], backend: str, optimizer: str = "adamw",
+                   timers: Optional[bool] = None) -> dict[str, Any]:
     """ZeRO-2 bf16 DeepSpeed steps of preset ``model_name`` in ``variant`` (module docstring) on ``batches``
-    (the first ``1 + warmup`` untimed, the first of them timed as the compile step)."""
+    (the first ``1 + warmup`` untimed, the first of them timed as the compile step), with ``optimizer``
+    (adamw or lamb); ``timers`` True/False turns DeepSpeed's throughput timer on/off over the generated config
+    (None: as generated). MFU against both ``peaks`` (datasheet, measured matmul; None: not computed); device
+    synchronizes counted over the timed steps (`SyncCounter`)."""
     import deepspeed
 
     from albert_dist.config import TrainConfig, load_model_config
@@ -158,17 +183,22 @@ def engine_variant(model_name: str, variant: str, batches: list[dict], data_cfg,
     from albert_dist.engine.metrics import peak_memory_bytes
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.model.flops import training_flops_per_token
+    from albert_dist.model.flops import pretraining_flops_per_sequence
 
     micro, seq = batches[0]["input_ids"].shape
     cfg = TrainConfig(model=load_model_config(MODEL_DIR / f"{model_name}.yaml"))
     cfg.engine.zero_stage, cfg.engine.precision, cfg.engine.grad_accum_dtype = 2, "bf16", "fp32"
     cfg.engine.train_micro_batch_size_per_gpu = micro
+    cfg.optimizer.type = optimizer
     torch.manual_seed(0)
     slots = None if variant == "eager_dynamic" else data_cfg.prediction_slots
     model = AlbertForPreTraining(cfg.model, max_predictions_per_seq=slots)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer).optimizer,
-                                      config=build_deepspeed_config(cfg.engine, world_size=1))
+    ds_config = build_deepspeed_config(cfg.engine, world_size=1)
+    if timers is not None:
+        ds_config["timers"] = {"throughput": {"enabled": timers, "synchronized": timers}}
+    optimizer_, after_initialize = build_optimizer(model, cfg.optimizer)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer_, config=ds_config)
+    after_initialize(engine)  # LAMB: DeepSpeed's partition map (as the trainer)
     install_exact_clipping(engine)
     if variant in ("block", "model"):
         torch._dynamo.reset()
@@ -187,30 +217,37 @@ def engine_variant(model_name: str, variant: str, batches: list[dict], data_cfg,
     times = []
     no_recompile = (torch._dynamo.config.patch(error_on_recompile=True) if variant in ("block", "model")
                     else contextlib.nullcontext())
+    counter = SyncCounter()
     with no_recompile:
         for i, batch in enumerate(batches[1:]):
             _sync(device)
             t = time.perf_counter()
+            counter.counting = i >= warmup
             result = optimizer_step(engine, [batch])
+            counter.counting = False
             _sync(device)
             if i >= warmup:
                 times.append(time.perf_counter() - t)
             losses.append(result.outputs[0].loss)
+        counter.close()
         syncs = host_syncs(engine, batches[-1], device)
     positions = micro * seq
     real = [int(b["attention_mask"].sum()) for b in batches[1 + warmup:]]
     tps = [positions / t for t in times]
-    flops = training_flops_per_token(cfg.model, seq)
+    flops = pretraining_flops_per_sequence(cfg.model, seq, data_cfg.prediction_slots) / seq  # per position
     out = {
         "variant": variant, "seq": seq, "micro_batch": micro, "slots_per_row": None if slots is None else slots + 1,
         "first_step_s": first_s, "graphs": graphs, "steps": len(times), "step_s": times, "tokens_per_s": tps,
         "non_pad_tokens_per_s": [r / t for r, t in zip(real, times)],
         "peak_memory_gib": peak_memory_bytes(device) / 2**30,  # allocated on CUDA, RSS on CPU
         "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
-        "model_tflops_per_s": statistics.median(tps) * flops / 1e12, "syncs": syncs,
+        "model_tflops_per_s": statistics.median(tps) * flops / 1e12, "syncs": syncs, "optimizer": optimizer,
+        "ds_timers": ds_config.get("timers", "DeepSpeed's default (throughput timer on, synchronized)"),
+        "device_syncs_per_step": {k: v / max(1, len(times)) for k, v in counter.counts.items()},
     }
-    if peak:
-        out["mfu"] = [t * flops / (peak * 1e12) for t in tps]
+    for key, peak in zip(("mfu", "mfu_measured_peak"), peaks):
+        if peak:
+            out[key] = [t * flops / (peak * 1e12) for t in tps]
     engine.destroy()
     del engine, model
     if device.type == "cuda":
@@ -282,7 +319,9 @@ def model_step_vs_hf(model_name: str, batches: list[dict], data_cfg, warmup: int
 
 def _summary(r: dict[str, Any]) -> str:
     med = statistics.median
-    mfu = f"MFU {med(r['mfu']):.1%}" if "mfu" in r else "MFU n/a (unknown device peak)"
+    mfu = f"MFU {med(r['mfu']):.1%}" if "mfu" in r else "MFU n/a (no datasheet peak)"
+    if "mfu_measured_peak" in r:
+        mfu += f" ({med(r['mfu_measured_peak']):.1%} of the measured matmul peak)"
     s = r["syncs"]
     sync = (f"syncs/step albert_dist {s['warn_step']['albert_dist']}, deepspeed {s['warn_step']['deepspeed']}, "
             f"other {s['warn_step']['other']}; micro-step under 'error': "
@@ -327,17 +366,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device, name = torch.device("cpu"), "cpu (smoke test)"
     peak = datasheet_peak_tflops(name)
-    # A bf16 matmul on CPU takes tens of seconds: the smoke test skips it.
-    measured = measure_peak_tflops(device, torch.bfloat16, seconds=1.0) if device.type == "cuda" else float("nan")
+    # A bf16 matmul on CPU takes tens of seconds: the smoke test measures fp32.
+    measured = measure_peak_tflops(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
+                                   seconds=1.0 if device.type == "cuda" else 0.2)
     import deepspeed
 
     result: dict[str, Any] = {
         "device": name, "model": args.model, "peak_bf16_tflops_datasheet": peak,
-        "bf16_matmul_tflops_measured": measured, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "matmul_tflops_measured": measured, "torch": torch.__version__, "cuda": torch.version.cuda,
         "deepspeed": deepspeed.__version__, "compile_backend": args.compile_backend, "engine": {},
         "model_step": {}, "skipped": [],
     }
-    print(f"device {name}; datasheet dense bf16 peak {peak} TFLOP/s; measured bf16 matmul {measured:.0f} TFLOP/s")
+    print(f"device {name}; datasheet dense bf16 peak {peak} TFLOP/s; measured matmul {measured:.3g} TFLOP/s")
     data: dict[int, tuple[list[dict], float, Any]] = {}
     for seq in args.seqs:
         micro = args.micro_batch or MICRO_BATCH.get(seq, max(1, 16384 // seq))
@@ -356,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         batches, _, data_cfg = data[seq]
         try:
             if kind == "engine":
-                r = engine_variant(args.model, variant, batches, data_cfg, args.warmup, device, peak,
+                r = engine_variant(args.model, variant, batches, data_cfg, args.warmup, device, (peak, measured),
                                    args.compile_backend)
                 result["engine"].setdefault(str(seq), {})[variant] = r
                 print(_summary(r), flush=True)

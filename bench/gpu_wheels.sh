@@ -1,36 +1,94 @@
 #!/usr/bin/env bash
-# Fill a wheel folder for bench/gpu_check.sh on a GPU machine that cannot reach a package index: this workplace's
-# device image (/work/.library/device/KINDS.md: CPython 3.12, CUDA torch, transformers, sentencepiece, pyarrow,
-# numpy, tqdm, psutil... but no deepspeed, datasets, torchdata, omegaconf or zstandard). Run it where pip reaches
-# the index; the device tool then carries the folder (carry: [".whl"]) and gpu_check.sh installs it with
-# --no-index --no-deps.
+# `make gpu-kit`: what bench/gpu_check.sh needs on a machine without a package index, built where pip reaches one.
+#   .whl/       wheels for CPython $PYVER (default 3.12, the device image's; several: PYVER="3.12 3.11") on
+#               manylinux x86_64, and .whl/kit.txt, the requirements gpu_check.sh installs from them (--no-index)
+#   .gpu_data/  GLUE SST-2 (train.tsv, dev.tsv and their README with the licence) for the `downstream` phase
+# The kit is what albert_dist's check imports (deepspeed, datasets, torchdata, omegaconf, mlflow-skinny, tenacity,
+# zstandard, accelerate for `albert-dist finetune`) with every dependency, less what a Python with torch,
+# transformers, sentencepiece, pyarrow and numpy already has and the device image has too (torch's own closure,
+# bench/gpu_image_packages.txt): so it completes both that image and a bare venv with only those five. Pins: the versions in $PYTHON's environment (the tested ones) where it has them.
 #
-#   bash bench/gpu_wheels.sh [DIR]        # default ./.whl (git-ignored); prints the folder's size (limit 64 MiB)
-#
-# The versions are this project's tested ones (a CPU .venv from `make install`). Not carried: mlflow and tenacity
-# (the check never tracks; albert_dist imports them only in its tracking code; mlflow's dependency tree alone
-# would exceed the device tool's 64 MiB) and python-hostlist (Slurm node lists only).
+#   make gpu-kit [PYVER="3.12 3.11"]      # prints the kit's size; the device tool carries [".whl", ".gpu_data"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-DEST=${1:-$ROOT/.whl}
+DEST=${WHEELS:-$ROOT/.whl}
+DATA=${GPU_DATA:-$ROOT/.gpu_data}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
-PYVER=${PYVER:-3.12}
-mkdir -p "$DEST"
-# What the image lacks, with the dependencies it lacks too (deepspeed: hjson, pydantic and pydantic's own;
-# datasets: dill, multiprocess); everything else they need is in the image.
-BINARY="datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 torchdata==0.11.0 omegaconf==2.4.0 zstandard==0.25.0
-hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5"
+PYVERS=${PYVER:-3.12}
+SST2=${SST2:-$ROOT/../shared/corpora/glue-sst2}
+LIMIT_MIB=48
+# deepspeed's own requirements are listed because deepspeed is an sdist (built below, without them)
+NEED="deepspeed datasets torchdata omegaconf mlflow-skinny tenacity zstandard accelerate einops hjson msgpack ninja packaging
+psutil py-cpuinfo pydantic tqdm"
+BASE="torch transformers sentencepiece pyarrow numpy"
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
          manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
 done
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$DEST" "$DATA"
+
+# name==version of $NEED as installed in $PY's environment (mlflow-skinny follows mlflow), else the bare name
 # shellcheck disable=SC2086
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
-  "${platforms[@]}" -d "$DEST" $BINARY
-# deepspeed is an sdist: a pure-Python wheel built here (no ops compiled: DS_BUILD_OPS=0; it JIT-builds any op
-# it needs, and the check needs none).
-if ! compgen -G "$DEST/deepspeed-0.19.8-*.whl" >/dev/null; then
-  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DEST" deepspeed==0.19.8
+PINS=$("$PY" - $NEED <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for name in sys.argv[1:]:
+    try:
+        print(f"{name}=={version('mlflow' if name == 'mlflow-skinny' else name)}")
+    except PackageNotFoundError:
+        print(name)
+PYEOF
+)
+: > "$TMP/kit.txt"
+for v in $PYVERS; do
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q --dry-run --ignore-installed --report "$TMP/report-$v.json" --only-binary=:all: \
+    --python-version "$v" --implementation cp "${platforms[@]}" --target "$TMP/target" \
+    $(echo "$PINS" | grep -v '^deepspeed') $BASE
+  # the resolved set less (the closure of $BASE, walked in the report, that the image has too)
+  "$PY" - "$TMP/report-$v.json" "$ROOT/bench/gpu_image_packages.txt" "$v" $BASE > "$TMP/kit-$v.txt" <<'PYEOF'
+import json, re, sys
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
+report, image_file, pyver, base = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+image = {canon(w) for line in open(image_file) if not line.startswith("#") for w in line.split()}
+items = {canon(i["metadata"]["name"]): i["metadata"] for i in json.load(open(report))["install"]}
+env = dict(default_environment(), python_version=pyver, python_full_version=pyver + ".0", extra="")
+def closure(roots):
+    seen, todo = set(), [canon(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in items:
+            continue
+        seen.add(name)
+        for spec in items[name].get("requires_dist") or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate(env):
+                todo.append(canon(req.name))
+    return seen
+# torch comes with its own CUDA libraries and triton wherever it is installed (the image's are cu13, these cu12)
+present = closure(base) & (image | closure(["torch"]))
+for name, meta in sorted(items.items()):
+    if name not in present:
+        print(f"{name}=={meta['version']}")
+PYEOF
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$v" --implementation cp \
+    "${platforms[@]}" -d "$DEST" -r "$TMP/kit-$v.txt"
+  cat "$TMP/kit-$v.txt" >> "$TMP/kit.txt"
+done
+# deepspeed is an sdist: a pure-Python wheel built here (no ops compiled: DS_BUILD_OPS=0; the check JIT-builds none)
+DS=$(echo "$PINS" | grep '^deepspeed')
+if ! compgen -G "$DEST/deepspeed-${DS#deepspeed==}-*.whl" >/dev/null; then
+  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DEST" "$DS"
 fi
-echo "$(find "$DEST" -name '*.whl' | wc -l) wheels in $DEST, $(du -sm "$DEST" | cut -f1) MiB (the device tool carries 64 MiB)"
+{ echo "$DS"; sort -u "$TMP/kit.txt"; } > "$DEST/kit.txt"
+[ -f "$SST2/train.tsv" ] || { echo "gpu kit: no SST-2 at $SST2 (GLUE's train.tsv, dev.tsv): set SST2=DIR" >&2; exit 2; }
+cp "$SST2/train.tsv" "$SST2/dev.tsv" "$SST2/README.md" "$DATA/"
+SIZE_MIB=$(du -scm "$DEST" "$DATA" | tail -1 | cut -f1)
+echo "gpu kit: $(grep -c . "$DEST/kit.txt") requirements, $(find "$DEST" -name '*.whl' | wc -l) wheels for CPython $PYVERS" \
+  "in $DEST, SST-2 in $DATA: $SIZE_MIB MiB (limit $LIMIT_MIB)"
+[ "$SIZE_MIB" -le $LIMIT_MIB ] || echo "gpu kit: over the device tool's $LIMIT_MIB MiB (built for CPython $PYVERS: the device needs 3.12 only)" >&2

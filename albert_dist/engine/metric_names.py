@@ -8,7 +8,7 @@ which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
     val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
                                                             (every eval_interval_steps; the fixed set's
             unigram_mlm_accuracy, unigram_mlm_loss, masked_tokens, sop_pairs once)
-    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu, data_wait_s, data_wait_share
+    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu, mfu_measured_peak, data_wait_s, data_wait_share
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
     downstream/<task>/<metric>   median dev score over seeds at the scored checkpoint's step
@@ -51,7 +51,10 @@ PERF_SAMPLES_PER_S = PERF + "samples_per_s"
 PERF_POSITIONS_PER_S = PERF + "positions_per_s"
 """Padded sequence positions per second, all ranks (what the FLOPs count)."""
 PERF_MFU = PERF + "mfu"
-"""Model FLOPs utilisation (albert_dist.engine.metrics.mfu)."""
+"""Model FLOPs utilisation against the datasheet peak (albert_dist.engine.metrics.mfu, Peaks.datasheet); not
+logged on a device without one (a CPU) unless engine.peak_tflops_per_device gives it."""
+PERF_MFU_MEASURED_PEAK = PERF + "mfu_measured_peak"
+"""Model FLOPs utilisation against the dense matmul peak measured at start-up (Peaks.measured)."""
 PERF_DATA_WAIT_S = PERF + "data_wait_s"
 """Seconds a step waited for its micro-batches (host clock), mean over the interval's steps and the ranks."""
 PERF_DATA_WAIT_SHARE = PERF + "data_wait_share"
@@ -74,7 +77,7 @@ BEST: dict[str, Optional[str]] = {
                                 PERF_DATA_WAIT_S, PERF_DATA_WAIT_SHARE)},
     **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
                                 VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
-                                PERF_POSITIONS_PER_S, PERF_MFU)},
+                                PERF_POSITIONS_PER_S, PERF_MFU, PERF_MFU_MEASURED_PEAK)},
     **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT, TRAIN_SKIPPED_STEPS)},
 }
 

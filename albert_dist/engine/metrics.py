@@ -1,4 +1,4 @@
-"""Training metrics: accumulation across micro-steps and ranks, MFU, peak memory.
+"""Training metrics: accumulation across micro-steps and ranks, MFU (against two peaks), peak memory.
 
 The loop adds every micro-step's outputs to a `MetricAccumulator` as tensors on the device (no `.item()`, so
 no host sync per micro-step); at a log step one `all_reduce` of a single vector sums them over ranks and the
@@ -11,16 +11,17 @@ import logging
 import os
 import resource
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
 from albert_dist.dist.group import is_multi_rank
+from albert_dist.engine.peaks import datasheet_peak
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable with a device's peak dense TFLOP/s, read when engine.peak_tflops_per_device is unset.
+#: Environment variable with a device's datasheet peak dense TFLOP/s, read when engine.peak_tflops_per_device is unset.
 PEAK_TFLOPS_ENV = "ALBERT_DIST_PEAK_TFLOPS"
 
 #: The accumulator's vector, slot by name: sums added every micro-step (on the device), counts kept on the host
@@ -186,26 +187,15 @@ def measure_peak_tflops(device: torch.device, dtype: torch.dtype, seconds: float
     return 2.0 * n**3 / best / 1e12
 
 
-def resolve_peak_tflops(configured: Optional[float], device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """Peak TFLOP/s per device for MFU and where it came from: the config, $ALBERT_DIST_PEAK_TFLOPS, or a
-    measured matmul (`measure_peak_tflops`) in `dtype`. Raises `ValueError` for a non-positive environment value.
+def measured_peak_tflops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """The achieved dense-matmul peak TFLOP/s on `device` for a run in `dtype` (`measure_peak_tflops`) and how
+    it was measured.
 
     On CPU a low-precision run is measured in both `dtype` and fp32 and the faster is the peak: whether a
     bf16 matmul runs natively (AVX512-BF16, AMX) or through fp32 depends on the CPU and the kernel, and a
     bf16 peak from a slow kernel path made a bf16 run log mfu=7.70 (its layers ran faster than the measured
     "peak"). The faster of the two bounds what the model's matmuls can reach, so MFU stays in (0, 1].
     """
-    if configured is not None:
-        return float(configured), "engine.peak_tflops_per_device"
-    env = os.environ.get(PEAK_TFLOPS_ENV)
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ValueError(f"${PEAK_TFLOPS_ENV} must be a positive number of TFLOP/s, got {env!r}")
-        return value, f"${PEAK_TFLOPS_ENV}"
     if device.type == "cpu" and dtype != torch.float32:
         low, fp32 = measure_peak_tflops(device, dtype), measure_peak_tflops(device, torch.float32)
         name = str(dtype).removeprefix("torch.")
@@ -213,10 +203,45 @@ def resolve_peak_tflops(configured: Optional[float], device: torch.device, dtype
     return measure_peak_tflops(device, dtype), f"measured {str(dtype).removeprefix('torch.')} matmul"
 
 
+class Peaks(NamedTuple):
+    """The two MFU denominators, TFLOP/s per device, each None when unknown, and where each came from."""
+    datasheet: Optional[float]
+    datasheet_source: str
+    measured: Optional[float]
+    measured_source: str
+
+
+def resolve_peaks(configured: Optional[float], device: torch.device, dtype: torch.dtype) -> Peaks:
+    """MFU's peaks for a run in `dtype` on `device`: the datasheet peak (`engine.peak_tflops_per_device`, else
+    $ALBERT_DIST_PEAK_TFLOPS, else `albert_dist.engine.peaks.datasheet_peak` by the CUDA device's name) and the
+    measured matmul peak (`measured_peak_tflops`). A CPU has no datasheet entry; there the measurement is
+    skipped when a peak is given (the tests give one: it saves 0.3-0.6 s per trainer). Raises `ValueError`
+    for a non-positive environment value."""
+    datasheet, source = None, "no datasheet entry for this device"
+    env = os.environ.get(PEAK_TFLOPS_ENV)
+    if configured is not None:
+        datasheet, source = float(configured), "engine.peak_tflops_per_device"
+    elif env:
+        try:
+            datasheet = float(env)
+        except ValueError:
+            datasheet = -1.0
+        if not datasheet > 0:
+            raise ValueError(f"${PEAK_TFLOPS_ENV} must be a positive number of TFLOP/s, got {env!r}")
+        source = f"${PEAK_TFLOPS_ENV}"
+    elif device.type == "cuda":
+        found = datasheet_peak(torch.cuda.get_device_name(device), dtype)
+        if found is not None:
+            datasheet, source = found
+    if device.type == "cpu" and datasheet is not None:
+        return Peaks(datasheet, source, None, "not measured (a peak is given)")
+    return Peaks(datasheet, source, *measured_peak_tflops(device, dtype))
+
+
 def mfu(flops_per_position: float, positions_per_s: float, world_size: int, peak_tflops: float) -> float:
     """Model FLOPs utilisation: flops_per_position x positions/s (all ranks) / (world_size x peak x 1e12).
 
-    `flops_per_position` is `albert_dist.model.flops.training_flops_per_token` (executed blocks L x
-    inner_group_num, forward + backward); positions are padded sequence positions, the compute actually run.
+    `flops_per_position` is `albert_dist.model.flops.pretraining_flops_per_sequence` / S (what the model runs,
+    forward + backward); positions are padded sequence positions, the compute actually run.
     """
     return flops_per_position * positions_per_s / (world_size * peak_tflops * 1e12)

@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import tenacity
-from mlflow.exceptions import MlflowException
+if TYPE_CHECKING:
+    import tenacity
 
 log = logging.getLogger(__name__)
 
 
 def http_status(exc: BaseException) -> Optional[int]:
     """The HTTP status a failed MLflow call answered with (MlflowException or requests' HTTPError), else None."""
+    from mlflow.exceptions import MlflowException  # here: mlflow is needed only when tracking is on
+
     if isinstance(exc, MlflowException):
         return exc.get_http_status_code()
     response = getattr(exc, "response", None)
@@ -33,6 +35,8 @@ def retrying(what: str, *, backoff_s: float, max_backoff_s: float, stop: Callabl
              sleep: Callable[[float], None] = time.sleep, attempts: Optional[int] = None) -> tenacity.Retrying:
     """A `tenacity.Retrying` for MLflow calls: transient errors only, doubling waits from ``backoff_s`` to
     ``max_backoff_s``, until ``stop()`` is true or after ``attempts`` tries; the last error is re-raised."""
+    import tenacity  # here, as mlflow above: a run without tracking (the GPU image) has neither
+
     def should_stop(state: tenacity.RetryCallState) -> bool:
         return stop() or (attempts is not None and state.attempt_number >= attempts)
 

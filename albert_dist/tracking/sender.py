@@ -32,14 +32,14 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Optional
-
-import tenacity
-from mlflow.entities import Metric, Param, RunTag
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from albert_dist.tracking.base import read_metric_log
 from albert_dist.tracking.checkpoints import MARKER_NAME, list_files, prune_checkpoints
 from albert_dist.tracking.retry import is_transient, retrying
+
+if TYPE_CHECKING:  # mlflow and tenacity are imported where a run is tracked: the GPU image has neither
+    import tenacity
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,8 @@ class RunSender:
                 log.error("MLflow rejected %s entry %r, dropped: %s", kind, entry, exc)
 
     def _send_entries(self, kind: str, entries: dict[str, str]) -> None:
+        from mlflow.entities import Param, RunTag
+
         if kind == "params":
             changed = {k: v for k, v in entries.items() if self._existing_params.get(k, v) != v}
             if changed:
@@ -279,6 +281,8 @@ class RunSender:
 
     def _send_metrics(self) -> None:
         """Send the metric log from `offset` to its end, in whole records, <= one log_batch at a time."""
+        from mlflow.entities import Metric
+
         while True:
             batch, last, skipped, end = [], {}, 0, self.offset
             for record in read_metric_log(self._run_dir, self.offset):
