@@ -28,7 +28,8 @@ def test_skipped_steps_are_logged_and_a_rise_is_warned(caplog):
     logged: list[tuple[int, dict]] = []
     trainer.cfg = TrainConfig(max_steps=10, log_interval_steps=5)
     trainer.dist_env = DistEnv(0, 1, 0, 1, 0, "127.0.0.1", 29500)
-    trainer.device, trainer.flops_per_position, trainer.peak_tflops = torch.device("cpu"), 1.0, 1.0
+    trainer.device, trainer.flops_per_position = torch.device("cpu"), 1.0
+    trainer.peaks = T.Peaks(1.0, "given", 1.0, "given")
     trainer.tracker = types.SimpleNamespace(log_metrics=lambda record, step: logged.append((step, record)))
     trainer._pace = (time.perf_counter(), 0)
     trainer.engine = types.SimpleNamespace(skipped_steps=1)  # one skipped before a resume: DeepSpeed restores it

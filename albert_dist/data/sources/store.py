@@ -43,9 +43,10 @@ from collections import Counter
 from concurrent.futures import Future
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import tenacity
+if TYPE_CHECKING:  # imported where a store is called: a local-only job (the GPU check) starts without it
+    import tenacity
 
 from albert_dist.exit_codes import TryAgainLater
 
@@ -194,6 +195,8 @@ class RetryPolicy:
     def retrying(self, retry_if: Callable[[BaseException], bool], before_sleep=None) -> tenacity.Retrying:
         """A `tenacity.Retrying` that retries the errors ``retry_if`` accepts under this policy and re-raises the
         last one when the budget is spent (or at once, for any other error). The budget starts now."""
+        import tenacity
+
         started = self.clock()
 
         def wait(state: tenacity.RetryCallState) -> float:  # the last one ends when the budget does
