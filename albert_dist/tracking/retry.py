@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Callable, Optional
 
 import tenacity
-from mlflow.exceptions import MlflowException
 
 log = logging.getLogger(__name__)
 
 
 def http_status(exc: BaseException) -> Optional[int]:
     """The HTTP status a failed MLflow call answered with (MlflowException or requests' HTTPError), else None."""
-    if isinstance(exc, MlflowException):
+    # Not imported here: MLflow's import costs ~3 CPU-s that a run without tracking should not pay (the trainer
+    # imports this module); an MlflowException exists only once mlflow.exceptions is imported.
+    exceptions = sys.modules.get("mlflow.exceptions")
+    if exceptions is not None and isinstance(exc, exceptions.MlflowException):
         return exc.get_http_status_code()
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)

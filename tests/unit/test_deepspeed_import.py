@@ -53,3 +53,23 @@ def test_control_without_the_hook_deepspeed_imports_mlflow(fakes):
     import deepspeed
 
     assert deepspeed.HAS_MLFLOW is True
+
+
+def test_no_module_imports_mlflow_at_load():
+    """MLflow is imported where a run logs to it, never when a module loads: the trainer imports tracking/, and a
+    run without tracking would pay MLflow's import (~3 CPU-s per rank) for nothing."""
+    import ast
+    from pathlib import Path
+
+    root = Path(albert_dist.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n.split(".")[0] == "mlflow"]
+    assert not found, found
