@@ -272,6 +272,8 @@ class RunSender:
                             {k: (self._existing_params[k], v) for k, v in changed.items()})
                 self._send_entries("tags", {f"param_changed.{k}": v for k, v in changed.items()})
             entries = {k: v for k, v in entries.items() if k not in self._existing_params}
+        from mlflow.entities import Param, RunTag  # here: see _send_metrics
+
         items = sorted(entries.items())
         for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
             chunk = items[i:i + MAX_PARAMS_TAGS_PER_BATCH]
@@ -281,6 +283,8 @@ class RunSender:
 
     def _send_metrics(self) -> None:
         """Send the metric log from `offset` to its end, in whole records, <= one log_batch at a time."""
+        # Imported here (on the sender's thread): MLflow's import costs ~3 CPU-s, which a run without tracking
+        # (the trainer imports this module) should not pay.
         from mlflow.entities import Metric
 
         while True:
