@@ -1,18 +1,17 @@
-"""`TrainConfig`: one pretraining job (model, data, optimiser, engine, checkpoint, tracking) and its strict loader.
+"""The strict loader of `TrainConfig`: recipes, model presets, source shorthands, dotted and indexed overrides,
+`model.init_from`'s architecture, paths resolved, and the values derived from the world size.
 
-A recipe (configs/pretrain/*.yaml) is a YAML mapping of the fields below. `load_config` merges it and any
-dotted `key=value` overrides into the structured schema with OmegaConf: an unknown key, a value of the wrong
-type or a value that fails a section's `__post_init__` check is a `ValueError` naming the file or override,
-the key and the value. Values derived from several sections (the global batch size, warmup <= max_steps) are
-checked in `check_derived`, the one place that knows the world size; the trainer calls it before any process
-group starts.
+A recipe (configs/pretrain/*.yaml) is a YAML mapping of `TrainConfig`'s fields (`albert_dist.config.schema`).
+`load_config` merges it and any dotted `key=value` overrides into the structured schema with OmegaConf: an
+unknown key, a value of the wrong type or a value that fails a section's `__post_init__` check is a `ValueError`
+naming the file or override, the key and the value. Values derived from several sections (the global batch size)
+are checked in `check_derived`, the one place that knows the world size; the preflight calls it before any
+process group starts.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, get_args, get_type_hints
 
@@ -20,64 +19,10 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from albert_dist.data.config import DataConfig
+from albert_dist.config.schema import TrainConfig, to_container
 from albert_dist.data.sources.discover import resolve_location, resolve_path
-from albert_dist.engine.config import (CheckpointConfig, EngineConfig, OptimConfig, global_batch_size,
-                                       resolve_accumulation)
-from albert_dist.engine.objective import ObjectiveConfig
+from albert_dist.engine.config import global_batch_size, resolve_accumulation
 from albert_dist.model.config import AlbertConfig
-from albert_dist.on_resume import APPLIES, NOTE_KEY, QUIET, REFUSE, RULE_KEY, RULES, flatten, on_resume
-from albert_dist.tracking.config import TrackingConfig
-
-
-@dataclass
-class TrainConfig:
-    """A whole pretraining job. Sections configure their component; the scalars configure the training loop."""
-
-    model: AlbertConfig = field(default_factory=AlbertConfig, metadata=on_resume(REFUSE))
-    """Model hyper-parameters (albert_dist.model.config.AlbertConfig, transformers' names)."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Corpora, tokenizer, SOP/MLM example construction and loader workers."""
-    optimizer: OptimConfig = field(default_factory=OptimConfig)
-    """Optimiser, weight decay and learning-rate schedule."""
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig, metadata=on_resume(
-        APPLIES, "follows the new SOP weight schedule from the checkpoint's step on"))
-    """Weight and schedule of the SOP loss against the MLM loss (albert_dist.engine.objective)."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    """DeepSpeed settings: ZeRO stage, batch sizes, precision, clipping."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=on_resume(QUIET))
-    """Checkpoint interval, retention and resume."""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=on_resume(QUIET))
-    """Experiment tracking (MLflow)."""
-    max_steps: int = field(default=1000, metadata=on_resume(
-        APPLIES, "trains on to the new max_steps; the learning rate follows the new max_steps' schedule from the "
-                 "checkpoint's step on (lr_factor(step, warmup_steps, max_steps) of the current config)"))
-    """Optimiser steps to train; also the length of the learning-rate schedule."""
-    seed: int = field(default=1234, metadata=on_resume(
-        APPLIES, "loads the checkpoint's weights and RNG states: the seed only seeds dropout where a rank's RNG "
-                 "state cannot be restored (another number of ranks)"))
-    """Seed of model initialisation (same on every rank) and of dropout (offset by the rank)."""
-    run_dir: Optional[str] = field(default=None, metadata=on_resume(QUIET))
-    """Directory of this run's outputs (config, ds_config.json, metrics.jsonl, checkpoints); None: runs/<recipe>-<UTC time>."""
-    log_interval_steps: int = field(default=10, metadata=on_resume(QUIET))
-    """Optimiser steps between two metric records (loss, accuracies, lr, grad norm, throughput, MFU, memory)."""
-    eval_interval_steps: int = field(default=100, metadata=on_resume(QUIET))
-    """Optimiser steps between two validations (the fixed set of data.eval_examples; 0: only after the last step)."""
-    progress_bar: bool = field(default=True, metadata=on_resume(QUIET))
-    """Show a tqdm progress bar with ETA on rank 0."""
-
-    def __post_init__(self) -> None:
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps!r}")
-        if self.log_interval_steps < 1:
-            raise ValueError(f"log_interval_steps must be >= 1, got {self.log_interval_steps!r}")
-        if self.eval_interval_steps < 0:
-            raise ValueError(f"eval_interval_steps must be >= 0, got {self.eval_interval_steps!r}")
-        if self.run_dir is not None and not self.run_dir:
-            raise ValueError("run_dir must be a non-empty path or null, got ''")
-        if self.optimizer.warmup_steps_for(self.max_steps) > self.max_steps:
-            raise ValueError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be <= max_steps "
-                             f"({self.max_steps})")
 
 
 #: Model presets for `model: {preset: NAME}` / `model.preset=NAME`: configs/model/NAME.yaml (flat AlbertConfig
@@ -539,79 +484,3 @@ def check_derived(cfg: TrainConfig, world_size: int) -> int:
     `ValueError` when train_batch_size != micro x accumulation x world size.
     """
     return global_batch_size(cfg.engine, world_size)
-
-
-def to_yaml(cfg: TrainConfig) -> str:
-    """The resolved config as YAML (written to the run directory as config.yaml; `load_config` reads it back)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def to_container(cfg: TrainConfig) -> dict:
-    """The resolved config as nested plain dicts/lists (for JSON, MLflow params)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-
-
-def resume_rules() -> dict[str, tuple[str, str]]:
-    """The one table of what changing a config field means on resume: dotted field -> (rule, note), from the
-    `on_resume` tag of each field (`albert_dist.on_resume`; a field without a tag takes its section's).
-
-    Sections (dataclass fields) are descended; lists, e.g. `data.train` or `optimizer.betas`, are single fields.
-    Raises `ValueError` for a field with no rule at all (every field must say what a resume does with it).
-    """
-    table: dict[str, tuple[str, str]] = {}
-
-    def walk(cls: type, prefix: str, inherited: Optional[tuple[str, str]]) -> None:
-        hints = get_type_hints(cls)
-        for f in fields(cls):
-            key = f"{prefix}{f.name}"
-            own = (f.metadata[RULE_KEY], f.metadata.get(NOTE_KEY, "")) if RULE_KEY in f.metadata else None
-            rule = own or inherited
-            if is_dataclass(hints[f.name]):
-                walk(hints[f.name], key + ".", rule)
-            elif rule is None:
-                raise ValueError(f"config field {key} has no on_resume rule (albert_dist.on_resume)")
-            else:
-                table[key] = rule
-
-    walk(TrainConfig, "", None)
-    return table
-
-
-def resume_table_markdown() -> str:
-    """The resume-semantics table as docs/checkpoints.md shows it: one row per (rule, note), its fields (a
-    section whose fields all share the row as `section.*`), and what happens."""
-    table = resume_rules()
-    rows: dict[tuple[str, str], list[str]] = {}
-    for key, rule in table.items():
-        rows.setdefault(rule, []).append(key)
-
-    def collapse(keys: list[str]) -> list[str]:
-        out, done = [], set()
-        for key in keys:
-            parts = key.split(".")
-            for depth in range(1, len(parts)):  # the shortest section all of whose fields are in this row
-                section = ".".join(parts[:depth]) + "."
-                if all(k in keys for k in table if k.startswith(section)):
-                    if section not in done:
-                        done.add(section)
-                        out.append(section + "*")
-                    break
-            else:
-                out.append(key)
-        return out
-
-    order = list(RULES)
-    lines = ["| on resume | fields | what the resumed run does |", "|---|---|---|"]
-    for (rule, note), keys in sorted(rows.items(), key=lambda item: (order.index(item[0][0]), item[0][1])):
-        what = f"the run {note}; warned" if note else RULES[rule]
-        lines.append(f"| `{rule}` | {', '.join(f'`{k}`' for k in collapse(keys))} | {what} |")
-    return "\n".join(lines) + "\n"
-
-
-def config_hash(cfg: TrainConfig) -> str:
-    """SHA-256 (16 hex digits) of the config fields that determine the training trajectory: every field but the
-    ones `resume_rules` calls quiet (where the run writes, how often it logs, evaluates or saves, tracking)."""
-    rules = resume_rules()
-    data = {k: v for k, v in flatten(to_container(cfg)).items() if rules.get(k, ("",))[0] != QUIET}
-    blob = json.dumps(data, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
