@@ -91,7 +91,12 @@ def _apply_layer(merged, layer: dict, source: str):
         model = {"preset": model}
     if isinstance(model, dict) and "preset" in model:
         model = dict(model)
-        fields = _preset(model.pop("preset"), "model.preset")
+        ref = model.pop("preset")
+        if merged.model.init_from is not None:  # the preset's defaults would reset it: the source silently dropped
+            raise ValueError(f"{source}: model.preset={ref!r} would drop model.init_from={merged.model.init_from!r} "
+                             "set before it (a preset is a from-scratch architecture; the source gives its own): "
+                             "give one of them")
+        fields = _preset(ref, "model.preset")
         defaults = OmegaConf.to_container(OmegaConf.structured(AlbertConfig))
         merged = _merge(merged, {"model": defaults}, source)
         merged = _merge(merged, {"model": fields}, f"{source} (preset)")

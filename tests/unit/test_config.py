@@ -277,6 +277,16 @@ def test_preset_override_replaces_the_recipes_model_section():
     assert load_config(MAIN_RECIPE).model.max_position_embeddings == 128  # recipe: preset + its override
 
 
+def test_a_preset_after_init_from_is_refused_rather_than_dropping_the_source():
+    """A preset resets the model section to AlbertConfig's defaults, init_from included: given after
+    `model.init_from` it trained a random model of the preset's size with no word of the source."""
+    with pytest.raises(ValueError) as err:
+        load_config(MAIN_RECIPE, ["model.init_from=/no/such/albert", "model.preset=albert-base"])
+    assert str(err.value) == ("override 'model.preset=albert-base': model.preset='albert-base' would drop "
+                              "model.init_from='/no/such/albert' set before it (a preset is a from-scratch "
+                              "architecture; the source gives its own): give one of them")
+
+
 @pytest.mark.parametrize("args, fragments", [
     ((MAIN_RECIPE, ["model.preset=albert-huge"]), ["model.preset", "albert-huge", "albert-base"]),
     ((REPO / "configs/model/albert-base.yaml", []), ["model preset, not a recipe", "model.preset=albert-base"]),

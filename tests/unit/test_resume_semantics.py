@@ -205,6 +205,22 @@ def test_a_zero_stage_change_is_exit_2_before_any_process_group_naming_the_field
     assert "Traceback" not in err and err.count("\n") == 1
 
 
+def test_a_fresh_run_into_a_run_dir_with_checkpoints_is_exit_2_before_any_process_group(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Without --resume, a run_dir that holds an earlier run's checkpoints is refused: the new run would
+    overwrite that run's metrics.jsonl and final model and leave its checkpoints beside its own."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
+    monkeypatch.setattr(train.Trainer, "setup", lambda self: pytest.fail("Trainer.setup reached"))
+    args = ["--config", RECIPE, "tracking.enabled=false", f"run_dir={tmp_path}"]
+    write_checkpoint(tmp_path / "checkpoints", to_container(load_config(RECIPE, args[2:])), world_size=1)
+    assert cli.main(["train", *args]) == train.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert err == (f"albert-dist train: {tmp_path / 'checkpoints'} already holds an earlier run's checkpoints "
+                   "(step_8 newest): --resume auto continues that run; a new run needs another run_dir\n")
+
+
 def _stream(data: DataConfig, micro: int = 2) -> PretrainingStream:
     return PretrainingStream(data, "train", micro, 0, 1)
 

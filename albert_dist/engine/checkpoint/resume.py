@@ -13,6 +13,7 @@ from typing import Any, Iterator, Optional
 
 from albert_dist.engine.checkpoint.drift import Drift, Rules, check_drift, log_drift
 from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint, choose_checkpoint
+from albert_dist.engine.checkpoint.layout import step_dirs
 from albert_dist.engine.checkpoint.state import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -53,12 +54,18 @@ def plan_load(resume: Optional[str], ckpt_dir: Optional[str | Path], config: dic
         rules: what changing each field means (`albert_dist.config.resume_rules()`).
 
     Raises:
-        ValueError: "auto" without a fixed place to look (`run_dir` and `checkpoint.dir` both unset).
+        ValueError: "auto" without a fixed place to look (`run_dir` and `checkpoint.dir` both unset); None (a
+            fresh start) with step directories already in `ckpt_dir`.
         ConfigDriftError: a field that cannot change on resume differs (see `check_drift`).
         CheckpointError, FileNotFoundError: as `choose_checkpoint`.
     """
     if resume == "auto" and ckpt_dir is None:
         raise ValueError("--resume auto needs a fixed place to look: set run_dir=... (or checkpoint.dir=...)")
+    if resume is None and ckpt_dir is not None and step_dirs(Path(ckpt_dir)):
+        # a fresh run would overwrite the earlier run's metrics.jsonl and final model and leave its checkpoints
+        # beside its own (a later --resume auto could take one of them)
+        raise ValueError(f"{ckpt_dir} already holds an earlier run's checkpoints ({step_dirs(Path(ckpt_dir))[0][1]} "
+                         "newest): --resume auto continues that run; a new run needs another run_dir")
     point = choose_checkpoint(resume, ckpt_dir if ckpt_dir is not None else str(resume), log=log)
     if point is None:
         if resume == "auto" and log:  # a mistyped run_dir would otherwise restart silently
