@@ -13,7 +13,7 @@
 set -uo pipefail
 START=$SECONDS
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 2
 CPU=""
 if [ "${1:-}" = "--cpu" ]; then CPU=--cpu; shift; fi
 OUT=${OUT:-$ROOT/runs/gpu_check}
@@ -32,6 +32,7 @@ MODULES="torch transformers sentencepiece pyarrow numpy deepspeed datasets torch
 
 echo "== gpu_check $(date -u +%FT%TZ) in $ROOT, python $(command -v "$PY")${CPU:+ (CPU: tiny sizes)}"
 missing() {  # the modules of $MODULES that $PY cannot import
+  # shellcheck disable=SC2086  # $MODULES is a list of names: split on purpose
   "$PY" - $MODULES <<'PYEOF'
 import importlib.util, sys
 print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))

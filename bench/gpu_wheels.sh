@@ -44,11 +44,12 @@ PYEOF
 )
 : > "$TMP/kit.txt"
 for v in $PYVERS; do
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086,SC2046  # $PINS and $BASE are lists of requirements: split on purpose
   "$PY" -m pip install -q --dry-run --ignore-installed --report "$TMP/report-$v.json" --only-binary=:all: \
     --python-version "$v" --implementation cp "${platforms[@]}" --target "$TMP/target" \
     $(echo "$PINS" | grep -v '^deepspeed') $BASE
   # the resolved set less (the closure of $BASE, walked in the report, that the image has too)
+  # shellcheck disable=SC2086
   "$PY" - "$TMP/report-$v.json" "$ROOT/bench/gpu_image_packages.txt" "$v" $BASE > "$TMP/kit-$v.txt" <<'PYEOF'
 import json, re, sys
 from packaging.markers import default_environment
