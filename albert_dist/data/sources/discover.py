@@ -97,6 +97,16 @@ def is_side_file(name: str) -> bool:
             or name.lower().endswith(SIDE_FILE_SUFFIXES))
 
 
+def _corpus_files(where: str, hits: list[str], none_found: str) -> list[str]:
+    """The corpus files among a glob's or a directory's `hits`, sorted (side files noted by `_note_side_files`);
+    raises ValueError ``<where>.paths: <none_found>`` when there is none."""
+    _note_side_files(where, hits)
+    matches = sorted(m for m in hits if _corpus_file(m))
+    if not matches:
+        raise ValueError(f"{where}.paths: {none_found}")
+    return matches
+
+
 def _note_side_files(where: str, found: list[str]) -> None:
     side = [f for f in found if is_side_file(os.path.basename(f))]
     if side:
@@ -135,18 +145,10 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
         p = resolve_path(raw)
         if any(ch in raw for ch in "*?["):
             hits = [m for m in globlib.glob(str(p), recursive=True) if os.path.isfile(m)]
-            _note_side_files(where, hits)
-            matches = sorted(m for m in hits if _corpus_file(m))
-            if not matches:
-                raise ValueError(f"{where}.paths: glob {raw!r} (resolved to {str(p)!r}) matches no file")
-            files.extend(matches)
+            files.extend(_corpus_files(where, hits, f"glob {raw!r} (resolved to {str(p)!r}) matches no file"))
         elif p.is_dir():
             hits = [str(m) for m in p.rglob("*") if m.is_file()]
-            _note_side_files(where, hits)
-            matches = sorted(m for m in hits if _corpus_file(m))
-            if not matches:
-                raise ValueError(f"{where}.paths: directory {raw!r} (resolved to {str(p)!r}) holds no file")
-            files.extend(matches)
+            files.extend(_corpus_files(where, hits, f"directory {raw!r} (resolved to {str(p)!r}) holds no file"))
         elif p.is_file():
             files.append(str(p))
         else:
