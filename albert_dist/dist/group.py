@@ -334,6 +334,40 @@ def default_torch_extensions_dir(environ: Optional[dict[str, str]] = None, prefi
     return environ.get("TORCH_EXTENSIONS_DIR", "")
 
 
+#: A DeepSpeed JIT op build takes 1-3 min on 2 cores; a build lock older than this is a killed build's.
+STALE_BUILD_LOCK_S = 900.0
+
+
+def clear_stale_build_lock(extensions_dir: str, op: str = "deepspeed_shm_comm", max_age_s: float = STALE_BUILD_LOCK_S,
+                           now: Optional[float] = None) -> Optional[str]:
+    """Remove ``<extensions_dir>/<op>/lock`` when it is older than `max_age_s` seconds; returns the path removed.
+
+    Why: torch's `cpp_extension` guards a JIT build with a lock *file* (``torch.utils.file_baton.FileBaton``: no
+    holder, no timeout) that only the build removes; a build killed mid-way (Ctrl-C at start-up, a job's time
+    limit) leaves it, and every later process that loads the op (DeepSpeed's CPU comm op, at the first CPU process
+    group) waits on it forever, silently. A lock this old has no live builder: it is removed with a warning.
+
+    Args:
+        extensions_dir: torch's extension root (``TORCH_EXTENSIONS_DIR``); '' does nothing.
+        now: the clock (``time.time()``), for tests.
+    """
+    import time
+
+    if not extensions_dir:
+        return None
+    lock = os.path.join(extensions_dir, op, "lock")
+    try:
+        age = (time.time() if now is None else now) - os.stat(lock).st_mtime
+        if age <= max_age_s:
+            return None
+        os.remove(lock)
+    except FileNotFoundError:  # none, or another rank removed it first
+        return None
+    log.warning("removed a stale build lock %s (%.0f min old: a build killed before it finished; torch would wait "
+                "on it forever)", lock, age / 60)
+    return lock
+
+
 def bind_device(dist_env: DistEnv, accel: Any = None, environ: Optional[dict[str, str]] = None) -> Optional[int]:
     """Select this rank's accelerator device, index ``local_rank % visible devices``, for albert_dist and for
     DeepSpeed; None on CPU (nothing to select).
@@ -397,8 +431,10 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
         return _STARTED
     dist_env = discover()
     export_env(dist_env)
-    default_torch_extensions_dir()
     accel = get_accelerator()
+    extensions_dir = default_torch_extensions_dir()
+    if accel.device_name() == "cpu":  # the CPU accelerator JIT-builds its comm op in deepspeed.init_distributed
+        clear_stale_build_lock(extensions_dir)
     device = bind_device(dist_env, accel)
     if not tdist.is_initialized():
         if store is not None:  # DeepSpeed then wraps the group it finds

@@ -6,6 +6,9 @@ against the real ``scontrol show hostnames``: tests/integration/test_slurm_nodel
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from albert_dist.dist import group as D
@@ -187,6 +190,30 @@ def test_torch_extensions_dir_defaults_to_the_venvs_own(tmp_path, monkeypatch):
     # the defaults: this process's environment and the running venv
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     assert D.default_torch_extensions_dir() == f"{sys.prefix}/torch_extensions"
+
+
+def test_a_killed_builds_lock_is_removed_a_live_ones_kept(tmp_path, monkeypatch, caplog):
+    """A stale JIT-build lock (a build killed mid-way) made every later CPU rank wait forever in torch's
+    FileBaton; it is removed where torch looks for it (the op DeepSpeed's CPU accelerator builds, in the build
+    directory torch derives from TORCH_EXTENSIONS_DIR), and a fresh one (a build under way) is kept."""
+    import time
+
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils import cpp_extension
+    from torch.utils.file_baton import FileBaton
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    op = get_accelerator().create_op_builder("ShareMemCommBuilder").name
+    lock = Path(cpp_extension._get_build_directory(op, False)) / "lock"  # where torch's baton sits
+    lock.touch()
+    assert D.clear_stale_build_lock(str(tmp_path), now=time.time()) is None and lock.exists()  # a build under way
+    old = time.time() - D.STALE_BUILD_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with caplog.at_level("WARNING", logger=D.log.name):
+        assert D.clear_stale_build_lock(str(tmp_path)) == str(lock)
+    assert not lock.exists() and "stale build lock" in caplog.text
+    FileBaton(str(lock), wait_seconds=0.01).wait()  # returns: the next rank builds instead of waiting forever
+    assert D.clear_stale_build_lock(str(tmp_path)) is None and D.clear_stale_build_lock("") is None
 
 
 class OneGpuTask:
