@@ -60,7 +60,7 @@ from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import pretraining_flops_per_sequence
-from albert_dist.preflight import JobPlan, load_plan_for, plan_job
+from albert_dist.preflight import JobPlan, load_plan_for
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 
@@ -75,26 +75,23 @@ class Trainer:
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
     `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
-    `__init__` (no process group, no files written) takes the job's plan from the app's preflight
-    (`albert_dist.preflight.plan_job`, made here when not given: the world-size arithmetic, the DeepSpeed
-    config, the load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
-    `ValueError`, `FileNotFoundError`, `layout.CheckpointError` or `drift.ConfigDriftError` for a job that must not
-    start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
-    download the process group makes possible.
+    `__init__` (no process group, no files written) takes the job's plan from the preflight, its one maker
+    (`albert_dist.preflight.preflight`, or its `plan_job` alone: the world-size arithmetic, the DeepSpeed config, the
+    load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
+    `ValueError` for a job without a run directory (`run_dir` unset and no plan naming one on rank 0). With
+    `resume_from` (an MLflow run, `--resume-from`) the load plan is made in `setup()`, after the download the
+    process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
     """
 
-    def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
-                 store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
+    def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,
+                 store: Any = None, stop: Optional[StopFlag] = None):
         self.dist_env = discover()
         self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.dist.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
-        world = self.dist_env.world_size
-        # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
-        plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size
         self.init_source = plan.init_source  # model.init_from's source, checked by the preflight
