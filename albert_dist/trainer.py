@@ -41,7 +41,7 @@ from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.data.pretraining import drop_full_mask
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
-from albert_dist.engine.checkpoint.manager import CheckpointManager, every
+from albert_dist.engine.checkpoint.manager import CheckpointManager
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.job import console
@@ -68,6 +68,12 @@ logger = logging.getLogger(__name__)
 
 #: What a rank whose loader gave up on the object store puts into the stop agreement (above any signal number).
 STORE_STOP_FLAG = 128.0
+
+
+def every(step: int, n: int, last: bool = False) -> bool:
+    """The loop's one cadence rule: periodic work (log, eval, save) runs at step `step` when `last` (the final
+    step, or a stop) or when `n` > 0 divides `step`. `n` = 0 means only at the last step."""
+    return last or (n > 0 and step % n == 0)
 
 
 class Trainer:
@@ -435,9 +441,12 @@ class Trainer:
         return val
 
     def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
-        """Checkpoint the current step when the cadence says so (`manager.CheckpointManager.maybe_save`; `last`:
-        the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
-        the tag, or None when nothing was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
+        """Checkpoint the current step when the cadence says so (`every(step, checkpoint.save_interval_steps, last)`;
+        `last`: the final step or a stop; `stop`: a stop signal's, recorded as such) and it is not saved yet
+        (`manager.CheckpointManager.maybe_save`) on every rank (collective); returns the tag, or None when nothing
+        was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
+        if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
+            return None
         start = time.perf_counter()
         # the loader's state before the batches fetched ahead for the next step, when there are such (`_prefetch`)
         data_state = (self.train_loader.state_dict if self._loader_state is None
