@@ -179,16 +179,13 @@ def resolve(ref: str, tracking_uri: Optional[str] = None) -> InitSource:
 
 
 def _download(run_id: str, tracking_uri: Optional[str], ref: str) -> Path:
-    from mlflow import MlflowClient  # here: importing MLflow costs seconds, and only this source needs it
-    from mlflow.exceptions import MlflowException
-
-    from albert_dist.tracking.checkpoints import download_model
+    from albert_dist.tracking.fetch import download_run_model
     from albert_dist.tracking.tracker import require_existing_store, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     try:
         require_existing_store(uri, f"MLflow run {run_id}")
-        return Path(download_model(MlflowClient(uri), run_id, str(cache_dir(run_id))))
-    except (MlflowException, OSError, RuntimeError, ValueError) as exc:
+        return download_run_model(uri, run_id, str(cache_dir(run_id)))
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: MLflow's errors too (RunReadError)
         raise _fail(ref, f"MLflow run {run_id} ({uri}): {exc}") from None
 

@@ -75,7 +75,7 @@ class JobPlan:
     train_pieces: Optional[list[Optional[list[dict]]]] = None
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
     (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
-    planning again; None when the preflight did not plan them (a `Trainer` built without it plans itself)."""
+    planning again; None when they were not planned (`plan_job` alone: the loader plans them)."""
     init_source: Optional[InitSource] = None
     """`model.init_from`'s source, checked (`albert_dist.init_from.check`); None without one."""
     run_dir: Optional[str] = None

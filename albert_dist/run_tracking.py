@@ -12,7 +12,7 @@ from albert_dist.data.sources.discover import resolve_path
 from albert_dist.dist.group import all_gather_object, barrier, broadcast_object
 from albert_dist.export import export_final_model
 from albert_dist.model.sharing import model_param_counts
-from albert_dist.tracking.checkpoints import download_checkpoint
+from albert_dist.tracking.fetch import download_run_checkpoint
 from albert_dist.tracking.params import hostname
 from albert_dist.tracking.secrets import scrub_text
 from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, parse_run_ref, read_run_id,
@@ -41,14 +41,12 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
         ValueError: ``ref`` is not a run reference. RuntimeError: on every rank, when rank 0 could not fetch
         a complete checkpoint (message included).
     """
-    from mlflow import MlflowClient  # here: importing MLflow costs seconds, and only --resume-from needs it
-
     run_id = parse_run_ref(ref)
-    client = MlflowClient(resolve_tracking_uri(cfg.tracking_uri))
+    uri = resolve_tracking_uri(cfg.tracking_uri)
     result: tuple[Optional[str], Optional[str]] = (None, None)
     if rank == 0:
         try:
-            _, tag_dir = download_checkpoint(client, run_id, str(ckpt_dir))
+            _, tag_dir = download_run_checkpoint(uri, run_id, str(ckpt_dir))
             result = (os.path.basename(tag_dir), None)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             result = (None, f"{type(exc).__name__}: {exc}")
@@ -56,7 +54,7 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     if error is not None:
         raise RuntimeError(f"--resume-from {ref}: {error}")
     if local_rank == 0 and rank != 0 and not (Path(ckpt_dir) / tag).is_dir():
-        download_checkpoint(client, run_id, str(ckpt_dir))
+        download_run_checkpoint(uri, run_id, str(ckpt_dir))
     barrier()
     return run_id
 

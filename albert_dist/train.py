@@ -33,7 +33,7 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
-from albert_dist.dist.group import discover
+from albert_dist.dist.group import DistEnv, discover
 from albert_dist.dist.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
@@ -53,7 +53,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
     """The app's main (`albert-dist train`; its front end is `albert_dist.cli.train`): train the recipe at
     `config` with dotted `overrides` (``checkpoint.resume=auto`` for ``--resume auto``), or continue the MLflow
     run `resume_from`. Returns the exit code (see the module docstring) and never exits: the one place where
-    exceptions become exit codes, and where the job is closed (tracker ended with FINISHED/KILLED/FAILED,
+    exceptions become exit codes (`_exit_code`), and where the job is closed (tracker ended with FINISHED/KILLED/FAILED,
     loader workers stopped, process group destroyed) whatever happens."""
     overrides = list(overrides)
     trainer: Optional[Trainer] = None
@@ -77,7 +77,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
             cfg = load_config(config, overrides)
             # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.preflight)
             plan, locks = preflight(cfg, env, resume_from, recipe_name=Path(config).stem)
-            trainer = Trainer(cfg, resume_from=resume_from, store=store, stop=stop, plan=plan)
+            trainer = Trainer(cfg, plan, resume_from=resume_from, store=store, stop=stop)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)
@@ -92,20 +92,39 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
             logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
                         trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
         return code
+    except Exception as err:  # noqa: BLE001 - every error becomes the exit code, in one place
+        return _exit_code(err, env, trainer)
+    finally:
+        try:
+            if trainer is not None:
+                trainer.close(status)
+        finally:
+            for lock in locks:  # last: the run directory is free once the job is closed
+                lock.release()
+            if multi_rank:  # the exit code is decided: a rank of a job keeps absorbing stop signals to its end
+                stop.retire()
+            else:  # one process (also a caller's own, e.g. a test): as it was
+                stop.restore()
+
+
+def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer]) -> int:
+    """The exit code of a job `main` ended with `err` (called in its except clause: a traceback logged here is
+    `err`'s), after logging or printing its one line; `env` is this rank's place (None when it could not be
+    discovered), `trainer` the job's (None before it was built)."""
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.job.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
-    except TryAgainLater as err:  # a store down outside the training loader (preflight, validation): one line
+    if isinstance(err, TryAgainLater):  # a store down outside the training loader (preflight, validation): one line
         if trainer is None or not trainer.started:
             print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_PREEMPTED
         exit_deadline(EXIT_PREEMPTED)
         logger.error("%s; exit %d (--resume auto continues from the last checkpoint)", err, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
-    except CheckpointSaveError as err:  # one line: the path and the errno say it all
+    if isinstance(err, CheckpointSaveError):  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
         return EXIT_SAVE_FAILED
-    except _REFUSED as err:
+    if isinstance(err, _REFUSED):
         if isinstance(err, PreflightRefused) or trainer is None or not trainer.started:
             # Refused before any process group: nothing ran. One line for the job (a launcher merges the ranks'
             # output: 64 ranks refusing one config printed it 64 times): rank 0's, which holds the verdict, its
@@ -120,26 +139,14 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         exit_deadline(EXIT_CRASHED)
         logger.exception("training failed")
         return EXIT_CRASHED
-    except Exception as err:
-        exit_deadline(EXIT_CRASHED)
-        if peer_failure(err):  # another rank failed first: its traceback is the job's one
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            logger.error("a collective failed because another rank stopped (its log has the cause): %s: %s; exit %d",
-                         type(err).__name__, first, EXIT_CRASHED)
-        else:
-            logger.exception("training failed")  # the one traceback
-        return EXIT_CRASHED
-    finally:
-        try:
-            if trainer is not None:
-                trainer.close(status)
-        finally:
-            for lock in locks:  # last: the run directory is free once the job is closed
-                lock.release()
-            if multi_rank:  # the exit code is decided: a rank of a job keeps absorbing stop signals to its end
-                stop.retire()
-            else:  # one process (also a caller's own, e.g. a test): as it was
-                stop.restore()
+    exit_deadline(EXIT_CRASHED)
+    if peer_failure(err):  # another rank failed first: its traceback is the job's one
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        logger.error("a collective failed because another rank stopped (its log has the cause): %s: %s; exit %d",
+                     type(err).__name__, first, EXIT_CRASHED)
+    else:
+        logger.exception("training failed")  # the one traceback
+    return EXIT_CRASHED
 
 
 def end_process(code: int) -> None:

@@ -41,7 +41,7 @@ from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.data.pretraining import drop_full_mask
 from albert_dist.engine.checkpoint.layout import tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
-from albert_dist.engine.checkpoint.manager import CheckpointManager, every
+from albert_dist.engine.checkpoint.manager import CheckpointManager
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.job import console
@@ -60,7 +60,7 @@ from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
 from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import pretraining_flops_per_sequence
-from albert_dist.preflight import JobPlan, load_plan_for, plan_job
+from albert_dist.preflight import JobPlan, load_plan_for
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 
@@ -70,31 +70,34 @@ logger = logging.getLogger(__name__)
 STORE_STOP_FLAG = 128.0
 
 
+def every(step: int, n: int, last: bool = False) -> bool:
+    """The loop's one cadence rule: periodic work (log, eval, save) runs at step `step` when `last` (the final
+    step, or a stop) or when `n` > 0 divides `step`. `n` = 0 means only at the last step."""
+    return last or (n > 0 and step % n == 0)
+
+
 class Trainer:
     """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
     `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
 
-    `__init__` (no process group, no files written) takes the job's plan from the app's preflight
-    (`albert_dist.preflight.plan_job`, made here when not given: the world-size arithmetic, the DeepSpeed
-    config, the load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
-    `ValueError`, `FileNotFoundError`, `layout.CheckpointError` or `drift.ConfigDriftError` for a job that must not
-    start. With `resume_from` (an MLflow run, `--resume-from`) the plan is made in `setup()`, after the
-    download the process group makes possible.
+    `__init__` (no process group, no files written) takes the job's plan from the preflight, its one maker
+    (`albert_dist.preflight.preflight`, or its `plan_job` alone: the world-size arithmetic, the DeepSpeed config, the
+    load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
+    `ValueError` for a job without a run directory (`run_dir` unset and no plan naming one on rank 0). With
+    `resume_from` (an MLflow run, `--resume-from`) the load plan is made in `setup()`, after the download the
+    process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
     """
 
-    def __init__(self, cfg: TrainConfig, resume_from: Optional[str] = None,
-                 store: Any = None, stop: Optional[StopFlag] = None, plan: Optional[JobPlan] = None):
+    def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,
+                 store: Any = None, stop: Optional[StopFlag] = None):
         self.dist_env = discover()
         self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.dist.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
-        world = self.dist_env.world_size
-        # the app's preflight made the plan (albert_dist.preflight); a caller without one (tests, bench) makes it here
-        plan = plan if plan is not None else plan_job(cfg, world, self.dist_env.rank, resume_from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size
         self.init_source = plan.init_source  # model.init_from's source, checked by the preflight
@@ -438,9 +441,12 @@ class Trainer:
         return val
 
     def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
-        """Checkpoint the current step when the cadence says so (`manager.CheckpointManager.maybe_save`; `last`:
-        the final step or a stop; `stop`: a stop signal's, recorded as such) on every rank (collective); returns
-        the tag, or None when nothing was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
+        """Checkpoint the current step when the cadence says so (`every(step, checkpoint.save_interval_steps, last)`;
+        `last`: the final step or a stop; `stop`: a stop signal's, recorded as such) and it is not saved yet
+        (`manager.CheckpointManager.maybe_save`) on every rank (collective); returns the tag, or None when nothing
+        was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
+        if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
+            return None
         start = time.perf_counter()
         # the loader's state before the batches fetched ahead for the next step, when there are such (`_prefetch`)
         data_state = (self.train_loader.state_dict if self._loader_state is None

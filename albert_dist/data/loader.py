@@ -196,100 +196,110 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         if self._builder is None:
             self._builder = ExampleBuilder(load_tokenizer(self.cfg.tokenizer_path), self.cfg)
         slot, num_slots = self._slot()
-        streams = self._make_sources(slot, num_slots)
-        mix = np.random.default_rng([self.cfg.seed, slot, 3])
+        windows = _SlotWindows(self, self._make_sources(slot, num_slots), slot, num_slots)
         resume = self._resume
-        pending: list[Example] = []
-        consumed = 0
+        batches = 0
         if resume is not None and "before" in resume:
             if (resume["slot"], resume["num_slots"]) != (slot, num_slots):
                 raise ValueError(
                     f"data loader state is for slot {resume['slot']} of {resume['num_slots']}, this process is slot "
                     f"{slot} of {num_slots}: resume needs the same world size and num_workers"
                 )
-            before = resume["before"]
             batches = resume["batches"]
-            skip = resume["consumed"]
-        else:
-            before, batches, skip = None, 0, 0
-
-        def snapshot() -> dict:
-            return {"sources": [s.state_dict() for s in streams], "mix": copy.deepcopy(mix.bit_generator.state)}
-
-        def restore(snap: dict) -> None:
-            for s, st in zip(streams, snap["sources"]):
-                s.load_state_dict(st)
-            mix.bit_generator.state = snap["mix"]
-
-        window = self.cfg.shuffle_documents if self.shuffle else 1
-        single_warned: set[int] = set()  # sources already reported as a single repeating document
-        barren: list[int] = []  # epochs of every source when the current run of example-less documents began
-
-        def read_document() -> tuple[int, str, np.random.Generator, list[int]]:
-            """The next document: (its source, text, generator, every source's epoch once it was read)."""
-            i = int(mix.choice(len(streams), p=self.weights)) if len(streams) > 1 else 0
-            text, (epoch, index) = streams[i].next_document()
-            return i, text, np.random.default_rng([self.cfg.seed, i, slot, epoch, index]), [s.epoch for s in streams]
-
-        def build_window(docs: list[tuple[int, str, np.random.Generator, list[int]]]) -> list[Example]:
-            """The examples of `docs`, built together (`ExampleBuilder.build_documents`: the same examples as one
-            by one), then each document's checks in reading order."""
-            nonlocal barren
-            built = self._builder.build_documents([d[1] for d in docs], [d[2] for d in docs])
-            out: list[Example] = []
-            for (i, _, _, epochs), examples in zip(docs, built):
-                if streams[i].single_document and i not in single_warned and self.split == "train":
-                    single_warned.add(i)
-                    logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
-                                   "examples repeat about every %d batches of this slot (new masks and SOP pairs "
-                                   "each time): add documents, or split this one at blank lines", i, slot,
-                                   num_slots, len(examples), max(1, -(-len(examples) // self.micro_batch_size)))
-                if examples:
-                    barren = []
-                elif not barren:
-                    barren = epochs
-                elif all(e >= b + 2 for e, b in zip(epochs, barren)):
-                    # a full epoch of every source without one example: fail instead of spinning forever
-                    raise ValueError(
-                        f"data.{self.split}: slot {slot} of {num_slots} read a whole epoch of every source "
-                        "without one example (documents shorter than 2 tokens?)"
-                    )
-                out.extend(examples)
-            return out
-
-        def next_window() -> None:
-            """Fill ``pending`` with the next window: the examples of ``window`` documents, shuffled together.
-
-            The window is a pure function of the snapshot taken before it (per-document RNGs are seeded by the
-            document key, the permutation by the stream positions after its last document), so resume re-reads
-            it and skips ``consumed``."""
-            nonlocal pending, consumed, before
-            before = snapshot()
-            pending, consumed = build_window([read_document() for _ in range(window)]), 0
-            if window > 1 and pending:
-                start = [s.epoch for s in streams] + [s.docs_in_epoch for s in streams]
-                order = np.random.default_rng([self.cfg.seed, slot, 5, *start]).permutation(len(pending))
-                pending = [pending[j] for j in order]
-
-        if before is not None:
-            restore(before)
-            next_window()
-            consumed = skip
+            windows.restore(resume["before"])
+            windows.next_window()
+            windows.consumed = resume["consumed"]
         while True:
-            batch: list[Example] = []
-            while len(batch) < self.micro_batch_size:
-                if consumed >= len(pending):
-                    next_window()
-                    continue
-                take = min(self.micro_batch_size - len(batch), len(pending) - consumed)
-                batch.extend(pending[consumed : consumed + take])
-                consumed += take
+            batch = windows.take(self.micro_batch_size)
             batches += 1
             self._live = {
                 "fingerprint": self.fingerprint, "slot": slot, "num_slots": num_slots, "batches": batches,
-                "before": before, "consumed": consumed,
+                "before": windows.before, "consumed": windows.consumed,
             }
             yield collate(batch, self.cfg.max_seq_length)
+
+
+class _SlotWindows:
+    """One slot's examples, a window at a time (`PretrainingStream`): the sources mixed per document, each window's
+    examples built and shuffled together, and the checks on what the documents gave (a slot holding a single
+    document, an epoch of every source without one example).
+
+    A window is a pure function of the snapshot taken before it (``before``: per-document RNGs are seeded by the
+    document key, the permutation by the stream positions after its last document), so a resume restores that
+    snapshot, re-reads the window and skips the ``consumed`` examples."""
+
+    def __init__(self, owner: PretrainingStream, streams: list[SourceStream], slot: int, num_slots: int) -> None:
+        self.owner, self.streams, self.slot, self.num_slots = owner, streams, slot, num_slots
+        self.seed = owner.cfg.seed
+        self.mix = np.random.default_rng([self.seed, slot, 3])
+        self.window = owner.cfg.shuffle_documents if owner.shuffle else 1
+        self.pending: list[Example] = []  # the current window's examples
+        self.consumed = 0  # of them
+        self.before: Optional[dict] = None  # the snapshot the current window was read from
+        self._single_warned: set[int] = set()  # sources already reported as a single repeating document
+        self._barren: list[int] = []  # epochs of every source when the current run of example-less documents began
+
+    def snapshot(self) -> dict:
+        return {"sources": [s.state_dict() for s in self.streams], "mix": copy.deepcopy(self.mix.bit_generator.state)}
+
+    def restore(self, snap: dict) -> None:
+        for s, st in zip(self.streams, snap["sources"]):
+            s.load_state_dict(st)
+        self.mix.bit_generator.state = snap["mix"]
+
+    def take(self, n: int) -> list[Example]:
+        """The next `n` examples, reading windows as needed."""
+        batch: list[Example] = []
+        while len(batch) < n:
+            if self.consumed >= len(self.pending):
+                self.next_window()
+                continue
+            take = min(n - len(batch), len(self.pending) - self.consumed)
+            batch.extend(self.pending[self.consumed : self.consumed + take])
+            self.consumed += take
+        return batch
+
+    def next_window(self) -> None:
+        """Fill ``pending`` with the next window: the examples of ``window`` documents, shuffled together."""
+        self.before = self.snapshot()
+        self.pending, self.consumed = self._build([self._read_document() for _ in range(self.window)]), 0
+        if self.window > 1 and self.pending:
+            start = [s.epoch for s in self.streams] + [s.docs_in_epoch for s in self.streams]
+            order = np.random.default_rng([self.seed, self.slot, 5, *start]).permutation(len(self.pending))
+            self.pending = [self.pending[j] for j in order]
+
+    def _read_document(self) -> tuple[int, str, np.random.Generator, list[int]]:
+        """The next document: (its source, text, generator, every source's epoch once it was read)."""
+        streams = self.streams
+        i = int(self.mix.choice(len(streams), p=self.owner.weights)) if len(streams) > 1 else 0
+        text, (epoch, index) = streams[i].next_document()
+        return i, text, np.random.default_rng([self.seed, i, self.slot, epoch, index]), [s.epoch for s in streams]
+
+    def _build(self, docs: list[tuple[int, str, np.random.Generator, list[int]]]) -> list[Example]:
+        """The examples of `docs`, built together (`ExampleBuilder.build_documents`: the same examples as one
+        by one), then each document's checks in reading order."""
+        owner = self.owner
+        built = owner._builder.build_documents([d[1] for d in docs], [d[2] for d in docs])
+        out: list[Example] = []
+        for (i, _, _, epochs), examples in zip(docs, built):
+            if self.streams[i].single_document and i not in self._single_warned and owner.split == "train":
+                self._single_warned.add(i)
+                logger.warning("data.train[%d]: slot %d of %d (rank x workers) holds a single document; its %d "
+                               "examples repeat about every %d batches of this slot (new masks and SOP pairs "
+                               "each time): add documents, or split this one at blank lines", i, self.slot,
+                               self.num_slots, len(examples), max(1, -(-len(examples) // owner.micro_batch_size)))
+            if examples:
+                self._barren = []
+            elif not self._barren:
+                self._barren = epochs
+            elif all(e >= b + 2 for e, b in zip(epochs, self._barren)):
+                # a full epoch of every source without one example: fail instead of spinning forever
+                raise ValueError(
+                    f"data.{owner.split}: slot {self.slot} of {self.num_slots} read a whole epoch of every source "
+                    "without one example (documents shorter than 2 tokens?)"
+                )
+            out.extend(examples)
+        return out
 
 
 def prefetch_factor_for(num_workers: int, micro_batches_per_step: int) -> Optional[int]:

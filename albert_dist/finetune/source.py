@@ -30,8 +30,6 @@ from albert_dist.model.config import AlbertConfig
 log = logging.getLogger(__name__)
 
 
-#: Where the end-of-training model lies in a run's artifacts (albert_dist.run_tracking.log_final_model).
-FINAL_MODEL_ARTIFACT = "model/fp32"
 #: Files of which a transformers directory needs one to hold a tokenizer (sentencepiece's, or a `tokenizers` JSON).
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json")
 
@@ -213,11 +211,8 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
     Raises:
         SourceError: the run or its checkpoint cannot be fetched, or no tokenizer can be found.
     """
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
     from albert_dist.export import load_state_dict, locate
-    from albert_dist.tracking.checkpoints import download_checkpoint
+    from albert_dist.tracking.fetch import RunReadError, download_run_tokenizer, download_run_weights
     from albert_dist.tracking.tracker import parse_run_ref, require_existing_store, resolve_tracking_uri
 
     run_id = parse_run_ref(ref)
@@ -226,49 +221,28 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
         require_existing_store(uri, f"MLflow run {run_id}")
     except ValueError as exc:
         raise SourceError(str(exc)) from exc
-    client = MlflowClient(uri)
     try:
-        run = client.get_run(run_id)
-        try:
-            at, tag_dir = download_checkpoint(client, run_id, str(cache_dir / "checkpoints"), step)
-            what = f"checkpoint step {at}"
-        except FileNotFoundError:
-            if step is not None:
-                raise
-            # no checkpoint artifact left (tracking.log_checkpoints off, or pruned): the final model, when logged
-            tag_dir = _download_final_model(client, run_id, cache_dir)
-            max_steps = run.data.params.get("max_steps")
-            at, what = (int(max_steps) if max_steps and max_steps.isdigit() else None), "final model"
-    except (MlflowException, FileNotFoundError, RuntimeError) as exc:
+        weights = download_run_weights(uri, run_id, cache_dir, step)
+    except (FileNotFoundError, RuntimeError) as exc:  # RuntimeError: RunReadError too
         hint = ("; is this the store the pretraining job logged to? (--tracking-uri or MLFLOW_TRACKING_URI)"
-                if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST" and "Run" in str(exc) else "")
+                if getattr(exc, "run_not_found", False) else "")
         raise SourceError(f"MLflow run {run_id} ({uri}): {exc}{hint}") from exc
+    at, what, tag_dir = weights.step, weights.what, weights.path
     found = locate(tag_dir)
     if found.model is None:
         raise SourceError(f"MLflow run {run_id}: the {what} carries no config")
     tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).exists() else None
     if tokenizer_path is None:  # another machine's path: the run's logged copy (albert_dist.run_tracking)
         try:
-            files = [f.path for f in client.list_artifacts(run_id, "tokenizer")]
-            if files:
-                tokenizer_path = Path(client.download_artifacts(run_id, files[0], str(cache_dir)))
-        except MlflowException as exc:
+            tokenizer_path = download_run_tokenizer(uri, run_id, cache_dir)
+        except RunReadError as exc:
             log.warning("MLflow run %s: tokenizer artifact not readable: %s", run_id, exc)
-    run_dir = Path(run.data.tags.get("run_dir", "")) if run.data.tags.get("run_dir") else None
+    run_dir = Path(weights.run_dir) if weights.run_dir else None
     return ModelSource("mlflow", f"runs:/{run_id} ({what})", found.model,
                        _run_tokenizer(tokenizer_path, f"MLflow run {run_id}"), at,
                        lambda: load_state_dict(tag_dir),
                        run_dir=run_dir if run_dir is not None and run_dir.is_dir() else None,
                        parent_run_id=run_id, tracking_uri=uri, identity=f"mlflow:{run_id}")
-
-
-def _download_final_model(client: Any, run_id: str, cache_dir: Path) -> Path:
-    """The run's ``model/fp32`` artifact (`albert_dist.run_tracking.log_final_model`: model.safetensors +
-    model.yaml) downloaded into `cache_dir`; `FileNotFoundError` when the run has none."""
-    if not any(f.path == f"{FINAL_MODEL_ARTIFACT}/model.safetensors"
-               for f in client.list_artifacts(run_id, FINAL_MODEL_ARTIFACT)):
-        raise FileNotFoundError(f"no complete checkpoint under checkpoints/ and no {FINAL_MODEL_ARTIFACT}/ artifact")
-    return Path(client.download_artifacts(run_id, FINAL_MODEL_ARTIFACT, str(cache_dir)))
 
 
 def resolve(model: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:

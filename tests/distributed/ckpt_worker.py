@@ -131,6 +131,7 @@ def main(argv: list[str]) -> int:
     from albert_dist.engine.checkpoint import save as ckpt_save
     from albert_dist.dist.group import discover
     from albert_dist.job.console import configure_logging
+    from albert_dist.preflight import plan_job
     from albert_dist.trainer import Trainer
 
     import deepspeed.ops
@@ -181,8 +182,10 @@ def main(argv: list[str]) -> int:
         if args.run:  # the app's main: its exit codes
             mp.setattr(train, "Trainer", RecordedTrainer)
             return train.main(args.config, args.overrides)
-        configure_logging(discover().rank)
-        trainer = RecordedTrainer(load_config(args.config, args.overrides))
+        env = discover()
+        configure_logging(env.rank)
+        cfg = load_config(args.config, args.overrides)
+        trainer = RecordedTrainer(cfg, plan_job(cfg, env.world_size, env.rank))
         try:
             trainer.setup()
             if args.dump and not args.dump_at_end:

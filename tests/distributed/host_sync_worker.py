@@ -126,9 +126,12 @@ def main(argv: list[str]) -> int:
     import pytest
 
     from albert_dist.config import load_config
+    from albert_dist.dist.group import discover
+    from albert_dist.preflight import plan_job
     from albert_dist.trainer import Trainer
 
-    trainer = Trainer(load_config(args.config, args.overrides))
+    cfg, env = load_config(args.config, args.overrides), discover()
+    trainer = Trainer(cfg, plan_job(cfg, env.world_size, env.rank))
     counter = SyncCounter(trainer)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)  # plain gloo (ckpt_worker.py)

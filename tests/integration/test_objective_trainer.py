@@ -14,6 +14,7 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path, monkeypatch):
     from albert_dist.config import load_config
     from albert_dist.data.tokenizer import PAD_ID
     from albert_dist.model import AlbertForPreTraining
+    from albert_dist.preflight import plan_job
     from albert_dist.trainer import Trainer
 
     masks = []  # per forward: None (no mask given) or whether the given mask was all ones
@@ -33,7 +34,8 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path, monkeypatch):
                  "engine.train_micro_batch_size_per_gpu=2", "optimizer.weight_decay=0.0", "optimizer.warmup_steps=0",
                  "max_steps=3", "log_interval_steps=1", "eval_interval_steps=0", "checkpoint.save_interval_steps=0",
                  "tracking.enabled=false", "progress_bar=false", f"run_dir={tmp_path}", "objective.sop_start_step=2"]
-    trainer = Trainer(load_config(None, overrides))
+    cfg = load_config(None, overrides)
+    trainer = Trainer(cfg, plan_job(cfg, world_size=1))
     head = lambda: trainer.engine.module.sop_classifier.classifier.weight.detach().clone()  # noqa: E731
     try:
         trainer.setup()

@@ -15,11 +15,12 @@ import pytest
 from albert_dist.config import TrainConfig, resume_rules, to_container
 from albert_dist.engine.checkpoint.drift import ConfigDriftError, check_drift, log_drift
 from albert_dist.engine.checkpoint.layout import CheckpointError, META_FILE, write_latest
-from albert_dist.engine.checkpoint.manager import CheckpointManager, every
+from albert_dist.engine.checkpoint.manager import CheckpointManager
 from albert_dist.engine.checkpoint.choose import choose_checkpoint, checkpoint_at
 from albert_dist.engine.checkpoint.resume import plan_load
 from albert_dist.engine.checkpoint.retention import checkpoint_bytes, free_bytes, last_checkpoint_bytes, make_room, prune
 from albert_dist.engine.checkpoint import retention
+from albert_dist.trainer import every
 
 RULES = resume_rules()
 

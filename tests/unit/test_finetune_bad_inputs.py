@@ -233,3 +233,24 @@ def test_an_interrupted_write_keeps_the_results_and_leaves_no_lock(tmp_path, mon
         write_results(path, {"task": "rte", "v": 2})
     assert json.loads(path.read_text())["results"] == [{"task": "sst2", "v": 1}]
     assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE]
+
+
+def test_a_run_the_store_does_not_hold_is_one_line_with_the_store_hint(tmp_path, monkeypatch):
+    """MLflow's "no such run" (RESOURCE_DOES_NOT_EXIST), raised inside tracking/fetch.py, reaches the fine-tuning
+    source as its one SourceError: MLflow's message, the store and the hint to pass the pretraining job's store."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+    from albert_dist.finetune.source import SourceError, from_mlflow_run
+    from albert_dist.tracking import fetch
+
+    class NoRuns:
+        def get_run(self, run_id):
+            raise MlflowException(f"Run '{run_id}' not found", error_code=RESOURCE_DOES_NOT_EXIST)
+
+    monkeypatch.setattr(fetch, "_client", lambda uri: NoRuns())
+    run_id = "0123456789abcdef0123456789abcdef"
+    with pytest.raises(SourceError) as info:
+        from_mlflow_run(run_id, None, "http://127.0.0.1:9", tmp_path)
+    assert str(info.value) == (f"MLflow run {run_id} (http://127.0.0.1:9): Run '{run_id}' not found; is this the store "
+                               "the pretraining job logged to? (--tracking-uri or MLFLOW_TRACKING_URI)")

@@ -1,8 +1,8 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
 not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < dist <
 model < data < engine < tracking < app, and inside the app down APP_ORDER (init_source < config < export <
-run_tracking < init_from < preflight < trainer < train < finetune < cli). What a fresh import loads:
-tests/integration/test_import_weight.py."""
+run_tracking < init_from < preflight < trainer < train < finetune < cli); MLflow is imported in tracking/ only.
+What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
 
@@ -181,3 +181,32 @@ def test_the_checker_fails_on_a_planted_relative_or_importlib_upward_import(tmp_
         "albert_dist.engine.loss (engine) -> albert_dist.trainer (app)",
         "albert_dist.model.albert (model) -> albert_dist.train (app)"]
     assert app_order_violations(graph) == ["albert_dist.preflight -> albert_dist.train (app order)"]
+
+
+def mlflow_importers(package: Path = PACKAGE) -> list[str]:
+    """Every module outside `package`/tracking/ that imports MLflow anywhere in its source (lazily too): the rest
+    of the package reaches MLflow through albert_dist.tracking (DESIGN.md)."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] == "tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                out.append(_module_name(path, package))
+                break
+    return out
+
+
+def test_only_tracking_imports_mlflow():
+    assert mlflow_importers() == []
+
+
+def test_the_mlflow_check_fails_on_a_planted_import(tmp_path):  # the checker itself can fail
+    package = _tree(tmp_path, {
+        "__init__.py": "NAME = 'mlflow'\n", "tracking/__init__.py": "", "tracking/tracker.py": "import mlflow\n",
+        "finetune/__init__.py": "", "finetune/source.py": "def f():\n    from mlflow import MlflowClient\n",
+        "init_source.py": "import mlflow.exceptions as e\n", "export.py": "import mlflowlike\n",
+    })
+    assert mlflow_importers(package) == ["albert_dist.finetune.source", "albert_dist.init_source"]

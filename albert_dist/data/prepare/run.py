@@ -202,35 +202,12 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
     scan_s = time.time() - t_scan
     counts = [s["documents"] for s in summaries]
     hash_files = [spool / f"{t.index:06d}.hash" for t in tasks]
-    skipped: Counter = Counter(ex["reason"] for ex in plan_skips)
-    for s in summaries:
-        skipped.update(s["skipped"])
-    # the first SKIP_EXAMPLES of each reason, in input order; the first few of each reason on the console
-    examples: list[dict] = []
-    kept: Counter = Counter()
-    for ex in plan_skips + [ex for s in summaries for ex in s["skip_examples"]]:
-        kept[ex["reason"]] += 1
-        if kept[ex["reason"]] <= SKIP_EXAMPLES:
-            examples.append(ex)
-        if kept[ex["reason"]] <= SKIP_WARNINGS:
-            logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
-                           f": {ex['detail']}" if ex.get("detail") else "")
+    skipped, examples = _tally_skips(plan_skips, summaries)
 
     t_dedup = time.time()
     dups = (find_duplicates(hash_files, counts, opts.dedup_memory_bytes, work / "dedup") if opts.dedup
             else np.empty(0, np.int64))
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    drops: list[np.ndarray] = []
-    drop_files: dict[int, str] = {}
-    dup_bytes = 0
-    for t, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        local = dups[np.searchsorted(dups, a):np.searchsorted(dups, b)] - a
-        drops.append(local)
-        if len(local):
-            path = spool / f"{t:06d}.drops.npy"
-            np.save(path, local)
-            drop_files[t] = str(path)
-            dup_bytes += int(read_hashes(hash_files[t])["len"][local].sum())
+    drops, drop_files, dup_bytes = _drops_per_task(dups, counts, hash_files, spool)
     dedup_s = time.time() - t_dedup
     documents = int(sum(counts)) - len(dups)
     text_bytes = int(sum(s["bytes"] for s in summaries)) - dup_bytes
@@ -283,6 +260,43 @@ def _scan_dedup_write(opts: PrepareOptions, command: str, t0: float, work: Path,
         "peak_rss_bytes": {"main": peak_rss_bytes(), "worker": worker_peak},
     }
     return manifest
+
+
+def _tally_skips(plan_skips: list[dict], summaries: list[dict]) -> tuple[Counter, list[dict]]:
+    """The skipped records' count per reason (the planner's and the scan's), and the first SKIP_EXAMPLES of each
+    reason in input order; the first SKIP_WARNINGS of each reason are logged."""
+    skipped: Counter = Counter(ex["reason"] for ex in plan_skips)
+    for s in summaries:
+        skipped.update(s["skipped"])
+    examples: list[dict] = []
+    kept: Counter = Counter()
+    for ex in plan_skips + [ex for s in summaries for ex in s["skip_examples"]]:
+        kept[ex["reason"]] += 1
+        if kept[ex["reason"]] <= SKIP_EXAMPLES:
+            examples.append(ex)
+        if kept[ex["reason"]] <= SKIP_WARNINGS:
+            logger.warning("skipped a record (%s) at %s%s", ex["reason"], ex["where"],
+                           f": {ex['detail']}" if ex.get("detail") else "")
+    return skipped, examples
+
+
+def _drops_per_task(dups: np.ndarray, counts: list[int], hash_files: list[Path],
+                    spool: Path) -> tuple[list[np.ndarray], dict[int, str], int]:
+    """The global duplicate indices `dups` (sorted) as each scan task's local ones: (per task its drops, the
+    ``<task>.drops.npy`` file written for each task with any, the dropped documents' text bytes)."""
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    drops: list[np.ndarray] = []
+    drop_files: dict[int, str] = {}
+    dup_bytes = 0
+    for t, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        local = dups[np.searchsorted(dups, a):np.searchsorted(dups, b)] - a
+        drops.append(local)
+        if len(local):
+            path = spool / f"{t:06d}.drops.npy"
+            np.save(path, local)
+            drop_files[t] = str(path)
+            dup_bytes += int(read_hashes(hash_files[t])["len"][local].sum())
+    return drops, drop_files, dup_bytes
 
 
 class _SpoolRelease:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -54,7 +55,6 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
     """Write shard ``index`` from its spool slices; row group k holds the documents that start in its
     ``[k, k + 1) x row_group_bytes`` of the shard's text. Returns (and writes beside it) its manifest entry."""
     import pyarrow as pa
-    import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
@@ -93,57 +93,24 @@ def write_shard(index: int, num_shards: int, slices: list[tuple[int, int, int]],
 
     try:
         for task, first, last in slices:
-            lens = read_hashes(spool / f"{task:06d}.hash")["len"].astype(np.int64)
-            keep = np.zeros(len(lens), dtype=bool)
-            keep[first:last] = True
-            if task in drop_files:
-                keep[np.load(drop_files[task])] = False
-            reader = ipc.open_file(pa.memory_map(str(spool / f"{task:06d}.arrow")))
-            hi = 0
-            for g in range(reader.num_record_batches):  # only the spool batches this slice overlaps
-                if hi >= last:
-                    break
-                batch = reader.get_batch(g)  # memory-mapped: nothing is read until its bytes are used
-                lo, hi = hi, hi + batch.num_rows
-                if hi <= first:
-                    continue
-                sel = np.flatnonzero(keep[lo:hi])
-                if len(sel) == 0:
-                    continue
-                column = batch.column(0)
-                # a run without a dropped document is a slice (no copy until the row group is assembled)
-                texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
-                         else column.take(pa.Array.from_buffers(  # not pa.array: it imports pandas (jsonl.py)
-                             pa.int64(), len(sel), [None, pa.py_buffer(sel.astype(np.int64))])))
-                sizes = lens[lo:hi][sel]
+            for texts, sizes in _kept_texts(spool, task, first, last, drop_files):
                 starts = nbytes + np.concatenate([[0], np.cumsum(sizes)[:-1]])
                 groups = starts // row_group_bytes
                 cuts = np.flatnonzero(np.diff(groups)) + 1
-                for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(sel)]])):
+                for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(sizes)]])):
                     if groups[a] != current_group:
                         flush()
                         current_group = int(groups[a])
                     buf.append(texts.slice(int(a), int(b - a)))
                     buf_bytes += int(sizes[a:b].sum())
-                documents += len(sel)
+                documents += len(sizes)
                 nbytes += int(sizes.sum())
         flush()
     finally:
         writer.close()
-    digest = hashlib.sha256()
-    if in_memory:
-        data = sink.getvalue()
-        digest.update(data)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        del data
-    else:
-        with open(tmp, "rb") as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
-    os.replace(tmp, out / name)
+    sha256 = _publish(sink if in_memory else None, tmp, out / name)
     entry = {"path": name, "documents": documents, "bytes": nbytes, "row_groups": row_groups,
-             "file_bytes": os.path.getsize(out / name), "sha256": digest.hexdigest()}
+             "file_bytes": os.path.getsize(out / name), "sha256": sha256}
     done.write_text(json.dumps(entry))
     return {**entry, "peak_rss_bytes": peak_rss_bytes()}
 
@@ -158,3 +125,54 @@ def _shard_text_bytes(spool: Path, slices: list[tuple[int, int, int]], drop_file
             drop = np.load(drop_files[task])
             total -= int(lens[drop[(drop >= first) & (drop < last)]].sum())
     return total
+
+
+def _kept_texts(spool: Path, task: int, first: int, last: int,
+                drop_files: dict[int, str]) -> Iterator[tuple[Any, np.ndarray]]:
+    """Spool task `task`'s rows [first, last) without its dropped ones (`drop_files`), one spool batch at a time:
+    (the texts, a pyarrow string array; their sizes in bytes, int64), only the batches the rows overlap."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    lens = read_hashes(spool / f"{task:06d}.hash")["len"].astype(np.int64)
+    keep = np.zeros(len(lens), dtype=bool)
+    keep[first:last] = True
+    if task in drop_files:
+        keep[np.load(drop_files[task])] = False
+    reader = ipc.open_file(pa.memory_map(str(spool / f"{task:06d}.arrow")))
+    hi = 0
+    for g in range(reader.num_record_batches):
+        if hi >= last:
+            break
+        batch = reader.get_batch(g)  # memory-mapped: nothing is read until its bytes are used
+        lo, hi = hi, hi + batch.num_rows
+        if hi <= first:
+            continue
+        sel = np.flatnonzero(keep[lo:hi])
+        if len(sel) == 0:
+            continue
+        column = batch.column(0)
+        # a run without a dropped document is a slice (no copy until the row group is assembled)
+        texts = (column.slice(int(sel[0]), len(sel)) if sel[-1] - sel[0] + 1 == len(sel)
+                 else column.take(pa.Array.from_buffers(  # not pa.array: it imports pandas (jsonl.py)
+                     pa.int64(), len(sel), [None, pa.py_buffer(sel.astype(np.int64))])))
+        yield texts, lens[lo:hi][sel]
+
+
+def _publish(buffer: Any, tmp: Path, final: Path) -> str:
+    """Put the written shard at `final` (renamed from `tmp`: a reader never sees half of it); returns its sha256.
+    `buffer`: the shard built in memory (a pyarrow BufferOutputStream), written to `tmp` here; None: the writer
+    streamed it to `tmp`, which is read back."""
+    digest = hashlib.sha256()
+    if buffer is not None:
+        data = buffer.getvalue()
+        digest.update(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        del data
+    else:
+        with open(tmp, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    os.replace(tmp, final)
+    return digest.hexdigest()

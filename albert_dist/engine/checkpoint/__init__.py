@@ -16,7 +16,7 @@ albert_dist.engine.checkpoint.choose import newest_verified`), so a reader follo
                   before the process group), Resumed, rng_kept
     save.py       the collective save protocol;  retention.py  which checkpoints are kept
     load.py       universal conversion, engine load, the current config's lr and optimiser hyper-parameters
-    manager.py    CheckpointManager and the loop's cadence rule `every`
+    manager.py    CheckpointManager
     reshard.py    the data streams' continuation on another number of ranks
 
 Layout of `<checkpoint dir>` (default `<run_dir>/checkpoints`)::

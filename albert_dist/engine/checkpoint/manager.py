@@ -1,6 +1,4 @@
-"""`CheckpointManager`: the one place that decides about a job's checkpoints (resume, save, retention), and
-the loop's cadence rule `every`.
-"""
+"""`CheckpointManager`: the one place that decides about a job's checkpoints (resume, save, retention)."""
 from __future__ import annotations
 
 import logging
@@ -17,13 +15,6 @@ from albert_dist.engine.checkpoint.reshard import LoaderFactory, build_resumed_l
 logger = logging.getLogger(__name__)
 
 
-
-def every(step: int, n: int, last: bool = False) -> bool:
-    """The loop's one cadence rule: periodic work (log, eval, save) runs at step `step` when `last` (the final
-    step, or a stop) or when `n` > 0 divides `step`. `n` = 0 means only at the last step."""
-    return last or (n > 0 and step % n == 0)
-
-
 class CheckpointManager:
     """Resumes, saves and prunes the checkpoints of one job (see the package docstring).
 
@@ -37,7 +28,8 @@ class CheckpointManager:
         seed: `TrainConfig.seed` (dropout seeds when RNG states cannot be restored).
         plan: the job's `LoadPlan`, made before the process group (`plan_load`); a fresh start by default.
 
-    Use: `resume(build_engine, build_loader)` once (collective) -> `maybe_save(...)` after every step.
+    Use: `resume(build_engine, build_loader)` once (collective) -> `maybe_save(...)` at every step the loop's
+    cadence (`albert_dist.trainer.every`) saves.
     """
 
     def __init__(self, cfg: Any, ckpt_dir: str | Path, *, rank: int, world_size: int, config: dict,
@@ -103,8 +95,8 @@ class CheckpointManager:
 
     def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False,
                    stop: bool = False, metrics_state: Optional[Callable[[], Any]] = None) -> Optional[str]:
-        """Save step `step` when the cadence says so (`every(step, save_interval_steps, last)`) and it is not
-        saved yet (collective); returns the tag or None.
+        """Save step `step` unless it is saved already (collective; the caller's cadence chose the step); returns
+        the tag or None.
 
         `data_state` (and `metrics_state`, the open metric interval's `MetricAccumulator.local_state`) is
         called only when saving (a loader's state_dict is not free). `stop`: this is a stop
@@ -114,7 +106,7 @@ class CheckpointManager:
         it is logged (one line) and the next interval tries again. A `last` save (the final step, a stop) always
         raises: there is no next interval, and a stop must not exit as if a checkpoint had been written.
         """
-        if self.last_saved == step or not every(step, self.cfg.save_interval_steps, last):
+        if self.last_saved == step:
             return None
         # The checkpoint resumed from (in this directory) is protected until this job has saved one of its own.
         point = self.plan.point
