@@ -162,7 +162,7 @@ class Trainer:
         if rank == 0:
             logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peaks, TFLOP/s/device: %s (%s), "
                         "%s (%s)", self.run_dir, self.dist_env.describe(), self.n_params, self.global_batch,
-                        self.peaks.datasheet, self.peaks.datasheet_source, self.peaks.measured,
+                        _tflops(self.peaks.datasheet), self.peaks.datasheet_source, _tflops(self.peaks.measured),
                         self.peaks.measured_source)
             params = dict(self.config)
             params["derived"] = {"world_size": world, "train_batch_size": self.global_batch,
@@ -496,3 +496,8 @@ class Trainer:
 
 
 __all__ = ["Trainer"]
+
+
+def _tflops(value: float | None) -> str:
+    """A peak for the start-up line: 4 significant digits (a measured matmul is noise past them), or "none"."""
+    return "none" if value is None else f"{value:.4g}"
