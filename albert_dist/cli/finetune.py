@@ -76,14 +76,21 @@ def options(args: argparse.Namespace) -> FinetuneOptions:
 
 def run(args: argparse.Namespace) -> int:
     """`albert_dist.finetune.run.finetune` of the flags; its exit code, or `EXIT_INTERRUPTED` with one line after
-    Ctrl-C (the results of the tasks that finished are in downstream.json; the one being written is whole or not
-    there). Bad input raises `ValueError`/`OSError`, which `albert_dist.cli.main` prints as the one error line
+    Ctrl-C naming the tasks that finished and their downstream.json (the one being written is whole or not there). Bad input raises `ValueError`/`OSError`, which `albert_dist.cli.main` prints as the one error line
     (exit 2)."""
     try:
         from albert_dist.finetune.run import finetune
 
         return finetune(options(args))
-    except KeyboardInterrupt:
-        print(f"albert-dist finetune: interrupted (Ctrl-C); the tasks that finished are in {RESULTS_FILE}",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"albert-dist finetune: interrupted (Ctrl-C); {interrupted_line(exc)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: the finished tasks and their downstream.json, or that none finished (an interrupt
+    before the fine-tunes began, while the data or the model loaded, names no file)."""
+    finished = getattr(exc, "finished", None)
+    if not finished:
+        return "no task finished, nothing written"
+    return f"{', '.join(finished)} finished, in {exc.results}"

@@ -260,6 +260,15 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the fine-tunes: `finished` the tasks whose entries `results` (a downstream.json path) holds
+    (each written whole when its seeds were done; [] when none finished)."""
+
+    def __init__(self, results: Path, finished: list[str]):
+        super().__init__(f"finished {finished} in {results}")
+        self.results, self.finished = results, finished
+
+
 def finetune(args: FinetuneOptions) -> int:
     """Fine-tune and score `args.model` on `args`' tasks over its seeds (the work of `albert-dist finetune`, whose
     flags `albert_dist.cli.finetune` parses into `args`); returns 0.
@@ -385,7 +394,7 @@ def _run(args: FinetuneOptions, source: Any, tasks: list, configs: dict, state: 
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"  # MLflow's status of a run a user stopped
-        raise
+        raise Interrupted(out_dir / RESULTS_FILE, [e["task"] for e in entries]) from None
     finally:
         if runs is not None and tracking_error is None:
             _tracked(lambda: runs.close(status))

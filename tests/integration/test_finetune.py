@@ -236,6 +236,6 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_lock(tmp_path):
     said = (tmp_path / "stderr").read_text()
     assert code == 130, said
     assert said[before:].strip().splitlines() == [
-        "albert-dist finetune: interrupted (Ctrl-C); the tasks that finished are in downstream.json"], said
+        f"albert-dist finetune: interrupted (Ctrl-C); sst2 finished, in {run / 'downstream.json'}"], said
     assert [e["task"] for e in json.loads((run / "downstream.json").read_text())["results"]] == ["sst2"]
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("downstream")) == ["downstream.json"]

@@ -254,3 +254,22 @@ def test_a_run_the_store_does_not_hold_is_one_line_with_the_store_hint(tmp_path,
         from_mlflow_run(run_id, None, "http://127.0.0.1:9", tmp_path)
     assert str(info.value) == (f"MLflow run {run_id} (http://127.0.0.1:9): Run '{run_id}' not found; is this the store "
                                "the pretraining job logged to? (--tracking-uri or MLFLOW_TRACKING_URI)")
+
+
+def test_ctrl_c_before_any_task_finished_says_so_and_writes_nothing(world, capsys, monkeypatch):
+    """Ctrl-C during the first fine-tune: exit 130, one line saying no task finished (it named a downstream.json
+    that did not exist), and none written. tests/integration/test_finetune.py has the interrupt after a task."""
+    import albert_dist.finetune.train as ft
+
+    root, run = world
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ft, "finetune_once", interrupted)
+    out = root / "ctrl_c"
+    code = cli_main(["finetune", str(run), "--task", "sst2", "--data-dir", str(root / "sst2"), "--seeds", "1",
+                     "--no-tracking", "--output", str(out)])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "%|" not in line]  # tqdm's bars
+    assert code == 130 and err == ["albert-dist finetune: interrupted (Ctrl-C); no task finished, nothing written"]
+    assert not (out / "downstream.json").exists()
