@@ -54,7 +54,9 @@ def test_init_from_hf_bar(tmp_path):
 
 def test_phase_two_recipe_runs_after_phase_one(tmp_path):
     """Both recipes as a user runs them, one process each, shortened: phase 2 is a new run (steps from 1, its
-    own warmup) with phase 1's architecture (512 positions), tokenizer and final weights (2 small steps away)."""
+    own warmup) with phase 1's architecture (512 positions), tokenizer and final weights (2 small steps away).
+    Phase 2 at ZeRO-3: the source's weights go in before `deepspeed.initialize` partitions them, and the export
+    gathers them back (at ZeRO-2, the recipe's stage, test_init_from_hf_bar compares every tensor)."""
     import torch
 
     one, two = tmp_path / "phase1", tmp_path / "phase2"
@@ -65,7 +67,7 @@ def test_phase_two_recipe_runs_after_phase_one(tmp_path):
     assert first.returncode == 0, first.stderr[-5000:]
     second = run_cli("train", "--config", "configs/pretrain/albert-tiny-phase2.yaml", *small, f"run_dir={two}",
                      f"model.init_from={one}", "engine.train_micro_batch_size_per_gpu=1", "optimizer.warmup_steps=1",
-                     env=clean_env())
+                     "engine.zero_stage=3", env=clean_env())
     assert second.returncode == 0, second.stderr[-5000:]
     config = yaml.safe_load((two / "config.yaml").read_text())
     assert config["model"]["max_position_embeddings"] == config["data"]["max_seq_length"] == 512
