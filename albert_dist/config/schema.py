@@ -2,8 +2,9 @@
 tracking sections (each beside the component it configures) plus the loop's scalars; YAML and plain-dict views."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
@@ -71,5 +72,18 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 
 def to_container(cfg: TrainConfig) -> dict:
-    """The resolved config as nested plain dicts/lists (for JSON, MLflow params)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    """The resolved config as nested plain dicts/lists (for JSON, MLflow params, the trajectory hash): what
+    ``OmegaConf.to_container(OmegaConf.structured(cfg))`` gives (tests/unit/test_config.py compares them on every
+    recipe), walked directly: OmegaConf re-validates every node on the way, 0.14-0.4 s a call on 2 cores, and the
+    preflight, the trainer and every resume check call this."""
+    return _plain(cfg)
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj

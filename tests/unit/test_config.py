@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.config import TrainConfig, check_derived, config_hash, for_world_size, load_config, to_yaml
+from albert_dist.config import (TrainConfig, check_derived, config_hash, for_world_size, load_config, to_container,
+                                to_yaml)
 from albert_dist.engine.config import EngineConfig
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 
@@ -41,6 +42,12 @@ def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe, tmp_path, monk
     ds = build_deepspeed_config(cfg.engine, world_size=2, accelerator="cuda", model=cfg.model)
     assert ds["train_batch_size"] == (cfg.engine.train_micro_batch_size_per_gpu
                                       * cfg.engine.gradient_accumulation_steps * 2)
+    # to_container walks the dataclasses itself: OmegaConf's own conversion is the reference (types included: the
+    # trajectory hash of a checkpoint written by either must match)
+    from omegaconf import OmegaConf
+
+    reference = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert to_container(cfg) == reference and repr(to_container(cfg)) == repr(reference)
 
 
 def test_main_recipe_is_the_documented_job():
