@@ -81,9 +81,9 @@ def pretrain(run_dir: Path, ranks: int, overrides: list[str]) -> None:
 
 
 def final_val(run_dir: Path) -> dict:
-    """The last validation record of a run's metrics.jsonl (val_mlm_accuracy, step)."""
+    """The last validation record of a run's metrics.jsonl ({"val/mlm_accuracy": ..., "step": ...}; {} if none)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    vals = [r for r in records if "val_mlm_accuracy" in r]
+    vals = [r for r in records if "val/mlm_accuracy" in r]
     return vals[-1] if vals else {}
 
 
@@ -123,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         result = latest(Path(output or source) / "downstream.json", "sst2", init)
         scores = seed_scores(result)[result["primary_metric"]]
         val = final_val(val_of[name]) if name in val_of else {}
-        acc = f"{val['val_mlm_accuracy']:.3f}" if val else "-"
+        acc = f"{val['val/mlm_accuracy']:.3f}" if val else "-"
         rows.append(f"| {name} | {acc} | {statistics.median(scores):.3f} "
                     f"[{min(scores):.3f}-{max(scores):.3f}] |")
-        record[name] = {"sst2_accuracy_seeds": scores, "val_mlm_accuracy": val.get("val_mlm_accuracy"),
+        record[name] = {"sst2_accuracy_seeds": scores, "val_mlm_accuracy": val.get("val/mlm_accuracy"),
                         "finetune": result["finetune"], "train_examples": result["train_examples"]}
     hp = next(iter(record.values()))["finetune"]
     text = "\n".join([
