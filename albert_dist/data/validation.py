@@ -111,8 +111,8 @@ def build_validation_set(cfg: DataConfig, sp=None) -> ValidationSet:
 
     Object-store sources that fit ``data.cache_max_bytes`` are read through the node's cache (`_local_copies`).
     ``sp``: the sentencepiece processor (loaded from ``cfg.tokenizer_path`` when None). Raises ValueError when
-    ``data.validation`` lists no source or holds no example; logs a warning when it yields fewer than
-    ``data.eval_examples`` (the whole first pass of the sources is then the set).
+    ``data.validation`` lists no source or holds no example. Fewer than ``data.eval_examples``: the whole first
+    pass of the sources is the set, ``complete`` False (the trainer's `Evaluator` warns, on rank 0).
     """
     if not cfg.validation:
         raise ValueError("data.validation lists no source; there is no validation set to build")
@@ -167,12 +167,7 @@ def _build(cfg: DataConfig, builder: ExampleBuilder, streams: list[SourceStream]
     if not examples:
         raise ValueError(f"data.validation: {[s.paths for s in cfg.validation]!r} holds no example "
                          "(documents shorter than 2 tokens?)")
-    vset = ValidationSet(collate(examples, cfg.max_seq_length), documents, complete)
-    if not complete:
-        logger.warning("data.validation: one pass over the sources gives %d examples < data.eval_examples=%d; "
-                       "the validation set is all of them (%d masked tokens)", len(vset), cfg.eval_examples,
-                       vset.masked_tokens)
-    return vset
+    return ValidationSet(collate(examples, cfg.max_seq_length), documents, complete)
 
 
 def token_counts(cfg: DataConfig, sp, max_bytes: int = UNIGRAM_SAMPLE_BYTES) -> Optional[np.ndarray]:

@@ -52,6 +52,10 @@ class Evaluator:
         self.passes = self.set.forward_passes(world_size, micro_batch_size)
         self.baseline: Optional[dict[str, float]] = None
         if rank == 0:
+            if not self.set.complete:  # every rank builds the same set: one warning per job, not per rank
+                logger.warning("data.validation: one pass over the sources gives %d examples < data.eval_examples="
+                               "%d; the validation set is all of them (%d masked tokens)", len(self.set),
+                               cfg.eval_examples, self.set.masked_tokens)
             probs = token_counts(cfg, sp)
             if probs is not None:
                 self.baseline = unigram_baseline(self.set.batch["mlm_labels"], probs)
