@@ -194,6 +194,6 @@ case "${status}" in
 esac
 if [ "${status}" -eq 2 ]; then exit 2; fi
 echo "  config.yaml, ds_config.json: the resolved config and the DeepSpeed config"
-echo "  metrics.jsonl: one JSON record per logged step (train and val_* metrics)"
+echo "  metrics.jsonl: one JSON record per logged step (train/*, perf/*, mem/* and val/* metrics)"
 echo "  checkpoints/: DeepSpeed checkpoints, 'latest' names the newest complete one"
 exit "${status}"
