@@ -97,7 +97,7 @@ def _apply_layer(merged, layer: dict, source: str):
                              "set before it (a preset is a from-scratch architecture; the source gives its own): "
                              "give one of them")
         fields = _preset(ref, "model.preset")
-        defaults = OmegaConf.to_container(OmegaConf.structured(AlbertConfig))
+        defaults = to_container(AlbertConfig())  # the schema's defaults, plain
         merged = _merge(merged, {"model": defaults}, source)
         merged = _merge(merged, {"model": fields}, f"{source} (preset)")
         layer = {**layer, "model": model}
