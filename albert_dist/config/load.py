@@ -10,6 +10,8 @@ process group starts.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
@@ -420,10 +422,17 @@ def _apply_init_from(merged, given: set[str]) -> None:
         merged.data.tokenizer_path = str(found.tokenizer)
 
 
+@functools.lru_cache(maxsize=1)
+def _schema():
+    """The defaults as OmegaConf's structured config, built once: `OmegaConf.structured` walks the dataclasses
+    (~70 ms a call), a deep copy of its result ~12 ms, and every load starts from one."""
+    return OmegaConf.structured(TrainConfig)
+
+
 def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
     """Defaults <- each (source, mapping) layer in order (presets applied) -> the unset model fields and tokenizer
     from `model.init_from`'s source (`_apply_init_from`) -> a validated TrainConfig."""
-    merged = OmegaConf.structured(TrainConfig)
+    merged = copy.deepcopy(_schema())  # _merge changes it in place
     for source, layer in layers:
         merged = _apply_layer(merged, layer, source)
     sources = " + ".join(source for source, _ in layers) or "defaults"
