@@ -11,6 +11,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers: two on CI's 2 cores; a whole test file is one unit of work (tests/conftest.py)
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 NUM_RANKS ?= 2
 # Every command runs with the venv's bin first on PATH (the deepspeed/mlflow commands tests start are the
 # venv's, and DeepSpeed's JIT builds use the venv's ninja: a system ninja of another version rebuilds every
@@ -35,12 +38,12 @@ install: $(VENV)/.installed
 
 # junit.xml (per-test times) feeds `python bench/slowest_tests.py junit.xml --write docs/layout.md`
 test: install
-	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 --junitxml=junit.xml $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=25 --junitxml=junit.xml $(PYTEST_ARGS)
 
 # tests/unit: one process per test run, no subprocess, worker or server (tests/unit/conftest.py fails a test that
 # starts one): what to run after every change
 test-fast: install
-	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=10 tests/unit $(PYTEST_ARGS)
+	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=10 tests/unit $(PYTEST_ARGS)
 
 pretrain: install
 	$(RUN_ENV) bash launch/pretrain_local.sh $(NUM_RANKS)
