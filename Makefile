@@ -11,9 +11,10 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# pytest-xdist workers: two on CI's 2 cores; a whole test file is one unit of work (tests/conftest.py)
+# pytest-xdist workers: two on CI's 2 cores; a whole test file is one unit of work (its module fixtures start once),
+# in collection order (the long distributed files first, tests/unit last to fill the gaps)
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 NUM_RANKS ?= 2
 # Every command runs with the venv's bin first on PATH (the deepspeed/mlflow commands tests start are the
 # venv's, and DeepSpeed's JIT builds use the venv's ninja: a system ninja of another version rebuilds every

@@ -104,7 +104,7 @@ def matrix(two_rank_matrix) -> dict[str, dict]:
     """This file's 2-rank cells, from the run it shares with test_compile.py (tests/distributed/conftest.py).
     Control cells last there: an exception inside DeepSpeed's backward leaves nothing behind that a later
     deepspeed.initialize would reuse, but keep the regular cells independent of that anyway."""
-    return _keep({c.id: two_rank_matrix[c.id] for c in MATRIX_CELLS + CONTROL_CELLS}, "matrix2")
+    return _keep({c.id: two_rank_matrix("test_grad_matrix.py")[c.id] for c in MATRIX_CELLS + CONTROL_CELLS}, "matrix2")
 
 
 @pytest.fixture(scope="module")
