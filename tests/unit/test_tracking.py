@@ -446,6 +446,9 @@ def test_stop_signal_close_is_bounded_and_says_what_is_left(tmp_path, monkeypatc
                          flush_interval_s=0.05, retry_backoff_s=0.05, max_backoff_s=0.2, log_system_metrics=False)
     tracker = MLflowTracker(cfg, run_dir=str(tmp_path / "run"))
     assert tracker.run_id == "f" * 32
+    deadline = time.monotonic() + 30
+    while not client.tags and time.monotonic() < deadline:  # the start's tags sent (by the sender thread: late on a
+        time.sleep(0.01)                                    # loaded machine, then left over: "tags": 12)
     client.down = True  # the server goes away mid-run
     for step in range(1, 4):
         tracker.log_metrics({"train/loss": 1.0 / step}, step)
