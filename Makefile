@@ -12,7 +12,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers: two on CI's 2 cores; a whole test file is one unit of work (its module fixtures start once),
-# in collection order (the long distributed files first, tests/unit last to fill the gaps)
+# in collection order (the long distributed files first, tests/unit last to fill the gaps). Not loadgroup: it does not
+# group on pytest 9.2 (pytest-xdist issue 1386)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 NUM_RANKS ?= 2
