@@ -18,7 +18,7 @@ MLM gather, not compiled) in the same process group, and must
 * report the gradient norm DeepSpeed clipped with equal to the float64 norm of the reference gradient (1e-5):
   DeepSpeed #7718 reported ZeRO-2 norms too low (~1/3) from 0.17.6, with and without compile, at GA 1 and > 1.
 
-Compiling on 2 CPU cores is the cost: the cells run in one spawned process group (the gradient matrix's, shared:
+Compiling on 2 CPU cores is the cost: the cells run in one spawned process group (`two_rank_matrix`,
 tests/distributed/conftest.py) and compile once per process
 (dynamo reuses a graph for every later model of the same structure), so only the first cell of each graph pays
 (measured durations in docs/training-loop.md).

@@ -38,8 +38,9 @@ DeepSpeed's "Gradient computed twice for this partition"; a reference that takes
 the sum over the reuses must disagree with the gradients of every cell that has shared parameters by far more
 than the tolerance.
 
-The 2-rank cells run in ONE spawned process group, shared with test_compile.py's cells (the session fixture
-`two_rank_matrix` of tests/distributed/conftest.py), the 4-rank cells in another; each cell is its own test.
+The 2-rank cells run in one spawned process group (the session fixture `two_rank_matrix` of
+tests/distributed/conftest.py: shared with test_compile.py's cells unless pytest-xdist runs the files apart), the
+4-rank cells in another; each cell is its own test.
 """
 from __future__ import annotations
 
