@@ -7,9 +7,11 @@
 The tier of a test is the folder under tests/ its module lives in (unit, integration, distributed, e2e), read from
 the JUnit ``classname`` (``tests.unit.test_cli`` or ``tests.unit.test_cli.TestX``). A test's seconds are JUnit's
 ``time``: setup, call and teardown together (pytest's default ``junit_duration_report``), so a module's expensive
-fixture shows on its first test. `--write` replaces what lies between ``<!-- slowest-tests:begin -->`` and
-``<!-- slowest-tests:end -->`` in the file, with the command and the run's date, so the table in the docs is this
-script's output and says where it came from.
+fixture shows on its first test. A test's CPU seconds are its ``cpu_s`` JUnit property (tests/conftest.py: the
+pytest process and the processes it reaped, setup to teardown; "-" where a run did not record them): on CI's two
+busy cores the suite's time is its CPU, so the files that cost the most CPU are listed too. `--write` replaces what
+lies between ``<!-- slowest-tests:begin -->`` and ``<!-- slowest-tests:end -->`` in the file, with the command
+and the run's date, so the table in the docs is this script's output and says where it came from.
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ class Case:
     """Setup + call + teardown (JUnit ``time``)."""
     outcome: str
     """passed, failed (a failure or an error), or skipped."""
+    cpu_seconds: float | None = None
+    """The ``cpu_s`` property (tests/conftest.py), None where the run did not record it."""
+
+    @property
+    def file(self) -> str:
+        return self.test_id.split("::")[0]
 
 
 def read_cases(path: str | Path) -> tuple[list[Case], str]:
@@ -66,35 +74,52 @@ def read_cases(path: str | Path) -> tuple[list[Case], str]:
                 outcome = "skipped"
             else:
                 outcome = "passed"
-            cases.append(Case(test_id, tier, float(tc.get("time", 0) or 0), outcome))
+            cpu = next((float(prop.get("value")) for prop in tc.iter("property") if prop.get("name") == "cpu_s"), None)
+            cases.append(Case(test_id, tier, float(tc.get("time", 0) or 0), outcome, cpu))
     return cases, suites[0].get("timestamp", "")
 
 
 def slowest_table(cases: list[Case], n: int = 25) -> str:
     """Markdown: the `n` slowest tests, seconds and tier."""
     rows = sorted(cases, key=lambda c: -c.seconds)[:n]
-    lines = [f"| # | test | tier | seconds |", "|---|---|---|---|"]
-    lines += [f"| {i} | `{c.test_id}` | {c.tier} | {c.seconds:.1f} |" for i, c in enumerate(rows, 1)]
+    lines = [f"| # | test | tier | seconds | CPU s |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | `{c.test_id}` | {c.tier} | {c.seconds:.1f} | {_cpu(c.cpu_seconds, '.1f')} |"
+              for i, c in enumerate(rows, 1)]
+    return "\n".join(lines)
+
+
+def _cpu(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _cpu_sum(cases: list[Case]) -> float | None:
+    known = [c.cpu_seconds for c in cases if c.cpu_seconds is not None]
+    return sum(known) if known else None
+
+
+def cpu_files_table(cases: list[Case], n: int = 15) -> str:
+    """Markdown: the `n` test files whose tests took the most CPU seconds (summed), with their summed seconds."""
+    by_file: dict[str, list[Case]] = defaultdict(list)
+    for c in cases:
+        by_file[c.file].append(c)
+    rows = sorted(by_file.items(), key=lambda kv: -(_cpu_sum(kv[1]) or 0))[:n]
+    lines = ["| # | file | tests | CPU s | seconds |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | `{f}` | {len(cs)} | {_cpu(_cpu_sum(cs), '.0f')} | {sum(c.seconds for c in cs):.0f} |"
+              for i, (f, cs) in enumerate(rows, 1)]
     return "\n".join(lines)
 
 
 def tier_table(cases: list[Case]) -> str:
     """Markdown: per tier the tests passed / failed / skipped and their summed seconds, and the total."""
-    counts: dict[str, Counter] = defaultdict(Counter)
-    seconds: dict[str, float] = defaultdict(float)
+    by_tier: dict[str, list[Case]] = defaultdict(list)
     for c in cases:
-        counts[c.tier][c.outcome] += 1
-        seconds[c.tier] += c.seconds
-    order = [t for t in (*TIERS, "other") if t in counts]
-    lines = ["| tier | tests | passed | failed | skipped | seconds (summed) |", "|---|---|---|---|---|---|"]
-    for t in order:
-        k = counts[t]
-        lines.append(f"| {t} | {sum(k.values())} | {k['passed']} | {k['failed']} | {k['skipped']} | {seconds[t]:.0f} |")
-    total = Counter()
-    for k in counts.values():
-        total.update(k)
-    lines.append(f"| all | {sum(total.values())} | {total['passed']} | {total['failed']} | {total['skipped']} | "
-                 f"{sum(seconds.values()):.0f} |")
+        by_tier[c.tier].append(c)
+    lines = ["| tier | tests | passed | failed | skipped | seconds (summed) | CPU s (summed) |",
+             "|---|---|---|---|---|---|---|"]
+    for tier, group in [(t, by_tier[t]) for t in (*TIERS, "other") if t in by_tier] + [("all", cases)]:
+        k = Counter(c.outcome for c in group)
+        lines.append(f"| {tier} | {len(group)} | {k['passed']} | {k['failed']} | {k['skipped']} | "
+                     f"{sum(c.seconds for c in group):.0f} | {_cpu(_cpu_sum(group), '.0f')} |")
     return "\n".join(lines)
 
 
@@ -104,7 +129,8 @@ def report(path: str | Path, n: int = 25) -> str:
     when = stamp or datetime.fromtimestamp(Path(path).stat().st_mtime).isoformat(timespec="seconds")
     return "\n".join([f"From `python bench/slowest_tests.py {Path(path).name}` on the JUnit XML of a pytest run of "
                       f"{when} ({len(cases)} tests):", "", tier_table(cases), "", f"The {n} slowest:", "",
-                      slowest_table(cases, n)])
+                      slowest_table(cases, n), "", "The test files that took the most CPU:", "",
+                      cpu_files_table(cases)])
 
 
 def write_between_markers(doc: str | Path, text: str) -> None:

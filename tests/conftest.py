@@ -1,8 +1,36 @@
-"""Shared pytest setup: one torch thread per process (CI has 2 cores and tests spawn ranks)."""
+"""Shared pytest setup: one torch thread per process (CI has 2 cores and tests spawn ranks), and each test's CPU
+seconds in the JUnit XML (bench/slowest_tests.py reads them)."""
 import os
+import resource
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+#: JUnit property of a test: the CPU seconds (user + system) of the pytest process and of the processes it reaped
+#: (children, and their reaped descendants) from the test's setup to its teardown. CI's 2 cores run busy (~99 %
+#: measured through most of `make test`), so CPU, not wall time, is what a test costs the suite. Processes nobody
+#: in the test's process tree waits for (Slurm's job steps, started by slurmd) are not counted.
+CPU_PROPERTY = "cpu_s"
+_CPU_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)  # a wrapper: other conftests' makereport hooks return the report (firstresult)
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and _CPU_START in item.stash:  # before the report that carries the properties
+        item.user_properties.append((CPU_PROPERTY, round(_cpu_seconds() - item.stash[_CPU_START], 2)))
+    return (yield)
