@@ -12,7 +12,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 #: JUnit property of a test: the CPU seconds (user + system) of the pytest process and of the processes it reaped
-#: (children, and their reaped descendants) from the test's setup to its teardown. CI's 2 cores run busy (~99 %
+#: (children, and their reaped descendants) from the test's setup to its teardown, and of the fork server
+#: (tests/fixtures/forkserver.py) and the rank processes it forked and reaped. CI's 2 cores run busy (~99 %
 #: measured through most of `make test`), so CPU, not wall time, is what a test costs the suite. Processes nobody
 #: in the test's process tree waits for (Slurm's job steps, started by slurmd) are not counted.
 CPU_PROPERTY = "cpu_s"
@@ -20,8 +21,10 @@ _CPU_START = pytest.StashKey[float]()
 
 
 def _cpu_seconds() -> float:
+    from fixtures.forkserver import server_cpu_seconds
+
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + server_cpu_seconds()
 
 
 @pytest.hookimpl(tryfirst=True)

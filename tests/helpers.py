@@ -43,11 +43,20 @@ def run_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 6
 
 
 def start_ranks(cmd: Sequence[str], world_size: int, *, env: Optional[dict[str, str]] = None,
-                logs: Optional[Sequence[Any]] = None, **popen: Any) -> list[subprocess.Popen]:
+                logs: Optional[Sequence[Any]] = None, fork: bool = False, **popen: Any) -> list[subprocess.Popen]:
     """Start ``cmd`` once per local rank with `local_rank_env` (one rendezvous port) over ``env`` (default
     `clean_env()`); rank r's stdout and stderr go to ``logs[r]`` when given; ``popen`` goes to each
-    `subprocess.Popen`. The caller waits for and kills them."""
+    `subprocess.Popen`. ``fork``: fork each rank from `fixtures.forkserver` (torch, DeepSpeed and the trainer
+    already imported; ``cmd`` a Python script or module; ``popen`` only ``cwd``) instead of a new interpreter.
+    The caller waits for and kills them."""
     port, base = free_port(), env or clean_env()
+    if fork:
+        from fixtures import forkserver
+
+        return [forkserver.start(cmd, env={**base, **local_rank_env(rank, world_size, port)},
+                                 cwd=popen.pop("cwd", os.getcwd()), stdout=None if logs is None else logs[rank],
+                                 stderr=None if logs is None else subprocess.STDOUT, **popen)
+                for rank in range(world_size)]
     if logs is not None:
         popen["stderr"] = subprocess.STDOUT
     return [subprocess.Popen(list(cmd), env={**base, **local_rank_env(rank, world_size, port)},

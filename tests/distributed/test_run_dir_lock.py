@@ -85,7 +85,7 @@ def test_without_run_dir_rank_0_names_and_locks_one_directory_both_ranks_write(t
     logs = [open(tmp_path / f"rank{rank}.log", "wb") for rank in range(2)]
     overrides = [f"data.train=[{{paths: [{REPO}/data/sample/wikitext-2-train-*.txt]}}]",
                  f"data.tokenizer_path={REPO}/data/sample/spiece.model", "max_steps=3"]
-    procs = start_ranks([*CLI, "--config", str(config), *overrides], 2, logs=logs, cwd=tmp_path,
+    procs = start_ranks([*CLI, "--config", str(config), *overrides], 2, logs=logs, cwd=tmp_path, fork=True,
                         env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""))
     try:
         codes = [p.wait(timeout=240) for p in procs]
