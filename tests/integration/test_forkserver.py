@@ -83,6 +83,25 @@ def test_wait_times_out_and_a_signal_ends_it_as_popen_reports(tmp_path):
         assert proc.wait(timeout=30) == -signal.SIGTERM and proc.poll() == -signal.SIGTERM
 
 
+def test_a_logger_made_at_import_writes_in_order_with_print(tmp_path):
+    """DeepSpeed's logger gets its handler at import, holding the server's stdout in a forked child: it must write
+    through the child's stdout as in a new interpreter (same buffer, so the same order with print)."""
+    script = tmp_path / "probe.py"
+    script.write_text("from deepspeed.utils import logger\nprint('before')\nlogger.warning('ds line')\n"
+                      "print('after')\n")
+    env = clean_env(DS_ACCELERATOR="cpu")
+    env.pop("PYTHONUNBUFFERED", None)  # block-buffered stdout: an order that differs shows
+    orders = []
+    for name, start in (("new", subprocess.Popen), ("forked", forkserver.start)):
+        log = tmp_path / f"{name}.log"
+        with open(log, "wb") as fh:
+            assert start([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=fh,
+                         stderr=subprocess.STDOUT).wait(timeout=120) == 0
+        orders.append([w for line in log.read_text().splitlines() for w in ("before", "ds line", "after")
+                       if line.endswith(w)])
+    assert orders[0] == orders[1] == ["before", "ds line", "after"]
+
+
 def test_only_python_scripts_and_modules_are_forked(tmp_path):
     with pytest.raises(ValueError, match="the fork server runs"):
         forkserver.start(["bash", "-c", "true"], env=clean_env(), cwd=tmp_path)
