@@ -1,6 +1,6 @@
 # The README's commands. Everything runs from a venv this Makefile creates.
 #   make test      - create .venv, install albert_dist[dev], run the whole test suite (prints the 25 slowest tests)
-#   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; ~2 min on 2 cores)
+#   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; ~1 min on 2 cores)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
 #   make bench     - run every benchmark in bench/ and write bench/results/results.json
 #   make gpu-kit   - .whl (wheels for the GPU image's CPython $(PYVER)) and .gpu_data (SST-2) for bench/gpu_check.sh
