@@ -14,11 +14,18 @@ import pytest
 from fixtures import forkserver
 from helpers import REPO, clean_env
 
+
+def rank_env(**extra: str) -> dict[str, str]:
+    """What a test job gives its ranks (tests/fixtures/ranks.py): the fork server imported with the same."""
+    return clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", **extra)
+
 PROBE = textwrap.dedent("""
     import json, os, sys
     print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
                       "file": __file__, "main": sys.modules["__main__"].__dict__.get("MARK"),
-                      "env": os.environ.get("PROBE_VAR"), "rank": os.environ.get("RANK")}))
+                      "env": os.environ.get("PROBE_VAR"), "rank": os.environ.get("RANK"),
+                      "globals": sorted(k for k in globals() if not k.startswith("__")),
+                      "cmdline": open("/proc/self/cmdline").read().replace(chr(0), " ").strip()}))
     print("to stderr", file=sys.stderr)
     MARK = "mine"
     what = sys.argv[1]
@@ -39,7 +46,7 @@ def _both(tmp_path, args: list[str], module: bool = False, unbuffered: bool = Fa
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     cmd = [sys.executable, *(["-m", "probe"] if module else [str(script)]), *args]
-    env = clean_env(PROBE_VAR="x y", RANK="3")
+    env = rank_env(PROBE_VAR="x y", RANK="3")
     env.pop("PYTHONUNBUFFERED", None)
     env.update({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
     out = []
@@ -74,7 +81,7 @@ def test_wait_times_out_and_a_signal_ends_it_as_popen_reports(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     with open(tmp_path / "log", "wb") as fh:
-        proc = forkserver.start([sys.executable, str(script), "sleep"], env=clean_env(), cwd=REPO, stdout=fh,
+        proc = forkserver.start([sys.executable, str(script), "sleep"], env=rank_env(), cwd=REPO, stdout=fh,
                                 stderr=subprocess.STDOUT)
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=0.5)
@@ -89,7 +96,7 @@ def test_a_logger_made_at_import_writes_in_order_with_print(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text("from deepspeed.utils import logger\nprint('before')\nlogger.warning('ds line')\n"
                       "print('after')\n")
-    env = clean_env(DS_ACCELERATOR="cpu")
+    env = rank_env()
     env.pop("PYTHONUNBUFFERED", None)  # block-buffered stdout: an order that differs shows
     orders = []
     for name, start in (("new", subprocess.Popen), ("forked", forkserver.start)):
@@ -100,6 +107,25 @@ def test_a_logger_made_at_import_writes_in_order_with_print(tmp_path):
         orders.append([w for line in log.read_text().splitlines() for w in ("before", "ds line", "after")
                        if line.endswith(w)])
     assert orders[0] == orders[1] == ["before", "ds line", "after"]
+
+
+def test_each_child_draws_its_own_random_numbers(tmp_path):
+    """numpy's and torch's global generators are reseeded in each child (two new interpreters differ too)."""
+    script = tmp_path / "draw.py"
+    script.write_text("import numpy, torch\nprint(numpy.random.rand(), torch.initial_seed(), torch.rand(1).item())\n")
+    draws = []
+    for i in range(2):
+        log = tmp_path / f"{i}.log"
+        with open(log, "wb") as fh:
+            assert forkserver.start([sys.executable, str(script)], env=rank_env(), cwd=tmp_path, stdout=fh,
+                                    stderr=subprocess.STDOUT).wait(timeout=60) == 0
+        draws.append(log.read_text().split())
+    assert all(a != b for a, b in zip(*draws)), draws
+
+
+def test_a_variable_read_at_import_must_be_the_servers(tmp_path):
+    with pytest.raises(ValueError, match="PYTHONHASHSEED"):
+        forkserver.start([sys.executable, "x.py"], env=rank_env(PYTHONHASHSEED="123"), cwd=tmp_path)
 
 
 def test_only_python_scripts_and_modules_are_forked(tmp_path):
