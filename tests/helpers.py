@@ -3,7 +3,8 @@
 * `run_cli`: ``python -m albert_dist.cli ...`` from the checkout in a `clean_env` (a test run inside srun or
   torchrun must not make the job it starts think it is one of that job's ranks);
 * `start_ranks`: one process per local gloo rank with torchrun's variables
-  (`albert_dist.dist.local_ranks.local_rank_env`); `spawn_local_ranks` and `free_port` for in-process workers;
+  (`albert_dist.dist.local_ranks.local_rank_env`), as new interpreters or forked (`fixtures.forkserver`), in a
+  `rank_env`; `spawn_local_ranks` and `free_port` for in-process workers;
 * `read_metrics`: the records of a run directory's metrics.jsonl;
 * `load_bench`: a benchmark script of bench/ as a module (bench/ is no package).
 """
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: What a launcher or a Slurm step sets that would make a started job join the caller's job.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
-__all__ = ["REPO", "clean_env", "free_port", "load_bench", "local_rank_env", "read_metrics", "run_cli",
+__all__ = ["REPO", "clean_env", "free_port", "load_bench", "local_rank_env", "rank_env", "read_metrics", "run_cli",
            "spawn_local_ranks", "start_ranks"]
 
 
@@ -32,6 +33,12 @@ def clean_env(**extra: str) -> dict[str, str]:
     """``os.environ`` without `LAUNCHER_VARS` and ``SLURM_*``, with one OpenMP thread, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
     return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def rank_env(**extra: str) -> dict[str, str]:
+    """`clean_env` for the ranks of a CPU test job: DeepSpeed's CPU accelerator, no GPU visible (what
+    `fixtures.forkserver` imports with, so its forked ranks and new interpreters see the same), plus ``extra``."""
+    return clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", **extra)
 
 
 def run_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 600,

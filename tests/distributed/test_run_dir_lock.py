@@ -20,7 +20,7 @@ from albert_dist.engine.checkpoint.layout import read_latest
 from albert_dist.engine.checkpoint.choose import choose_checkpoint
 from albert_dist.job.lock import LOCK_FILE
 from fixtures.ranks import CONFIG, Job
-from helpers import REPO, clean_env, start_ranks
+from helpers import REPO, rank_env, start_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -86,7 +86,7 @@ def test_without_run_dir_rank_0_names_and_locks_one_directory_both_ranks_write(t
     overrides = [f"data.train=[{{paths: [{REPO}/data/sample/wikitext-2-train-*.txt]}}]",
                  f"data.tokenizer_path={REPO}/data/sample/spiece.model", "max_steps=3"]
     procs = start_ranks([*CLI, "--config", str(config), *overrides], 2, logs=logs, cwd=tmp_path, fork=True,
-                        env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""))
+                        env=rank_env())
     try:
         codes = [p.wait(timeout=240) for p in procs]
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import clean_env, start_ranks
+from helpers import rank_env, start_ranks
 
 from grad_matrix_worker import scaled_errors
 
@@ -66,7 +66,7 @@ def run_job(world: int, config: Path, run_dir: Path, args: list[str], overrides:
     logs = [open(run_dir / f"rank{rank}.log", "ab") for rank in range(world)]
     procs = start_ranks([sys.executable, str(WORKER), "--config", str(config), *args, f"run_dir={run_dir}",
                          f"engine.gradient_accumulation_steps={GA[world]}", *overrides], world,
-                        env=clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""), logs=logs, cwd=REPO, fork=True)
+                        env=rank_env(), logs=logs, cwd=REPO, fork=True)
     deadline = time.time() + timeout
     try:
         codes = [p.wait(timeout=max(1.0, deadline - time.time())) for p in procs]

@@ -12,12 +12,7 @@ import textwrap
 import pytest
 
 from fixtures import forkserver
-from helpers import REPO, clean_env
-
-
-def rank_env(**extra: str) -> dict[str, str]:
-    """What a test job gives its ranks (tests/fixtures/ranks.py): the fork server imported with the same."""
-    return clean_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", **extra)
+from helpers import REPO, clean_env, rank_env
 
 PROBE = textwrap.dedent("""
     import json, os, sys
