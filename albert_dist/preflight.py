@@ -21,7 +21,7 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
    the run's directory here, the first free `runs/<recipe>-<UTC time>[-<k>]` (`JobPlan.run_dir`).
 
 Every rank runs 1-4 on the same files and config and so reaches the same verdict; the app has the ranks agree
-on it over the rendezvous store (`albert_dist.dist.rendezvous`) before any of them starts the process group.
+on it over the rendezvous store (`albert_dist.distributed.rendezvous`) before any of them starts the process group.
 Each rank's training-source plan for the job's slots travels to its loader in the `JobPlan`
 (`JobPlan.train_pieces`): planning is metadata alone (file sizes, parquet footers), which every rank's loader
 would otherwise redo after the process group; only rank 0 reads records to probe the slots.
@@ -44,7 +44,7 @@ from albert_dist.data.tokenizer import load_tokenizer
 from albert_dist.engine import memory
 from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
-from albert_dist.dist.group import DistEnv
+from albert_dist.distributed.env import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock, auto_run_dir
 from albert_dist.init_from import check as check_init_from
 from albert_dist.init_source import InitSource

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from albert_dist.data.sources.discover import resolve_path
-from albert_dist.dist.group import all_gather_object, barrier, broadcast_object
+from albert_dist.distributed.collectives import all_gather_object, barrier, broadcast_object
 from albert_dist.export import export_final_model
 from albert_dist.model.sharing import model_param_counts
 from albert_dist.tracking.fetch import download_run_checkpoint

@@ -6,13 +6,13 @@
 Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --module albert_dist.cli train
 ...`; without `--no_local_rank`, `albert_dist.cli` takes the launcher's `--local_rank` away), torchrun, srun,
 and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
-(`albert_dist.dist.group`). The config, the batch arithmetic for the launcher's world size, the input
+(`albert_dist.distributed.group`). The config, the batch arithmetic for the launcher's world size, the input
 files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
 before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
 rank 0 also takes the run directory's lock there (`albert_dist.job.lock`: a second job on it is refused
 the same way, naming the holder), naming the directory first when `run_dir` is unset. The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
-(`albert_dist.dist.rendezvous`), so a refusal on any rank ends every rank at once; then
+(`albert_dist.distributed.rendezvous`), so a refusal on any rank ends every rank at once; then
 `albert_dist.trainer.Trainer` runs the job.
 
 Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 crash (the traceback logged
@@ -33,8 +33,8 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
-from albert_dist.dist.group import DistEnv, discover
-from albert_dist.dist.rendezvous import PreflightRefused, agree, open_store
+from albert_dist.distributed.env import DistEnv, discover
+from albert_dist.distributed.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
@@ -70,7 +70,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         multi_rank = env.world_size > 1
         configure_logging(env.rank)
         # Before anything that may fail: a rank 0 refusing the job can still tell the other ranks, which would
-        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.dist.rendezvous).
+        # otherwise wait in the rendezvous for the process-group timeout (albert_dist.distributed.rendezvous).
         store = open_store(env)
         error: Optional[Exception] = None
         try:

@@ -46,7 +46,9 @@ from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
 from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.job import console
 from albert_dist.engine import metric_names as names
-from albert_dist.dist.group import broadcast_object, discover, host_group, init_distributed, is_multi_rank
+from albert_dist.distributed.collectives import broadcast_object, host_group, is_multi_rank
+from albert_dist.distributed.env import discover
+from albert_dist.distributed.group import init_distributed
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
@@ -96,7 +98,7 @@ class Trainer:
                  store: Any = None, stop: Optional[StopFlag] = None):
         self.dist_env = discover()
         self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
-        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.dist.rendezvous)
+        self.store = store  # the job's rendezvous store, opened by the app (albert_dist.distributed.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
         self.train_pieces = plan.train_pieces  # the preflight's plan of the training sources for this world size

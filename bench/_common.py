@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
-from albert_dist.dist.local_ranks import local_rank_env, spawn_local_ranks
+from albert_dist.distributed.local_ranks import local_rank_env, spawn_local_ranks
 
 if TYPE_CHECKING:
     import torch

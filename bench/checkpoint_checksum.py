@@ -108,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
 
     init_distributed()
     for preset in args.presets:

@@ -134,7 +134,7 @@ def run(repeats: int = 3, presets: tuple[str, ...] = ("albert-tiny", "albert-bas
     if missing:
         raise ValueError(f"unknown model presets {missing}; see {MODEL_DIR}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
 
     init_distributed(timeout_s=300)
     result: dict[str, Any] = {"zero_stage": 2, "precision": "fp32", "world_size": 1}

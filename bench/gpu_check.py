@@ -199,7 +199,7 @@ def phase_step(out: Path, cpu: bool) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "bench"))
     import gpu_step
 
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
     from albert_dist.engine.metrics import measure_peak_tflops
 
     init_distributed(timeout_s=300)

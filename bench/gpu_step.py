@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_step: no CUDA device visible to torch "
               f"(torch {torch.__version__}, CUDA build {torch.version.cuda})", file=sys.stderr)
         return 2
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
     from albert_dist.engine.metrics import measure_peak_tflops
 
     init_distributed(timeout_s=300)

@@ -306,7 +306,7 @@ def _states_worker(rank: int, world: int, port: int, cells: list, extra: tuple, 
     try:
         from deepspeed.utils import logger as ds_logger
 
-        from albert_dist.dist.group import init_distributed
+        from albert_dist.distributed.group import init_distributed
 
         init_distributed(timeout_s=600)
         ds_logger.setLevel(logging.WARNING)
@@ -323,7 +323,7 @@ def _states_worker(rank: int, world: int, port: int, cells: list, extra: tuple, 
 
 def _spawn(target: Callable, world: int, args: tuple, timeout_s: float) -> dict[int, Any]:
     """Run `target(rank, world, port, *args, queue)` on `world` spawned ranks; {rank: payload}."""
-    from albert_dist.dist.group import free_port
+    from albert_dist.distributed.env import free_port
 
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()

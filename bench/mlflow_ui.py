@@ -103,7 +103,7 @@ class Browser:
 
 
 def main() -> None:
-    from albert_dist.dist.group import free_port
+    from albert_dist.distributed.env import free_port
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="screens", help="directory for the PNGs")

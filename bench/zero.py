@@ -147,7 +147,7 @@ def _measure(rank: int, world: int, args: dict, counter: AllGatherCounter) -> di
 
     from albert_dist.config import load_config
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
     from albert_dist.engine.optim import build_optimizer
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.model.sharing import block_parameter_counts

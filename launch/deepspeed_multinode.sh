@@ -16,7 +16,7 @@
 # MASTER_PORT (default 29500), NODE_RANK (see above), RUN_DIR (run directory on a filesystem every host
 # sees; needed with --resume auto; default: runs/<recipe>-<UTC time> chosen by rank 0).
 # Rank discovery: the ranks read RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* that DeepSpeed's launcher sets
-# (albert_dist.dist.group). On GPUs, set NCCL variables here or in ~/.deepspeed_env, which the
+# (albert_dist.distributed.group). On GPUs, set NCCL variables here or in ~/.deepspeed_env, which the
 # ssh mode copies to every host (docs/slurm.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."

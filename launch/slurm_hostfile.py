@@ -6,7 +6,7 @@
 
 Slots per host = GPUs per node: ``--slots``, else ``$SLURM_GPUS_PER_NODE`` (``8``, ``a100:8`` or
 ``gpu:a100:8``), else ``$SLURM_NTASKS_PER_NODE``, else 1 (CPU mode: one rank per node). The node list is
-expanded with ``scontrol show hostnames`` when available (albert_dist.dist.slurm.expand_nodelist).
+expanded with ``scontrol show hostnames`` when available (albert_dist.distributed.slurm.expand_nodelist).
 Host names are kept as Slurm names them: DeepSpeed's Slurm launcher hands them to ``srun --nodelist``; with
 ``--no_ssh`` they only count slots. Format: DeepSpeed's ``fetch_hostfile`` (deepspeed/launcher/runner.py).
 Exit status 2 with a message when the node list is missing or malformed or a slot count is not positive.
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=None, help="slots (GPUs) per host")
     parser.add_argument("-o", "--output", default="-", help="file to write ('-': stdout)")
     args = parser.parse_args(argv)
-    from albert_dist.dist.slurm import expand_nodelist
+    from albert_dist.distributed.slurm import expand_nodelist
 
     try:
         if not args.nodelist:

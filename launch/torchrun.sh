@@ -8,7 +8,7 @@
 # node reachable by all>; torchrun's c10d rendezvous assigns node ranks, no ssh needed. RUN_DIR: a run
 # directory on a filesystem every node sees (needed with --resume auto).
 # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT for each rank;
-# albert_dist.dist.group reads them (and they win over Slurm variables when torchrun runs in srun).
+# albert_dist.distributed.group reads them (and they win over Slurm variables when torchrun runs in srun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

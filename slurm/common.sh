@@ -37,7 +37,7 @@ fi
 # Rendezvous, computed once here rather than by every rank. Rank 0 runs on the first node of the node list
 # (block distribution), so MASTER_ADDR is that node's address: its NodeAddr from slurmctld, which also covers
 # node names that do not resolve (several virtual nodes on one host). The port is derived from the job id by
-# albert_dist.dist.group (the same after a requeue, which keeps the job id).
+# albert_dist.distributed.group (the same after a requeue, which keeps the job id).
 if [[ -z ${MASTER_ADDR:-} ]]; then
     _first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
     MASTER_ADDR=$(scontrol show node "$_first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2 || true)

@@ -3,7 +3,7 @@
 * `run_cli`: ``python -m albert_dist.cli ...`` from the checkout in a `clean_env` (a test run inside srun or
   torchrun must not make the job it starts think it is one of that job's ranks);
 * `start_ranks`: one process per local gloo rank with torchrun's variables
-  (`albert_dist.dist.local_ranks.local_rank_env`), as new interpreters or forked (`fixtures.forkserver`), in a
+  (`albert_dist.distributed.local_ranks.local_rank_env`), as new interpreters or forked (`fixtures.forkserver`), in a
   `rank_env`; `spawn_local_ranks` and `free_port` for in-process workers;
 * `read_metrics`: the records of a run directory's metrics.jsonl;
 * `load_bench`: a benchmark script of bench/ as a module (bench/ is no package).
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from albert_dist.dist.group import free_port
-from albert_dist.dist.local_ranks import local_rank_env, spawn_local_ranks
+from albert_dist.distributed.env import free_port
+from albert_dist.distributed.local_ranks import local_rank_env, spawn_local_ranks
 from albert_dist.tracking.base import read_metric_log
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _strip_launcher_local_rank(argv: list[str]) -> list[str]:
     """Drop ``--local_rank=N`` / ``--local-rank N`` that the deepspeed launcher (without ``--no_local_rank``)
     and old ``torch.distributed.launch`` put in front of the sub-command; LOCAL_RANK carries the same value
-    (set here if the launcher did not), and albert_dist.dist.group reads it from there."""
+    (set here if the launcher did not), and albert_dist.distributed.group reads it from there."""
     out: list[str] = []
     i = 0
     while i < len(argv):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from albert_dist.data.config import DataConfig
 from albert_dist.engine import metric_names as _names
 from albert_dist.data.validation import ValidationSet, build_validation_set, token_counts, unigram_baseline
-from albert_dist.dist.group import is_multi_rank
+from albert_dist.distributed.collectives import is_multi_rank
 
 logger = logging.getLogger(__name__)
 

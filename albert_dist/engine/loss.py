@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from albert_dist.dist.group import is_multi_rank
+from albert_dist.distributed.collectives import is_multi_rank
 from albert_dist.engine.grad_norm import exact_norm_applies, global_grad_norm
 from albert_dist.model.config import IGNORE_INDEX
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from albert_dist.dist.group import is_multi_rank
+from albert_dist.distributed.collectives import is_multi_rank
 from albert_dist.engine.peaks import datasheet_peak
 
 logger = logging.getLogger(__name__)

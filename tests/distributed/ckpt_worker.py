@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     from albert_dist import train
     from albert_dist.config import load_config
     from albert_dist.engine.checkpoint import save as ckpt_save
-    from albert_dist.dist.group import discover
+    from albert_dist.distributed.env import discover
     from albert_dist.job.console import configure_logging
     from albert_dist.preflight import plan_job
     from albert_dist.trainer import Trainer

@@ -41,8 +41,8 @@ from unittest import mock
 
 import torch
 
-from albert_dist.dist.group import free_port
-from albert_dist.dist.local_ranks import local_rank_env
+from albert_dist.distributed.env import free_port
+from albert_dist.distributed.local_ranks import local_rank_env
 
 WORLD_SIZE = 2
 MICRO_BATCH = 2
@@ -615,7 +615,7 @@ def worker(rank: int, world_size: int, port: int, cells: list[Cell], results: "q
     os.environ.update(local_rank_env(rank, world_size, port))
     torch.set_num_threads(1)
     try:
-        from albert_dist.dist.group import init_distributed
+        from albert_dist.distributed.group import init_distributed
 
         init_distributed(timeout_s=120)
         from deepspeed.utils import logger as ds_logger

@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     import pytest
 
     from albert_dist.config import load_config
-    from albert_dist.dist.group import discover
+    from albert_dist.distributed.env import discover
     from albert_dist.preflight import plan_job
     from albert_dist.trainer import Trainer
 

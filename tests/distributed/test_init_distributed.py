@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from albert_dist.dist.group import free_port
+from albert_dist.distributed.env import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -19,7 +19,8 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from albert_dist.dist.group import all_gather_object, barrier, broadcast_object, init_distributed, is_multi_rank
+    from albert_dist.distributed.collectives import all_gather_object, barrier, broadcast_object, is_multi_rank
+    from albert_dist.distributed.group import init_distributed
     env = init_distributed(timeout_s=60)
     t = torch.tensor([float(env.rank + 1)])
     dist.all_reduce(t)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from albert_dist.dist.local_ranks import spawn_local_ranks
+from albert_dist.distributed.local_ranks import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ import torch
 
 from grad_matrix_worker import scaled_errors
 
-from albert_dist.dist.local_ranks import spawn_local_ranks
+from albert_dist.distributed.local_ranks import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -109,7 +109,7 @@ def _worker(rank: int, world: int, cases: list, out_dir: str) -> None:
     import deepspeed
 
     from albert_dist.engine.deepspeed_config import build_deepspeed_config
-    from albert_dist.dist.group import init_distributed
+    from albert_dist.distributed.group import init_distributed
     from albert_dist.engine.loss import optimizer_step
     from albert_dist.engine.optim import build_optimizer
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from albert_dist.dist.local_ranks import spawn_local_ranks
+from albert_dist.distributed.local_ranks import spawn_local_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -19,7 +19,7 @@ import torch
 from helpers import read_metrics
 from mlflow import MlflowClient
 
-from albert_dist.dist.group import free_port
+from albert_dist.distributed.env import free_port
 
 from albert_dist.engine import metric_names as names
 from albert_dist.tracking.checkpoints import complete_checkpoints

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.dist.slurm import port_from_job_id
+from albert_dist.distributed.slurm import port_from_job_id
 from albert_dist.engine import metric_names as names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]

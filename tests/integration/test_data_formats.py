@@ -360,7 +360,7 @@ def _error_of(capsys, command: list[str], runner) -> str:
 def test_user_facing_errors_name_the_file_and_a_reason(case, tmp_path, capsys, monkeypatch):
     """`albert-dist tokenizer train`, `albert-dist train` (preflight) and `albert-dist data plan` on bad input:
     exit 2, one line, the input named, the reason non-empty and the expected one."""
-    from albert_dist.dist import group as distributed
+    from albert_dist.distributed import group as distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)

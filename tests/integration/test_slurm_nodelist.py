@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from albert_dist.dist import group as D
-from albert_dist.dist import slurm as S
+from albert_dist.distributed import env as E
+from albert_dist.distributed import slurm as S
 from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 
@@ -26,5 +26,5 @@ def test_virtual_node_resolves_to_node_addr():
     probe = subprocess.run(["scontrol", "show", "node", "n1"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip("no Slurm cluster with node n1 running (.ci/slurm-cluster.sh start)")
-    env = D.discover(slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, nodelist="n[1-2]", tasks_per_node="1(x2)"))
+    env = E.discover(slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, nodelist="n[1-2]", tasks_per_node="1(x2)"))
     assert env.master_addr == "127.0.0.1"

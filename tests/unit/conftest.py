@@ -42,7 +42,7 @@ def no_process_group(monkeypatch):
     """A test of a command that must refuse its input before any process group: starting one (or reaching
     Trainer.setup) fails the test; the launcher's rank variables are cleared so the command runs as one process."""
     from albert_dist import train
-    from albert_dist.dist import group as distributed
+    from albert_dist.distributed import group as distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)

@@ -1,4 +1,4 @@
-"""Rank/world discovery (albert_dist.dist.group): precedence, Slurm node lists, errors.
+"""Rank/world discovery (albert_dist.distributed.group): precedence, Slurm node lists, errors.
 
 References: the variables torchrun (GROUP_RANK, LOCAL_WORLD_SIZE) and deepspeed/launcher/launch.py
 (CROSS_RANK, CROSS_SIZE, LOCAL_SIZE) set; the node-list examples in Slurm's documentation (tests/fixtures/slurm_env.py;
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist.dist import group as D
-from albert_dist.dist import slurm as S
+from albert_dist.distributed import collectives as C, env as E, group as G
+from albert_dist.distributed import slurm as S
 from fixtures.slurm_env import EXPANSIONS, slurm_step
 
 
@@ -58,23 +58,23 @@ def test_port_from_job_id():
 
 
 def test_single_process():
-    env = D.discover({})
+    env = E.discover({})
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.num_nodes) == (
         0, 1, 0, 1, 0, 1)
     assert env.master_addr == "127.0.0.1" and 0 < env.master_port < 65536 and env.source == "single"
 
 
 def test_torchrun_variables():
-    env = D.discover({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+    env = E.discover({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                       "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
-    assert env == D.DistEnv(5, 8, 1, 4, 1, "10.0.0.1", 29500, 2, "torchrun")
+    assert env == E.DistEnv(5, 8, 1, 4, 1, "10.0.0.1", 29500, 2, "torchrun")
 
 
 def test_deepspeed_launcher_variables():
     # deepspeed/launcher/launch.py: CROSS_RANK = node rank, CROSS_SIZE = nodes, LOCAL_SIZE = procs per node
-    env = D.discover({"RANK": "2", "WORLD_SIZE": "6", "LOCAL_RANK": "0", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+    env = E.discover({"RANK": "2", "WORLD_SIZE": "6", "LOCAL_RANK": "0", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
                       "CROSS_SIZE": "3", "MASTER_ADDR": "h1", "MASTER_PORT": "29501"})
-    assert env == D.DistEnv(2, 6, 0, 2, 1, "h1", 29501, 3, "deepspeed")
+    assert env == E.DistEnv(2, 6, 0, 2, 1, "h1", 29501, 3, "deepspeed")
 
 
 def test_launcher_variables_win_over_slurm(no_scontrol):
@@ -82,26 +82,26 @@ def test_launcher_variables_win_over_slurm(no_scontrol):
     environ = slurm_step(procid=1, nodeid=1, localid=0, ntasks=2, tasks_per_node="1(x2)")
     environ.update({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
                     "CROSS_SIZE": "2", "MASTER_ADDR": "gpu01", "MASTER_PORT": "29500"})
-    env = D.discover(environ)
+    env = E.discover(environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.source) == (
         3, 4, 1, 2, 1, "deepspeed")
 
 
 def test_slurm_variables(no_scontrol):
-    env = D.discover(slurm_step(procid=3, nodeid=1, localid=1))
-    assert env == D.DistEnv(3, 4, 1, 2, 1, "gpu01", S.port_from_job_id(4711), 2, "slurm")
+    env = E.discover(slurm_step(procid=3, nodeid=1, localid=1))
+    assert env == E.DistEnv(3, 4, 1, 2, 1, "gpu01", S.port_from_job_id(4711), 2, "slurm")
 
 
 def test_slurm_uneven_tasks_per_node(no_scontrol):
     environ = slurm_step(procid=6, nodeid=3, localid=0, ntasks=7, nodelist="n[1-4]", tasks_per_node="2(x3),1")
-    env = D.discover(environ)
+    env = E.discover(environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.num_nodes) == (
         6, 7, 0, 1, 3, 4)
 
 
 def test_slurm_given_master_wins(no_scontrol):
     environ = slurm_step(procid=0, nodeid=0, localid=0) | {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "23456"}
-    env = D.discover(environ)
+    env = E.discover(environ)
     assert (env.master_addr, env.master_port) == ("10.1.1.1", 23456)
 
 
@@ -109,21 +109,21 @@ def test_slurm_batch_shell_is_single_process(no_scontrol):
     # measured: the batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS but no SLURM_STEP_ID
     environ = slurm_step(procid=0, nodeid=0, localid=0)
     del environ["SLURM_STEP_ID"]
-    assert D.discover(environ).world_size == 1
+    assert E.discover(environ).world_size == 1
 
 
 def test_environ_not_modified(no_scontrol):
     environ = slurm_step(procid=2, nodeid=1, localid=0)
     before = dict(environ)
-    D.discover(environ)
+    E.discover(environ)
     assert environ == before
 
 
 def test_export_env_round_trip(no_scontrol):
-    env = D.discover(slurm_step(procid=3, nodeid=1, localid=1))
+    env = E.discover(slurm_step(procid=3, nodeid=1, localid=1))
     exported: dict[str, str] = {}
-    D.export_env(env, exported)
-    assert D.discover(exported) == D.DistEnv(3, 4, 1, 2, 1, "gpu01", env.master_port, 2, "torchrun")
+    E.export_env(env, exported)
+    assert E.discover(exported) == E.DistEnv(3, 4, 1, 2, 1, "gpu01", env.master_port, 2, "torchrun")
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -153,23 +153,23 @@ ERRORS = [
 @pytest.mark.parametrize("environ, names", ERRORS, ids=[e[1] for e in ERRORS])
 def test_inconsistent_variables_raise(no_scontrol, environ, names):
     with pytest.raises(ValueError) as info:
-        D.discover(environ)
+        E.discover(environ)
     assert names in str(info.value)
 
 
 def test_init_distributed_rejects_bad_timeout():
     with pytest.raises(ValueError, match="timeout_s"):
-        D.init_distributed(timeout_s=0)
+        G.init_distributed(timeout_s=0)
 
 
 def test_free_port_is_bindable_and_is_multi_rank_without_a_group():
     import socket
 
-    port = D.free_port()
+    port = E.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free: binding it again succeeds
     assert 1024 <= port < 65536
-    assert D.is_multi_rank() is False  # no process group in a unit test
+    assert C.is_multi_rank() is False  # no process group in a unit test
 
 
 def test_torch_extensions_dir_defaults_to_the_venvs_own(tmp_path, monkeypatch):
@@ -179,17 +179,17 @@ def test_torch_extensions_dir_defaults_to_the_venvs_own(tmp_path, monkeypatch):
     import sys
 
     env: dict[str, str] = {}
-    assert D.default_torch_extensions_dir(env, str(tmp_path)) == str(tmp_path / "torch_extensions")
+    assert E.default_torch_extensions_dir(env, str(tmp_path)) == str(tmp_path / "torch_extensions")
     assert env == {"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
     env = {"TORCH_EXTENSIONS_DIR": "/mine"}
-    assert D.default_torch_extensions_dir(env, str(tmp_path)) == "/mine" and env == {"TORCH_EXTENSIONS_DIR": "/mine"}
-    monkeypatch.setattr(D.os, "access", lambda path, mode: False)  # a read-only prefix (root may write anywhere)
+    assert E.default_torch_extensions_dir(env, str(tmp_path)) == "/mine" and env == {"TORCH_EXTENSIONS_DIR": "/mine"}
+    monkeypatch.setattr(E.os, "access", lambda path, mode: False)  # a read-only prefix (root may write anywhere)
     env = {}
-    assert D.default_torch_extensions_dir(env, str(tmp_path)) == "" and env == {}
+    assert E.default_torch_extensions_dir(env, str(tmp_path)) == "" and env == {}
     monkeypatch.undo()
     # the defaults: this process's environment and the running venv
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    assert D.default_torch_extensions_dir() == f"{sys.prefix}/torch_extensions"
+    assert E.default_torch_extensions_dir() == f"{sys.prefix}/torch_extensions"
 
 
 def test_a_killed_builds_lock_is_removed_a_live_ones_kept(tmp_path, monkeypatch, caplog):
@@ -206,14 +206,14 @@ def test_a_killed_builds_lock_is_removed_a_live_ones_kept(tmp_path, monkeypatch,
     op = get_accelerator().create_op_builder("ShareMemCommBuilder").name
     lock = Path(cpp_extension._get_build_directory(op, False)) / "lock"  # where torch's baton sits
     lock.touch()
-    assert D.clear_stale_build_lock(str(tmp_path), now=time.time()) is None and lock.exists()  # a build under way
-    old = time.time() - D.STALE_BUILD_LOCK_S - 60
+    assert E.clear_stale_build_lock(str(tmp_path), now=time.time()) is None and lock.exists()  # a build under way
+    old = time.time() - E.STALE_BUILD_LOCK_S - 60
     os.utime(lock, (old, old))
-    with caplog.at_level("WARNING", logger=D.log.name):
-        assert D.clear_stale_build_lock(str(tmp_path)) == str(lock)
+    with caplog.at_level("WARNING", logger=E.log.name):
+        assert E.clear_stale_build_lock(str(tmp_path)) == str(lock)
     assert not lock.exists() and "stale build lock" in caplog.text
     FileBaton(str(lock), wait_seconds=0.01).wait()  # returns: the next rank builds instead of waiting forever
-    assert D.clear_stale_build_lock(str(tmp_path)) is None and D.clear_stale_build_lock("") is None
+    assert E.clear_stale_build_lock(str(tmp_path)) is None and E.clear_stale_build_lock("") is None
 
 
 class OneGpuTask:
@@ -259,13 +259,13 @@ def test_gpus_per_task_every_local_rank_uses_the_one_visible_device(monkeypatch,
                        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
                        "CUDA_VISIBLE_DEVICES": "5", "TORCH_EXTENSIONS_DIR": "/tmp/x"}.items():
         monkeypatch.setenv(var, value)
-    monkeypatch.setattr(D, "_STARTED", None)
+    monkeypatch.setattr(G, "_STARTED", None)
     monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: accel)
     monkeypatch.setattr(tdist, "is_initialized", lambda: False)
     seen = {}
-    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.update(local_rank=D.os.environ["LOCAL_RANK"]))
-    with caplog.at_level(logging.INFO, logger=D.__name__):
-        env = D.init_distributed()
+    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.update(local_rank=E.os.environ["LOCAL_RANK"]))
+    with caplog.at_level(logging.INFO, logger=G.__name__):
+        env = G.init_distributed()
     assert env.local_rank == 3 and accel.selected == [0] and seen == {"local_rank": "0"}
     assert "device cuda:0 of 1 visible (CUDA_VISIBLE_DEVICES=5)" in caplog.text
 
@@ -301,16 +301,16 @@ def test_bind_device_uses_the_local_rank_among_the_nodes_gpus():
         def set_device(self, index):
             self.selected.append(index)
 
-    env = D.DistEnv(11, 16, 3, 8, 1, "127.0.0.1", 29500, 2, "torchrun")
+    env = E.DistEnv(11, 16, 3, 8, 1, "127.0.0.1", 29500, 2, "torchrun")
     accel, environ = EightGpus(), {"LOCAL_RANK": "3"}
-    assert D.bind_device(env, accel, environ) == 3 and accel.selected == [3] and environ == {"LOCAL_RANK": "3"}
+    assert E.bind_device(env, accel, environ) == 3 and accel.selected == [3] and environ == {"LOCAL_RANK": "3"}
 
     class Cpu(OneGpuTask):
         def device_name(self, index=None):
             return "cpu"
 
     environ = {"LOCAL_RANK": "3"}
-    assert D.bind_device(env, Cpu(), environ) is None and environ == {"LOCAL_RANK": "3"}
+    assert E.bind_device(env, Cpu(), environ) is None and environ == {"LOCAL_RANK": "3"}
 
 
 def _clean_launch_env(monkeypatch):

@@ -1,5 +1,5 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
-not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < dist <
+not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < distributed <
 model < data < engine < tracking < app, and inside the app down APP_ORDER (init_source < config < export <
 run_tracking < init_from < preflight < trainer < train < finetune < cli); MLflow is imported in tracking/ only.
 What a fresh import loads: tests/integration/test_import_weight.py."""
@@ -85,9 +85,9 @@ def test_no_import_cycles_in_the_package():
 
 #: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
 #: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
-#: its fields with (what a change means on resume); `job` (a job's life on a rank) and `dist` (who am I) are the
+#: its fields with (what a change means on resume); `job` (a job's life on a rank) and `distributed` (who am I) are the
 #: ground floor under the model; `app` is every other top-level module.
-LAYERS = ("base", "job", "dist", "model", "data", "engine", "tracking", "app")
+LAYERS = ("base", "job", "distributed", "model", "data", "engine", "tracking", "app")
 
 
 def layer_of(module: str) -> str:

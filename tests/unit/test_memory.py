@@ -17,7 +17,7 @@ from helpers import load_bench
 from albert_dist import cli, preflight
 from albert_dist import train as train_app
 from albert_dist.config import load_config
-from albert_dist.dist import group as distributed
+from albert_dist.distributed import group as distributed
 from albert_dist.engine import memory
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.sharing import parameter_count, parameter_numels

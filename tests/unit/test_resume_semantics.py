@@ -27,7 +27,7 @@ from albert_dist.data.loader import FINGERPRINT_FIELDS, PretrainingStream
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import META_FILE
 from albert_dist.engine.checkpoint.resume import plan_load
-from albert_dist.dist import group as distributed
+from albert_dist.distributed import group as distributed
 from albert_dist.on_resume import APPLIES, CONVERT, QUIET, REFUSE, RESTART_STREAMS, RULES, flatten
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import torch
 from albert_dist import trainer as T
 from albert_dist.config import TrainConfig
 from albert_dist.engine import metric_names as names
-from albert_dist.dist.group import DistEnv
+from albert_dist.distributed.env import DistEnv
 
 
 class Interval:

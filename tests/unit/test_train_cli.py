@@ -7,7 +7,8 @@ import pytest
 
 from albert_dist import cli, preflight
 from albert_dist import train as trainer
-from albert_dist.dist import group as distributed
+from albert_dist.distributed import group as distributed
+from albert_dist.distributed.env import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock
 from albert_dist.job import lock as run_lock
 
@@ -129,10 +130,10 @@ def test_a_refused_multi_rank_job_prints_its_line_once_on_rank_0(rank, own_error
     """A config error through a launcher was printed by every rank (64 ranks: 64 lines). Each rank of a 2-rank
     job is played here in turn, the rendezvous store stood in for: rank 0 prints the job's one line, its own
     refusal or the first other rank's (the store's verdict); the other ranks exit 2 without a word."""
-    from albert_dist.dist.rendezvous import PreflightRefused
+    from albert_dist.distributed.rendezvous import PreflightRefused
     from albert_dist.job.stop import StopFlag
 
-    monkeypatch.setattr(trainer, "discover", lambda: distributed.DistEnv(rank, 2, rank, 2, 0, "127.0.0.1", 1, 1, "torchrun"))
+    monkeypatch.setattr(trainer, "discover", lambda: DistEnv(rank, 2, rank, 2, 0, "127.0.0.1", 1, 1, "torchrun"))
     monkeypatch.setattr(trainer, "open_store", lambda env: object())
     monkeypatch.setattr(StopFlag, "retire", StopFlag.restore)  # a test process keeps its signal handlers
 

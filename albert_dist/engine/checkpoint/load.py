@@ -16,7 +16,7 @@ import torch
 from albert_dist.engine.checkpoint.layout import META_FILE, CheckpointError, write_latest
 from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint
 from albert_dist.engine.checkpoint.state import CLIENT_KEY
-from albert_dist.dist.group import barrier as _barrier, global_rank, world_size
+from albert_dist.distributed.collectives import barrier as _barrier, global_rank, world_size
 from albert_dist.engine.optim import group_hyperparameters, repair_optimizer_after_load
 
 logger = logging.getLogger(__name__)

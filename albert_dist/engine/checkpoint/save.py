@@ -16,7 +16,7 @@ from albert_dist.engine.checkpoint.layout import (LATEST, META_FILE, META_FORMAT
 from albert_dist.engine.checkpoint.retention import free_bytes, last_checkpoint_bytes, make_room, prune
 from albert_dist.engine.checkpoint.state import CLIENT_KEY, TrainState, rng_state
 # `_barrier` under this name: tests/distributed/ckpt_worker.py patches it to kill a rank inside a save
-from albert_dist.dist.group import all_gather_object, barrier as _barrier, global_rank, world_size
+from albert_dist.distributed.collectives import all_gather_object, barrier as _barrier, global_rank, world_size
 
 logger = logging.getLogger(__name__)
 

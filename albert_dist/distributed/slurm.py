@@ -1,5 +1,5 @@
 """Slurm's node lists and task counts expanded (``scontrol show hostnames`` or python-hostlist), node addresses,
-and the rendezvous port a job derives from its id: what `albert_dist.dist.group.discover` reads under
+and the rendezvous port a job derives from its id: what `albert_dist.distributed.env.discover` reads under
 ``srun``, and what the launch and sbatch scripts (launch/slurm_hostfile.py, slurm/deepspeed.sbatch) call.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank / world discovery and process-group start-up, for every way albert_dist is launched.
+"""Rank / world discovery and device binding, for every way albert_dist is launched (no process group needed).
 
 ``albert-dist dist`` prints the discovery of the calling task (a job-script check).
 
@@ -21,8 +21,8 @@ Launch methods and the variables each one sets (precedence from top to bottom):
 ``MASTER_ADDR`` / ``MASTER_PORT`` already in the environment always win ("unless given"): the sbatch scripts
 compute them once in the batch shell so that thousands of ranks do not each ask slurmctld.
 
-Slurm's host lists and the job's port are `albert_dist.dist.slurm`'s; the ranks tests and benchmarks start on
-one machine, `albert_dist.dist.local_ranks`'.
+Slurm's host lists and the job's port are `albert_dist.distributed.slurm`'s; the ranks tests and benchmarks start on
+one machine, `albert_dist.distributed.local_ranks`'.
 """
 from __future__ import annotations
 
@@ -31,10 +31,9 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any, Optional
 
-from albert_dist.dist.slurm import expand_nodelist, expand_tasks_per_node, node_address, port_from_job_id
+from albert_dist.distributed.slurm import expand_nodelist, expand_tasks_per_node, node_address, port_from_job_id
 
 log = logging.getLogger(__name__)
 
@@ -230,75 +229,6 @@ def discover(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(0, 1, 0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, 1, "single")
 
 
-def is_multi_rank() -> bool:
-    """True when a torch.distributed process group is up with more than one rank, i.e. when a collective is
-    needed (a single process, or one before init / after destroy, reduces nothing)."""
-    import torch.distributed as tdist
-
-    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
-
-
-def global_rank() -> int:
-    """This process's rank in the process group; 0 without one."""
-    import torch.distributed as tdist
-
-    return tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
-
-
-def world_size() -> int:
-    """Ranks in the process group; 1 without one."""
-    import torch.distributed as tdist
-
-    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """`obj` from rank `src` on every rank (``broadcast_object_list``; collective); `obj` itself on one rank."""
-    if not is_multi_rank():
-        return obj
-    import torch.distributed as tdist
-
-    box = [obj]
-    tdist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order (``all_gather_object``; collective); ``[obj]`` on one rank."""
-    if not is_multi_rank():
-        return [obj]
-    import torch.distributed as tdist
-
-    out: list[Any] = [None] * tdist.get_world_size()
-    tdist.all_gather_object(out, obj)
-    return out
-
-
-def host_group() -> Any:
-    """The process group for collectives of small host (CPU) tensors, such as the stop flag each step: None (the
-    default group) when that is gloo already (CPU jobs), else a gloo group of every rank, made here.
-
-    Why: the same collective through NCCL needs the tensor on the device, and reading its result back drains the
-    device's queue every time. Collective when it makes a group (`torch.distributed.new_group`): every rank calls
-    it at the same point, after the process group is up.
-    """
-    if not is_multi_rank():
-        return None
-    import torch.distributed as tdist
-
-    if tdist.get_backend() == "gloo":
-        return None
-    return tdist.new_group(backend="gloo")
-
-
-def barrier() -> None:
-    """Wait for every rank (collective); nothing to wait for on one rank."""
-    if is_multi_rank():
-        import torch.distributed as tdist
-
-        tdist.barrier()
-
-
 def export_env(dist_env: DistEnv, environ: dict[str, str] | None = None) -> None:
     """Write ``dist_env`` as the standard ``torch.distributed`` env:// variables (RANK, WORLD_SIZE,
     LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) into ``environ`` (default os.environ)."""
@@ -399,56 +329,3 @@ def bind_device(dist_env: DistEnv, accel: Any = None, environ: Optional[dict[str
     accel.set_device(index)  # NCCL needs it before the first collective
     (os.environ if environ is None else environ)["LOCAL_RANK"] = str(index)
     return index
-
-
-def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
-    """Discover this process's place, export it as env:// variables and start the process group.
-
-    Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
-    ``get_accelerator().communication_backend_name()``) and MPI discovery off, since :func:`discover`
-    already covered Slurm. On an accelerator, selects the device first (:func:`bind_device`: index
-    ``local_rank % visible devices``, also as DeepSpeed's ``LOCAL_RANK``). A second call, while the group is
-    up, returns the first call's discovery without re-initialising.
-
-    Args:
-        timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
-        store: the job's rendezvous store, already open (`albert_dist.dist.rendezvous.open_store`: the
-            preflight verdict went through it); the process group starts over it instead of env://.
-
-    Raises:
-        ValueError: from :func:`discover`, or ``timeout_s <= 0``.
-        RuntimeError: from :func:`bind_device`.
-    """
-    global _STARTED
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s={timeout_s} must be > 0")
-    import deepspeed
-    import torch.distributed as tdist
-    from deepspeed.accelerator import get_accelerator
-
-    if (tdist.is_initialized() and _STARTED is not None and (_STARTED.rank, _STARTED.world_size)
-            == (tdist.get_rank(), tdist.get_world_size())):  # LOCAL_RANK may be the device index now: not rediscovered
-        return _STARTED
-    dist_env = discover()
-    export_env(dist_env)
-    accel = get_accelerator()
-    extensions_dir = default_torch_extensions_dir()
-    if accel.device_name() == "cpu":  # the CPU accelerator JIT-builds its comm op in deepspeed.init_distributed
-        clear_stale_build_lock(extensions_dir)
-    device = bind_device(dist_env, accel)
-    if not tdist.is_initialized():
-        if store is not None:  # DeepSpeed then wraps the group it finds
-            tdist.init_process_group(accel.communication_backend_name(), store=store, rank=dist_env.rank,
-                                     world_size=dist_env.world_size, timeout=timedelta(seconds=timeout_s))
-        deepspeed.init_distributed(dist_backend=accel.communication_backend_name(), auto_mpi_discovery=False,
-                                   distributed_port=dist_env.master_port, timeout=timedelta(seconds=timeout_s),
-                                   verbose=dist_env.rank == 0)
-    _STARTED = dist_env
-    where = "cpu" if device is None else f"{accel.device_name(device)} of {accel.device_count()} visible"
-    log.info("process group up: %s backend %s; device %s (CUDA_VISIBLE_DEVICES=%s)", dist_env.describe(),
-             accel.communication_backend_name(), where, os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
-    return dist_env
-
-
-#: The discovery of the process group this process started (`init_distributed`), while it is up.
-_STARTED: Optional[DistEnv] = None

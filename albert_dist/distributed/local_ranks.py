@@ -1,5 +1,5 @@
 """Ranks of a job started on this machine by the caller itself (the distributed tests and the benchmarks), with
-the env:// variables torchrun would set, so `albert_dist.dist.group.discover` and `init_distributed`
+the env:// variables torchrun would set, so `albert_dist.distributed.env.discover` and `init_distributed`
 treat them as any launcher's.
 """
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from albert_dist.dist.group import free_port
+from albert_dist.distributed.env import free_port
 
 
 def local_rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:

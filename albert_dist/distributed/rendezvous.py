@@ -5,7 +5,7 @@ must not leave its other ranks waiting in the rendezvous for a rank 0 that has g
 the process-group timeout (30 min) unless a launcher killed them. So the app opens torch's `TCPStore` at
 MASTER_ADDR:MASTER_PORT first (rank 0 serves it, exactly as torch's env:// rendezvous would), every rank runs
 its preflight and reports to it (`agree`), and rank 0 publishes one verdict: every rank then starts the
-process group over this same store (`albert_dist.dist.group.init_distributed(store=...)`), or every
+process group over this same store (`albert_dist.distributed.group.init_distributed(store=...)`), or every
 rank exits 2 with the refusing rank's message. The checks that only rank 0 makes (the run directory's lock,
 `albert_dist.job.lock`) reach the other ranks the same way.
 """
@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 from typing import Any, Optional
 
-from albert_dist.dist.group import DistEnv
+from albert_dist.distributed.env import DistEnv
 
 _KEY = "albert_dist/preflight/"
 #: Seconds rank 0 keeps serving a refusal for the other ranks to read it before it exits.
