@@ -34,6 +34,9 @@ $(VENV)/.installed: pyproject.toml
 	# DeepSpeed JIT-compiles its shared-memory comm op on the first CPU process group (~1-2 min); build it
 	# once here so concurrent test ranks do not all wait on the compile lock. A no-op on GPU builds.
 	$(RUN_ENV) $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is not None and b.load()" || true
+	# matplotlib builds its font cache on its first import by running fc-list: once here, not inside a unit test
+	# (tests/unit refuses subprocesses; the first plotting test on a new machine failed on it)
+	$(PY) -c "import matplotlib.font_manager"
 	touch $@
 
 install: $(VENV)/.installed
