@@ -24,6 +24,18 @@ EXIT_PREEMPTED = 75
 """Stopped by SIGTERM/SIGUSR1/SIGINT after writing a checkpoint of the step it stopped at (sysexits'
 EX_TEMPFAIL, "try again"), or by an object store that stayed unavailable for ``data.store_retry_s`` (the same
 checkpoint when a training loader gave up); rerun with `--resume auto` to continue."""
+EXIT_HUNG = 76
+"""A rank stopped making progress for longer than ``engine.init_timeout_s`` (before the first step) or
+``engine.step_timeout_s`` (after it): the watchdog named the ranks and hosts, wrote every live rank's stacks under
+the run directory and ended the job. The newest checkpoint is intact: `--resume auto` continues (the sbatch
+scripts requeue, bounded)."""
+EXIT_DIVERGED = 77
+"""Training diverged (a non-finite loss, a run of steps skipped for non-finite gradients, or a loss spike) and the
+policy said stop, or its rollbacks ran out: `latest` names the newest healthy checkpoint and no final model of
+diverged weights was written. Not requeued: the same data and settings would diverge again."""
+EXIT_INPUT_VANISHED = 78
+"""A corpus file (an object in a store, or a local shard) that the run planned with disappeared or changed while
+training; one line names it. Not requeued: the input must be restored or the run re-planned."""
 
 
 
@@ -44,4 +56,5 @@ def error_line(command: str, err: BaseException) -> str:
 
 
 __all__ = ["error_line", "TryAgainLater",
-           "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED"]
+           "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED",
+           "EXIT_HUNG", "EXIT_DIVERGED", "EXIT_INPUT_VANISHED"]
