@@ -56,6 +56,7 @@ from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
+from albert_dist.engine.stragglers import StragglerMonitor
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
@@ -122,6 +123,7 @@ class Trainer:
         self._fetch_s = 0.0  # the last `_fetch_step`'s wait for data, seconds
         self._unavailable: Optional[store.StoreUnavailable] = None
         self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
+        self._stragglers: Optional[StragglerMonitor] = None  # per-rank step times (`train`, `_log_train`)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -266,6 +268,8 @@ class Trainer:
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._saved_interval = []
         self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
+        strag = self._stragglers = StragglerMonitor(rank, self.dist_env.world_size, self._host_group, self.device,
+                                                    engine.module)  # collective: every rank's host name
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -286,12 +290,14 @@ class Trainer:
                     # what is left is the wait, timed on the host (no device sync; `_fetch_step`).
                     batches = self._next_batches if prefetch else self._fetch_step()
                     acc.add_data_wait(self._fetch_s)
+                    strag.start_compute()
                     result = optimizer_step(engine, batches, sop_weight)
                     for out, batch in zip(result.outputs, batches):
                         acc.add_micro_step(out, batch["attention_mask"], batch["input_ids"].shape)
                     self.step += 1
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
+                    strag.end_step(self._fetch_s)
                     if every(self.step, cfg.log_interval_steps, last):
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
@@ -318,6 +324,7 @@ class Trainer:
                         return EXIT_PREEMPTED
         finally:
             bar.close()
+            strag.close()
         self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
         return EXIT_OK
 
@@ -391,6 +398,8 @@ class Trainer:
                            "update and no learning-rate step for them; %d skipped in all", skipped - self._skipped_seen,
                            self.step, skipped)
         self._skipped_seen = skipped
+        if self._stragglers is not None:  # each rank's own step time and data wait (collective, host: gloo)
+            record.update(self._stragglers.interval(self.step))
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]

@@ -8,7 +8,9 @@ which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
     val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
                                                             (every eval_interval_steps; the fixed set's
             unigram_mlm_accuracy, unigram_mlm_loss, masked_tokens, sop_pairs once)
-    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu, mfu_measured_peak, data_wait_s, data_wait_share
+    perf/   tokens_per_s, samples_per_s, positions_per_s, mfu, mfu_measured_peak, data_wait_s, data_wait_share,
+            step_time_s_max, step_time_s_median, slowest_rank, data_wait_s_max, data_wait_s_median,
+            data_wait_slowest_rank                          (stragglers: albert_dist.engine.stragglers)
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
     downstream/<task>/<metric>   median dev score over seeds at the scored checkpoint's step
@@ -59,6 +61,15 @@ PERF_DATA_WAIT_S = PERF + "data_wait_s"
 """Seconds a step waited for its micro-batches (host clock), mean over the interval's steps and the ranks."""
 PERF_DATA_WAIT_SHARE = PERF + "data_wait_share"
 """That wait's share of the interval's training time (0-1; evaluation and checkpoints excluded)."""
+PERF_STEP_TIME_S_MAX, PERF_STEP_TIME_S_MEDIAN = PERF + "step_time_s_max", PERF + "step_time_s_median"
+"""A rank's own busy seconds per step (data wait + compute it did not spend waiting for the others; mean over the
+interval's steps): the largest over ranks, and the median (albert_dist.engine.stragglers)."""
+PERF_SLOWEST_RANK = PERF + "slowest_rank"
+"""The global rank whose step time is PERF_STEP_TIME_S_MAX (the lowest such rank on a tie)."""
+PERF_DATA_WAIT_S_MAX, PERF_DATA_WAIT_S_MEDIAN = PERF + "data_wait_s_max", PERF + "data_wait_s_median"
+"""A rank's data wait per step (host clock, mean over the interval's steps): the largest over ranks, the median."""
+PERF_DATA_WAIT_SLOWEST_RANK = PERF + "data_wait_slowest_rank"
+"""The global rank whose data wait is PERF_DATA_WAIT_S_MAX."""
 MEM_PEAK_GIB_MAX, MEM_PEAK_GIB_MIN = MEM + "peak_gib_max", MEM + "peak_gib_min"
 """Peak memory (GiB) of the rank that used most / least (CUDA: max allocated; CPU: peak RSS)."""
 #: One series per rank only up to this many ranks (a chart per rank is unreadable beyond); min/max always.
@@ -74,11 +85,13 @@ def mem_peak_rank(rank: int) -> str:
 #: Everything else (lr, grad norm, memory, system/) has final values only.
 BEST: dict[str, Optional[str]] = {
     **{name: "min" for name in (TRAIN_LOSS, TRAIN_MLM_LOSS, TRAIN_SOP_LOSS, VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS,
-                                PERF_DATA_WAIT_S, PERF_DATA_WAIT_SHARE)},
+                                PERF_DATA_WAIT_S, PERF_DATA_WAIT_SHARE, PERF_STEP_TIME_S_MAX, PERF_STEP_TIME_S_MEDIAN,
+                                PERF_DATA_WAIT_S_MAX, PERF_DATA_WAIT_S_MEDIAN)},
     **{name: "max" for name in (TRAIN_MLM_ACCURACY, TRAIN_SOP_ACCURACY, VAL_MLM_ACCURACY, VAL_SOP_ACCURACY,
                                 VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
                                 PERF_POSITIONS_PER_S, PERF_MFU, PERF_MFU_MEASURED_PEAK)},
-    **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT, TRAIN_SKIPPED_STEPS)},
+    **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT, TRAIN_SKIPPED_STEPS, PERF_SLOWEST_RANK,
+                                          PERF_DATA_WAIT_SLOWEST_RANK)},
 }
 
 #: What `albert-dist compare` plots by default (one panel each; val/ drawn in the train/ panel, with markers).
