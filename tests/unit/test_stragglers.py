@@ -98,3 +98,50 @@ def test_straggler_metric_names_are_the_issues():
         "perf/step_time_s_max", "perf/step_time_s_median", "perf/slowest_rank")
     assert names.best_direction(names.PERF_SLOWEST_RANK) is None
     assert names.best_direction(names.PERF_STEP_TIME_S_MAX) == "min"
+
+
+def test_on_cuda_the_compute_figure_is_the_training_forwards_event_time(monkeypatch):
+    """The CUDA path's wiring without a GPU: torch.cuda.Event replaced by one whose clock is a counter (1 ms per
+    record), so a pair around each training-mode forward reads 1 ms; evaluation forwards record nothing."""
+    import itertools
+
+    import torch
+
+    ticks = itertools.count()
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False):
+            assert enable_timing
+
+        def record(self):
+            self.ms = next(ticks)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return float(end.ms - self.ms)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    model = torch.nn.Linear(2, 2)
+    monitor = StragglerMonitor(0, 1, device=torch.device("cuda"), module=model)
+    for _ in range(2):  # two steps of two micro-batches
+        monitor.start_compute()
+        model(torch.zeros(1, 2))
+        model(torch.zeros(1, 2))
+        monitor.end_step(0.5)
+    model.eval()
+    model(torch.zeros(1, 2))  # an evaluation: not a step's
+    record = monitor.interval(step=2)
+    assert record[names.PERF_STEP_TIME_S_MAX] == pytest.approx(0.5 + 2e-3)  # per step: 2 forwards of 1 ms
+    monitor.close()
+    model.train()
+    model(torch.zeros(1, 2))  # hooks removed
+    assert monitor.interval(step=3)[names.PERF_STEP_TIME_S_MAX] == 0.0
+
+
+def test_on_cuda_the_monitor_needs_the_model():
+    import torch
+
+    with pytest.raises(ValueError, match="module"):
+        StragglerMonitor(0, 1, device=torch.device("cuda"))
