@@ -163,6 +163,8 @@ class Trainer:
             self.peaks = (resolve_peaks(cfg.engine.peak_tflops_per_device, self.device, dtype) if rank == 0
                           else Peaks(None, "", None, ""))
             self.tracker = self._build_tracker(resumed_step=None if resumed.point is None else resumed.step)
+        # per-rank step times (`train`, `_log_train`); collective: every rank's host name
+        self._stragglers = StragglerMonitor(rank, world, self._host_group, self.device, self.engine.module)
         if rank == 0:
             logger.info("run directory %s; %s; %d parameters; global batch %d; MFU peaks, TFLOP/s/device: %s (%s), "
                         "%s (%s)", self.run_dir, self.dist_env.describe(), self.n_params, self.global_batch,
@@ -268,8 +270,7 @@ class Trainer:
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._saved_interval = []
         self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
-        strag = self._stragglers = StragglerMonitor(rank, self.dist_env.world_size, self._host_group, self.device,
-                                                    engine.module)  # collective: every rank's host name
+        strag = self._stragglers
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -398,8 +399,9 @@ class Trainer:
                            "update and no learning-rate step for them; %d skipped in all", skipped - self._skipped_seen,
                            self.step, skipped)
         self._skipped_seen = skipped
-        if self._stragglers is not None:  # each rank's own step time and data wait (collective, host: gloo)
-            record.update(self._stragglers.interval(self.step))
+        stragglers = getattr(self, "_stragglers", None)  # each rank's own step time and data wait (collective, gloo)
+        if stragglers is not None:
+            record.update(stragglers.interval(self.step))
         mem = torch.tensor([float(peak_memory_bytes(self.device))], dtype=torch.float64, device=self.device)
         if is_multi_rank():
             gathered = [torch.zeros_like(mem) for _ in range(world)]

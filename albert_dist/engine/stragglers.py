@@ -107,24 +107,34 @@ class SlowRankRule:
 
 
 class BusyClock:
-    """Seconds this thread was runnable since an arbitrary origin: on-CPU time (``time.thread_time``) plus the
-    run-queue wait ``run_delay`` of ``/proc/self/task/<tid>/schedstat`` (ns; Linux schedstats), or the on-CPU time
-    alone when that file cannot be read (`has_run_delay` False). Read it on the thread it was made on."""
+    """Seconds the calling thread was runnable since an arbitrary origin: on-CPU time (``time.thread_time``) plus
+    the run-queue wait ``run_delay`` of ``/proc/self/task/<tid>/schedstat`` (ns; Linux schedstats), or the on-CPU
+    time alone when that file cannot be read (`has_run_delay` False). The file is opened for the thread that reads
+    the clock (again when another thread reads it, or after `close`)."""
 
     def __init__(self) -> None:
         self._fd: Optional[int] = None
+        self._tid: Optional[int] = None
+        self.has_run_delay = self._open()
+
+    def _open(self) -> bool:
+        self.close()
+        self._tid = threading.get_native_id()
         try:
-            self._fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+            self._fd = os.open(f"/proc/self/task/{self._tid}/schedstat", os.O_RDONLY)
             self._run_delay_ns()
         except (OSError, ValueError, IndexError):
             self.close()
-        self.has_run_delay = self._fd is not None
+            self._tid = threading.get_native_id()  # no file for this thread: the on-CPU time alone
+        return self._fd is not None
 
     def _run_delay_ns(self) -> int:
         # "<on-cpu ns> <run-queue wait ns> <timeslices>"; pread at 0 makes the kernel write it afresh
         return int(os.pread(self._fd, 128, 0).split()[1])
 
     def __call__(self) -> float:
+        if self._tid != threading.get_native_id():
+            self.has_run_delay = self._open()
         if self._fd is None:
             return time.thread_time()
         return time.thread_time() + self._run_delay_ns() * 1e-9
@@ -132,7 +142,7 @@ class BusyClock:
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
-            self._fd = None
+        self._fd = self._tid = None
 
 
 class _ForwardEvents:
@@ -173,7 +183,7 @@ class _ForwardEvents:
 class StragglerMonitor:
     """The loop's straggler figures (module docstring): `start_compute()` before a step's forward, `end_step()`
     after its optimiser step, `interval()` at each log step (collective). Construction is collective when a process
-    group is up (every rank's host name, over `group`), and must happen on the thread that runs the loop.
+    group is up (every rank's host name, over `group`): the trainer makes it in `setup()`.
 
     Args:
         rank, world_size: this rank and the number of ranks.
