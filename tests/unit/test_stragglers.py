@@ -69,7 +69,7 @@ def test_the_busy_clock_counts_a_busy_loop_and_not_a_sleep():
         assert 0.8 * wall <= busy <= wall + 0.01
         start = clock()
         time.sleep(0.2)  # what a rank waiting in a gloo collective does
-        assert clock() - start < 0.03
+        assert clock() - start < 0.05  # the wake-up's wait for a CPU counts: a few ms on a loaded machine
     finally:
         clock.close()
 
