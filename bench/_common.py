@@ -89,6 +89,12 @@ def cpu_seconds(stmt: Callable[[], Any], min_run_time: float = 1.0, threads: Opt
     return min(timer.blocked_autorange(min_run_time=min_run_time).times)
 
 
+def checkout_relative(text: str) -> str:
+    """`text` with every absolute path inside the checkout written relative to it (``<checkout>/runs/x`` ->
+    ``runs/x``): what bench/results records names no machine's folders."""
+    return text.replace(str(Path(__file__).resolve().parents[1]) + "/", "")
+
+
 def write_block(doc: str | Path, name: str, body: str) -> None:
     """Replace what stands between ``<!-- {name} start -->`` and ``<!-- {name} end -->`` in the markdown file `doc`
     with `body` (the figures a script measured; the rest of the page is prose written by hand).
