@@ -160,7 +160,8 @@ def report(args: argparse.Namespace) -> None:
         write_block(args.doc, "sharing figures", "\n".join(lines))
     results = Path(args.results or args.out)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": [checkout_relative(a) for a in sys.argv[1:]]}, indent=1) + "\n")
+    argv = [checkout_relative(a) for a in sys.argv[1:]]
+    (results / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": argv}, indent=1) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     name = "what_pretraining_buys" + ("" if args.block == "downstream figures" else "-" + args.block.replace(" ", "-"))
     (results / f"{name}.json").write_text(json.dumps(
         {name: {t: {"primary_metric": r["primary_metric"], "seeds": r["seeds"], "finetune": r["finetune"],
-                    "train_examples": r["train_examples"], "model": checkout_relative(r["model"])} for t, r in per.items()}
+                    "train_examples": r["train_examples"], "model": checkout_relative(r["model"])}
+             for t, r in per.items()}
          for name, per in rows.items()}, indent=1) + "\n")
     if args.doc:
         write_block(args.doc, args.block, text)

@@ -52,8 +52,8 @@ class ScanTask:
 def scan_tasks(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
-    0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as find_files
-    and check_text_field do."""
+    0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as
+    find_files and check_text_field do."""
     from albert_dist.data.sources.read import check_text_field
     from albert_dist.data.sources.discover import find_files
 

@@ -351,10 +351,10 @@ def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: 
     Each piece is a JSON-able dict ``{path, kind, compression, file_bytes, version, start, end, row_group,
     nbytes}`` (parquet pieces also ``rows``; ``start``, ``end`` are 0 and the file size for parquet): ``nbytes``
     is what reading it fetches from disk (the byte range, the compressed file, the row group's text column chunk);
-    ``file_bytes`` and ``version`` are its file's (`CorpusFile`), handed on to the readers. Counters: ``files``, ``bytes``, ``empty_files``,
-    ``damaged_files`` (a parquet footer that does not parse: skipped with a warning), ``piece_bytes`` (the
-    byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked by
-    `albert_dist.data.sources.read.check_text_field`.
+    ``file_bytes`` and ``version`` are its file's (`CorpusFile`), handed on to the readers. Counters: ``files``,
+    ``bytes``, ``empty_files``, ``damaged_files`` (a parquet footer that does not parse: skipped with a warning),
+    ``piece_bytes`` (the byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked
+    by `albert_dist.data.sources.read.check_text_field`.
 
     Raises ValueError as `find_files` does.
     """
