@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# junit.xml (per-test times) feeds `python bench/slowest_tests.py junit.xml --write docs/layout.md`
+# junit.xml (per-test times) feeds `python tools/slowest_tests.py junit.xml --write docs/layout.md`
 test: install
 	$(RUN_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=25 --junitxml=junit.xml $(PYTEST_ARGS)
 

@@ -7,13 +7,16 @@ Not a benchmark (the leading underscore keeps bench/run_all.py from running it);
 """
 from __future__ import annotations
 
-import re
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from albert_dist.distributed.local_ranks import local_rank_env, spawn_local_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from doc_blocks import write_block  # noqa: E402,F401 - its home is tools/doc_blocks.py; benchmarks import it here
 
 if TYPE_CHECKING:
     import torch
@@ -89,17 +92,7 @@ def cpu_seconds(stmt: Callable[[], Any], min_run_time: float = 1.0, threads: Opt
     return min(timer.blocked_autorange(min_run_time=min_run_time).times)
 
 
-def write_block(doc: str | Path, name: str, body: str) -> None:
-    """Replace what stands between ``<!-- {name} start -->`` and ``<!-- {name} end -->`` in the markdown file `doc`
-    with `body` (the figures a script measured; the rest of the page is prose written by hand).
-
-    Raises:
-        ValueError: `doc` holds no such pair of markers, or more than one.
-    """
-    start, end = f"<!-- {name} start -->", f"<!-- {name} end -->"
-    doc = Path(doc)
-    text, n = re.subn(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{body}\n{end}",
-                      doc.read_text(), flags=re.S)
-    if n != 1:
-        raise ValueError(f"{doc}: expected one {start} ... {end} section, found {n}")
-    doc.write_text(text)
+def checkout_relative(text: str) -> str:
+    """`text` with every absolute path inside the checkout written relative to it (``<checkout>/runs/x`` ->
+    ``runs/x``): what bench/results records names no machine's folders."""
+    return text.replace(str(Path(__file__).resolve().parents[1]) + "/", "")

@@ -8,9 +8,9 @@ size, start-up with many files, the plan of a 1,024 x 8-slot job.
                                                      #   | tokenizer | prepare
 
 Corpora are generated under ``--workdir`` (default: a temporary directory, deleted afterwards) from the real text
-of ``/work/shared/corpora`` (the bundled sample where that is absent): WikiText-2 paragraphs and Shakespeare
-speaker turns, 2-6 per document, three words replaced at random and a document number appended (distinct
-documents, text that compresses like text).
+of ``$BENCH_CORPORA`` (default ``../shared/corpora`` beside the checkout; the bundled sample where that is absent):
+WikiText-2 paragraphs and Shakespeare speaker turns, 2-6 per document, three words replaced at random and a
+document number appended (distinct documents, text that compresses like text).
 
 Sections (each returns a dict; `run` merges them for bench/run_all.py; load average printed with the figures):
 
@@ -80,7 +80,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPORA = Path("/work/shared/corpora")
+#: the real text the corpora are generated from: WikiText-2's test.txt and valid.txt, tinyshakespeare/input.txt
+#: ($BENCH_CORPORA, default the corpora folder beside the checkout; the bundled sample where absent)
+CORPORA = Path(os.environ.get("BENCH_CORPORA", ROOT.parent / "shared" / "corpora"))
 SLOT_COUNTS = (1, 8, 64, 512)
 AMPLIFICATION_TARGET = 1.1
 THROUGHPUT_TARGET = 0.9
@@ -598,7 +600,8 @@ def block_compression() -> dict[str, float]:
 
     paths = [CORPORA / "wikitext-2" / "test.txt", CORPORA / "wikitext-2" / "valid.txt",
              CORPORA / "tinyshakespeare" / "input.txt"]
-    data = b"".join(p.read_bytes() for p in paths if p.exists())
+    data = b"".join(p.read_bytes() for p in paths if p.exists()) or \
+        b"".join(p.read_bytes() for p in sorted((ROOT / "data" / "sample").glob("wikitext-2-*.txt")))
     c = zstandard.ZstdCompressor(level=3)
     out = {"text_bytes": len(data), "one_stream": len(data) / len(c.compress(data)), "level": SHARD_ZSTD_LEVEL}
     for level, prefix in ((SHARD_ZSTD_LEVEL, "blocks"), (3, "level3_blocks")):

@@ -290,10 +290,12 @@ def soak(steps: int = 5000, sample_every: int = 250, ranks: int = 2, warmup_step
             raise
     wall = time.time() - t0
     tail = log_path.read_text(errors="replace").splitlines()[-15:]
+    here = lambda text: text.replace(str(work), "<work>")  # noqa: E731 - the record names no machine's folder
     result: dict[str, Any] = {
-        "steps": steps, "ranks": ranks, "sample_every": sample_every, "command": " ".join(cmd),
+        "steps": steps, "ranks": ranks, "sample_every": sample_every, "command": here(" ".join(cmd)),
         "run_dir_env": "RUN_DIR=<work>/run", "exit_code": proc.returncode, "wall_s": wall, "samples": samples,
-        "keep_last": cfg.checkpoint.keep_last, "log_tail": tail, "budget_s": budget_s, "stopped_by_budget": stopped,
+        "keep_last": cfg.checkpoint.keep_last, "log_tail": [here(line) for line in tail],
+        "budget_s": budget_s, "stopped_by_budget": stopped,
         "steps_done": samples[-1]["step"] if samples else 0,
     }
     if proc.returncode != (EXIT_PREEMPTED if stopped else 0):

@@ -1,5 +1,5 @@
 """Shared pytest setup: one torch thread per process (CI has 2 cores and tests spawn ranks), and each test's CPU
-seconds in the JUnit XML (bench/slowest_tests.py reads them)."""
+seconds in the JUnit XML (tools/slowest_tests.py reads them)."""
 import os
 import resource
 

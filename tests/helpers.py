@@ -6,7 +6,7 @@
   (`albert_dist.distributed.local_ranks.local_rank_env`), as new interpreters or forked (`fixtures.forkserver`), in a
   `rank_env`; `spawn_local_ranks` and `free_port` for in-process workers;
 * `read_metrics`: the records of a run directory's metrics.jsonl;
-* `load_bench`: a benchmark script of bench/ as a module (bench/ is no package).
+* `load_bench`, `load_tool`: a script of bench/ or tools/ as a module (neither is a package).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 __all__ = ["REPO", "clean_env", "free_port", "load_bench", "local_rank_env", "rank_env", "read_metrics", "run_cli",
-           "spawn_local_ranks", "start_ranks"]
+           "spawn_local_ranks", "start_ranks", "load_tool"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -82,11 +82,20 @@ def load_bench(rel: str, name: Optional[str] = None) -> Any:
     """bench/<rel>.py imported as module `name` (default ``bench_<rel>_under_test``), with bench/ on sys.path for
     its own imports (`_common`, siblings). The module is registered in ``sys.modules`` under `name`: dataclasses
     look their module up there, and spawned processes unpickle its functions by that name."""
-    bench = REPO / "bench"
-    if str(bench) not in sys.path:
-        sys.path.insert(0, str(bench))
-    name = name or f"bench_{Path(rel).name}_under_test"
-    spec = importlib.util.spec_from_file_location(name, bench / f"{rel}.py")
+    return _load_script("bench", rel, name)
+
+
+def load_tool(rel: str, name: Optional[str] = None) -> Any:
+    """tools/<rel>.py imported as module `name` (default ``tools_<rel>_under_test``), as `load_bench` does."""
+    return _load_script("tools", rel, name)
+
+
+def _load_script(folder: str, rel: str, name: Optional[str]) -> Any:
+    where = REPO / folder
+    if str(where) not in sys.path:
+        sys.path.insert(0, str(where))
+    name = name or f"{folder}_{Path(rel).name}_under_test"
+    spec = importlib.util.spec_from_file_location(name, where / f"{rel}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -189,8 +189,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         store.configure(self.cfg.store_retry_s)  # in a worker too, whatever its start method
         try:
             yield from self._batches()
-        except store.StoreUnavailable as err:  # not a worker traceback: the trainer stops every rank (next_batch)
-            yield {STORE_UNAVAILABLE: str(err)}
+        except Exception as err:  # not `except store.StoreUnavailable`: see below
+            # A generator left unfinished is closed at interpreter exit, after module globals may be gone: the
+            # GeneratorExit it receives (a BaseException) must not reach a clause that looks up `store`.
+            if not isinstance(err, store.StoreUnavailable):
+                raise
+            yield {STORE_UNAVAILABLE: str(err)}  # not a worker traceback: the trainer stops every rank (next_batch)
 
     def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._builder is None:

@@ -33,12 +33,12 @@ import os
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Optional
 
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources.read import check_text_field, read_piece
 from albert_dist.data.sources import store
-from albert_dist.data.sources.discover import discover_files, file_format, parquet_file
+from albert_dist.data.sources.discover import CorpusFile, find_files
 from albert_dist.sizes import fmt_bytes
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class FileQuota:
     size_bytes: int
     est_text_bytes: float
     quota_bytes: int = 0
+    #: the file as its source's files were found (format, size, version, parquet footer: read once)
+    file: Optional[CorpusFile] = field(default=None, repr=False)
 
 
 @dataclass
@@ -97,12 +99,11 @@ class ByteBudgetSample:
             where = f"{self.where}[{i}]"
             if source.format == "hub":
                 raise ValueError(f"{where}: hub sources are not supported here, got {source.paths!r}")
-            files = discover_files(source, where)
+            files = find_files(source, where)
             check_text_field(source, where, files)
-            for path in files:
-                kind, compression = file_format(path, source.format, source.paths)
-                self.plan.append(FileQuota(path, kind, compression, source.text_field, source.txt_documents,
-                                          store.file_size(path), 0.0))
+            for f in files:
+                self.plan.append(FileQuota(f.path, f.kind, f.compression, source.text_field, source.txt_documents,
+                                           f.size, 0.0, file=f))
         ratios = _compression_ratios([p for p in self.plan if p.compression])
         for p in self.plan:
             try:
@@ -182,9 +183,10 @@ class ByteBudgetSample:
 
 def _windows(p: FileQuota) -> list[dict]:
     """The pieces (see paths.cut_pieces) a file's quota is read from, evenly spread over the file."""
-    base = {"path": p.path, "kind": p.kind, "compression": p.compression, "row_group": -1}
+    base = {"path": p.path, "kind": p.kind, "compression": p.compression, "row_group": -1,
+            **({"file_bytes": p.file.size, "version": p.file.version} if p.file else {})}
     if p.kind == "parquet":
-        groups = parquet_file(p.path).metadata.num_row_groups
+        groups = p.file.footer().num_row_groups
         # enough row groups to hold the quota (plus one: the estimate counts offsets and page headers too),
         # and up to MAX_WINDOWS of them to spread it
         needed = math.ceil(p.quota_bytes * groups / p.est_text_bytes) + 1 if p.est_text_bytes else groups
@@ -210,7 +212,7 @@ def _estimate_text_bytes(p: FileQuota, ratios: dict[str, float]) -> float:
     if p.size_bytes == 0:
         return 0.0
     if p.kind == "parquet":
-        meta = parquet_file(p.path).metadata
+        meta = p.file.footer()
         names = [meta.schema.column(i).name for i in range(meta.num_columns)]
         col = names.index(p.text_field) if p.text_field in names else None
         return float(sum(meta.row_group(g).column(col).total_uncompressed_size if col is not None

@@ -34,7 +34,7 @@ import numpy as np
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources.read import piece_read_ranges, read_piece, record_location
 from albert_dist.data.sources.hub import load_args as hub_load_args
-from albert_dist.data.sources.discover import file_format, slot_shares
+from albert_dist.data.sources.discover import slot_shares
 from albert_dist.data.sources.pieces import pieces_of
 from albert_dist.data.sources.store import ReadAhead, is_url
 
@@ -218,8 +218,8 @@ class SourceStream:
         path = rec.get("path")
         if not path:
             return f"record {self.records_in_epoch - 1} of epoch {self.epoch} of {self.source.paths[0]}"
-        kind, compression = file_format(path, self.source.format, self.source.paths)
-        return record_location(kind, compression, path, int(rec["pos"]), int(rec.get("group", -1)))
+        piece = next(p for p in self.pieces if p["path"] == path)  # its format, as the plan found it
+        return record_location(piece["kind"], piece["compression"], path, int(rec["pos"]), int(rec.get("group", -1)))
 
     def _end_epoch(self) -> None:
         skipped = {k: v for k, v in self.counters.items() if k.startswith("skipped_")}

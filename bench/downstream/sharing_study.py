@@ -35,7 +35,7 @@ MODES = ("none", "ffn", "attention", "all")
 #: The corpus and recipe every cell shares: the README's main job on WikiText-2's whole train split (bundled).
 RECIPE = ROOT / "configs" / "pretrain" / "albert-tiny-wikitext2.yaml"
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import write_block  # noqa: E402
+from _common import checkout_relative, write_block  # noqa: E402
 
 
 def cell_overrides(args: argparse.Namespace, mode: str) -> list[str]:
@@ -160,7 +160,8 @@ def report(args: argparse.Namespace) -> None:
         write_block(args.doc, "sharing figures", "\n".join(lines))
     results = Path(args.results or args.out)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": sys.argv[1:]}, indent=1) + "\n")
+    argv = [checkout_relative(a) for a in sys.argv[1:]]
+    (results / "sharing_study.json").write_text(json.dumps({"cells": rows, "argv": argv}, indent=1) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import write_block  # noqa: E402
+from _common import checkout_relative, write_block  # noqa: E402
 
 
 def finetune(source: str, output: str | None, tasks: list[str], glue_dir: str, seeds: list[int],
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     name = "what_pretraining_buys" + ("" if args.block == "downstream figures" else "-" + args.block.replace(" ", "-"))
     (results / f"{name}.json").write_text(json.dumps(
         {name: {t: {"primary_metric": r["primary_metric"], "seeds": r["seeds"], "finetune": r["finetune"],
-                    "train_examples": r["train_examples"], "model": r["model"]} for t, r in per.items()}
+                    "train_examples": r["train_examples"], "model": checkout_relative(r["model"])}
+             for t, r in per.items()}
          for name, per in rows.items()}, indent=1) + "\n")
     if args.doc:
         write_block(args.doc, args.block, text)

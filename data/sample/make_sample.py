@@ -1,8 +1,12 @@
-"""Rebuild the bundled sample corpus from WikiText-2 (run from the repository root; needs ../shared/corpora).
+"""Rebuild the bundled sample corpus from WikiText-2 (run from the repository root; the source is not bundled).
 
-    python data/sample/make_sample.py [--source /path/to/wikitext-2] && albert-dist tokenizer train \
+    python data/sample/make_sample.py --source /path/to/wikitext-2 && albert-dist tokenizer train \
         --input 'data/sample/wikitext-2-train-*.txt' --vocab-size 8000 --output data/sample
+    python data/sample/make_sample.py --source /path/to/wikitext-2 --check   # the bundled shards are what it builds
     python data/sample/make_sample.py --report      # <unk> share of the bundled shards' tokens
+
+The source: WikiText-2's tokenized release, ``test.txt`` and ``valid.txt`` (``train.txt`` for ``--full-train``;
+md5 of test.txt 781c9418ab9414bd09e4aad825aae752, valid.txt d756d22ab2310e7e60c094bea5c5a8eb).
 
 One article is one document: its paragraphs on consecutive lines, section headings dropped, documents separated
 by a blank line. The tokenized release's artifacts are undone (see :func:`clean_line`): number splitting
@@ -15,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent
-DEFAULT_SOURCE = Path("/work/shared/corpora/wikitext-2")
 _TITLE = re.compile(r"^ = [^=].* = $")
 _HEADING = re.compile(r"^ (= )+.*( =)+ $")
 PLACEHOLDER = "<unk>"
@@ -95,6 +99,21 @@ def build(source: Path, out: Path) -> None:
           f"({len(text.encode('utf-8'))} bytes)")
 
 
+def check(source: Path, out: Path) -> list[str]:
+    """Rebuild from `source` into a temporary folder; returns the names of the shards in `out` that differ from
+    the rebuild (or are missing from either side); prints one line per difference."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build(source, Path(tmp))
+        built = {p.name: p.read_bytes() for p in Path(tmp).glob("wikitext-2-*.txt")}
+    have = {p.name: p.read_bytes() for p in out.glob("wikitext-2-*.txt")}
+    differ = sorted(n for n in built.keys() | have.keys() if built.get(n) != have.get(n))
+    for name in differ:
+        print(f"{out / name}: differs from what {source} builds")
+    return differ
+
+
 def report(folder: Path, tokenizer: str) -> dict[str, dict[str, int]]:
     """Per split of the shards in ``folder``: literal placeholders, tokens (encoded as the pretraining pipeline
     encodes: sentences of each document) and ``<unk>`` ids among them. Prints one line per split."""
@@ -121,13 +140,18 @@ def report(folder: Path, tokenizer: str) -> dict[str, dict[str, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder with WikiText-2 test.txt, valid.txt")
+    parser.add_argument("--source", type=Path, help="folder with WikiText-2 test.txt, valid.txt (train.txt)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the shards go (default: this folder)")
     parser.add_argument("--full-train", type=Path, metavar="DIR",
                         help="instead: write WikiText-2's whole train split into DIR (data/wikitext-2)")
     parser.add_argument("--report", action="store_true", help="only report the <unk> share of the shards in --out")
+    parser.add_argument("--check", action="store_true", help="rebuild into a temporary folder and compare with --out")
     parser.add_argument("--tokenizer", default=str(OUT / "spiece.model"), help="model for --report")
     args = parser.parse_args()
+    if args.source is None and not args.report:
+        parser.error("--source is required (WikiText-2's tokenized release: test.txt, valid.txt, train.txt)")
+    if args.check:
+        sys.exit(1 if check(args.source, args.out) else 0)
     if args.full_train:
         build_full_train(args.source, args.full_train)
     elif args.report:

@@ -3,10 +3,11 @@ split, and the measurements behind its tokenizer (run from the repository root).
 
     python data/zhwiki/make_zhwiki.py --source /path/to/zhwiki.jsonl      # -> data/zhwiki/{train,validation}.jsonl
     python data/zhwiki/make_zhwiki.py --report                            # tokenizer settings on validation.jsonl
-    python data/zhwiki/make_zhwiki.py --compare-segmenters                # rjieba vs jieba on the whole source
+    python data/zhwiki/make_zhwiki.py --source /path/to/zhwiki.jsonl --compare-segmenters  # rjieba vs jieba on it
 
-The source is any .jsonl with a "text" field (the shared zhwiki sample by default: 5,667 documents of Chinese
-Wikipedia, CC BY-SA; see its README). Documents shorter than 20 characters (title-only stubs) are dropped,
+The source is any .jsonl with a "text" field (the recipe's: the zhwiki sample, 5,667 documents of Chinese
+Wikipedia, CC BY-SA; its first 150 and 60 DRCD documents are tests/fixtures/text/zhwiki.jsonl, whose README
+names the sources). Documents shorter than 20 characters (title-only stubs) are dropped,
 ``albert-dist data prepare`` having no length filter; every 20th document (5%) goes to validation, the rest to
 train, in source order. ``--report`` trains the candidate tokenizers on train.jsonl (vocab 8000, unigram) and
 prints, on validation.jsonl, the ``<unk>`` rate (share of characters inside ``<unk>`` pieces), pieces per
@@ -20,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent
-DEFAULT_SOURCE = Path("/work/shared/corpora/zhwiki-sample/zhwiki.jsonl")
 MIN_CHARS = 20
 VALIDATION_EVERY = 20
 #: full-width punctuation that NFKC folds to ASCII (Chinese BERT vocabularies keep these as themselves)
@@ -99,10 +99,12 @@ def compare_segmenters(source: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="zhwiki .jsonl with a text field")
+    parser.add_argument("--source", type=Path, help="zhwiki .jsonl with a text field (not with --report)")
     parser.add_argument("--report", action="store_true", help="measure the tokenizer candidates instead")
     parser.add_argument("--compare-segmenters", action="store_true", help="rjieba vs jieba on --source instead")
     args = parser.parse_args()
+    if args.source is None and not args.report:
+        parser.error("--source is required: a .jsonl with a text field (the zhwiki sample)")
     if args.compare_segmenters:
         compare_segmenters(args.source)
         return

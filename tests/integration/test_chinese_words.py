@@ -22,8 +22,10 @@ from albert_dist.data.pretraining import ExampleBuilder
 from albert_dist.data.text import has_cjk, load_chinese_segmenter, segmented_word_starts, split_sentences
 from albert_dist.data.tokenizer import UNK_ID, load_tokenizer, train_tokenizer
 
-ZHWIKI = Path("/work/shared/corpora/zhwiki-sample/zhwiki.jsonl")
-pytestmark = pytest.mark.skipif(not ZHWIKI.is_file(), reason="the zhwiki sample corpus is not on this machine")
+#: 210 documents of the zhwiki sample: 0-149 Simplified (the tokenizer's training text), 150-209 Traditional
+#: (DRCD; held out); tests/fixtures/text/README.md
+ZHWIKI = Path(__file__).resolve().parents[1] / "fixtures" / "text" / "zhwiki.jsonl"
+TRAIN, HELD_OUT = (0, 150), (150, 210)
 
 
 def _docs(start: int, stop: int) -> list[str]:
@@ -34,10 +36,10 @@ def _docs(start: int, stop: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def zh(tmp_path_factory):
-    """(tokenizer path, sentencepiece processor) trained on the first 400 zhwiki documents (NFKC, as shipped)."""
+    """(tokenizer path, sentencepiece processor) trained on the fixture's first 150 documents (NFKC, as shipped)."""
     tmp = tmp_path_factory.mktemp("zh")
     corpus = tmp / "train.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _docs(0, 400)),
+    corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in _docs(*TRAIN)),
                       encoding="utf-8")
     model = train_tokenizer([str(corpus)], str(tmp / "tok"), vocab_size=5000, character_coverage=0.9995)
     return str(model), load_tokenizer(str(model)), corpus
@@ -101,7 +103,7 @@ def test_masked_spans_are_whole_jieba_words(zh):
     """With segmentation every masked span starts and ends on a jieba word boundary of the original text; at the
     character level (the default) many spans cut a word, so the check can fail."""
     _, sp, _ = zh
-    docs = _docs(4000, 4060)  # held out from the tokenizer's training text
+    docs = _docs(*HELD_OUT)  # held out from the tokenizer's training text
     cfg = dict(max_seq_length=128, max_predictions_per_seq=20)
     bad, checked, long_spans = _violations(sp, DataConfig(chinese_word_segmentation="jieba", **cfg), docs)
     assert checked > 1000 and bad == 0
@@ -128,7 +130,7 @@ def test_rjieba_and_jieba_give_the_same_words(zh, monkeypatch):
     """Both engines on zhwiki sentences: identical words wherever a word holds a CJK character, and identical
     piece word starts (Latin runs joined by - or . differ, and are not the segmenter's to decide)."""
     _, sp, _ = zh
-    sentences = [s for d in _docs(0, 300) for s in split_sentences(d)]
+    sentences = [s for d in _docs(0, HELD_OUT[1]) for s in split_sentences(d)]  # both scripts
     fast = load_chinese_segmenter("jieba")
     monkeypatch.setitem(sys.modules, "rjieba", None)  # import rjieba now raises ImportError: the fallback
     slow = load_chinese_segmenter("jieba")
@@ -136,7 +138,7 @@ def test_rjieba_and_jieba_give_the_same_words(zh, monkeypatch):
     cjk_words = [[w for w in seg(s) if has_cjk(w)] for seg in (fast, slow) for s in sentences]
     half = len(cjk_words) // 2
     assert sum(map(len, cjk_words[:half])) > 20000 and cjk_words[:half] == cjk_words[half:]
-    for doc in _docs(150, 200):
+    for doc in _docs(100, 150):
         pieces = [p for s in sp.encode(split_sentences(doc), out_type=str) for p in s]
         assert (segmented_word_starts(pieces, fast) == segmented_word_starts(pieces, slow)).all()
 
@@ -170,7 +172,7 @@ def test_segmentation_changes_word_starts_not_ids(zh):
     _, sp, _ = zh
     words, chars = (ExampleBuilder(sp, DataConfig(chinese_word_segmentation=s)) for s in ("jieba", "none"))
     differ = 0
-    for doc in _docs(4000, 4100) + ["英文 mixed 㚟𠀀 text", "no Chinese at all."]:
+    for doc in _docs(*HELD_OUT) + ["英文 mixed 㚟𠀀 text", "no Chinese at all."]:
         (t1, o1, s1), (t2, o2, s2) = words.encode_document(doc), chars.encode_document(doc)
         assert np.array_equal(t1, t2) and np.array_equal(o1, o2)
         differ += int((s1 != s2).sum())

@@ -6,24 +6,23 @@ import sys
 
 import pytest
 import torch
+from fixtures.finetune_run import write_sst2
 from helpers import REPO, clean_env
 
 pytestmark = pytest.mark.integration
 PHASES = ["env", "attention", "step", "exactness", "pretrain", "downstream"]
 
 
-#: SST-2 for the downstream phase: the kit's copy where `make gpu-kit` ran, else the shared corpora it copies from
-#: (CI has those beside the clone, not the kit)
-SST2 = REPO / ".gpu_data" if (REPO / ".gpu_data" / "train.tsv").is_file() else REPO.parent / "shared" / "corpora" / "glue-sst2"
-
-
 @pytest.mark.timeout(1200)
 def test_gpu_check_cpu_runs_every_phase(tmp_path):
+    # the downstream phase's data: SST-2's layout (sentence, label), generated (the phase reads 16 + 16 rows)
+    sst2 = write_sst2(tmp_path / "sst2", n_train=32, n_dev=16)
+    out = tmp_path / "out"
     proc = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu"], cwd=REPO,
-                          env=clean_env(OUT=str(tmp_path), PYTHON=sys.executable, GPU_DATA=str(SST2)),
+                          env=clean_env(OUT=str(out), PYTHON=sys.executable, GPU_DATA=str(sst2)),
                           capture_output=True, text=True, timeout=1150)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert list(summary["phases"]) == PHASES and summary["ok"]
     r = {name: p["result"] for name, p in summary["phases"].items()}
     assert all(p["status"] == "ok" and p["seconds"] <= p["limit_s"] for p in summary["phases"].values())

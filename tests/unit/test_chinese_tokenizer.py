@@ -14,7 +14,8 @@ from albert_dist.data.sources.discover import resolve_path
 from albert_dist.data.text import split_sentences
 
 ZH_TOKENIZER = "data/zhwiki/spiece.model"
-ZHWIKI = Path("/work/shared/corpora/zhwiki-sample/zhwiki.jsonl")
+#: 210 documents of the zhwiki sample (Simplified and Traditional; tests/fixtures/text/README.md)
+ZHWIKI = Path(__file__).resolve().parents[1] / "fixtures/text/zhwiki.jsonl"
 TEXTS = [
     "数学是研究数量、结构以及空间等概念及其变化的一门学科。",  # Simplified
     "臺灣大學的圖書館藏書豐富，學術資源齊全。",  # Traditional
@@ -39,12 +40,10 @@ def test_auto_tokenizer_on_the_export_gives_sentencepiece_ids(tmp_path):
     assert cli_main(["export", str(tmp_path / "model.pt"), "--config", str(tmp_path / "model.yaml"), "--output",
                        str(tmp_path / "hf"), "--tokenizer", str(resolve_path(ZH_TOKENIZER))]) == 0
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    texts = list(TEXTS)
-    if ZHWIKI.is_file():  # and real held-out-style text: every 20th document of the sample, as validation.jsonl
-        with ZHWIKI.open(encoding="utf-8") as f:
-            docs = [json.loads(line)["text"] for line in f][::20][:120]  # 1,247 sentences
-        texts += [s for d in docs for s in split_sentences(d)]
-    assert len(texts) > 1000 or not ZHWIKI.is_file()
+    with ZHWIKI.open(encoding="utf-8") as f:  # and real text: every sentence of the fixture's documents
+        docs = [json.loads(line)["text"] for line in f]
+    texts = TEXTS + [s for d in docs for s in split_sentences(d)]
+    assert len(texts) > 1700
     got = hf(texts, add_special_tokens=False)["input_ids"]
     mismatched = [t for t, ids in zip(texts, got) if ids != sp.encode(t)]
     assert not mismatched, mismatched[:3]

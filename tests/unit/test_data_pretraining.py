@@ -300,7 +300,8 @@ def test_random_token_prob_sets_the_share_of_random_and_kept_tokens(sp, random_t
 
 
 # ---- a window of documents built at once: the examples of building them one by one ----
-ZHWIKI = Path(__file__).resolve().parents[2].parent / "shared/corpora/zhwiki-sample/zhwiki.jsonl"
+#: the zhwiki sample's first 150 documents (and 60 more; tests/fixtures/text/README.md)
+ZHWIKI = Path(__file__).resolve().parents[1] / "fixtures/text/zhwiki.jsonl"
 #: (examples, sha256[:16]) of `_digest` over the first 100 zhwiki documents, computed by the per-document builder
 #: of commit da4c57e (before windows were built at once), and of the train stream's first 12 batches.
 BUILT_BEFORE = {"jieba": (224, "4c751c05efbd5655"), "jieba-ngram3": (242, "0f6a0f557ed1b87d"),
@@ -350,7 +351,6 @@ def _stream_digest(tmp_path) -> str:
     return h.hexdigest()[:16]
 
 
-@pytest.mark.skipif(not ZHWIKI.is_file(), reason="the zhwiki sample corpus is not on this machine")
 def test_a_window_built_at_once_gives_the_examples_built_one_by_one(tmp_path, monkeypatch):
     """`build_documents` (the loader's window of documents at once: the Chinese word-level pipeline's speed)
     gives exactly the examples the per-document builder gave before it, on zhwiki with jieba words and without,

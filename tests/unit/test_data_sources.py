@@ -429,3 +429,31 @@ def test_hub_config_and_hub_split_pick_one_configuration_and_split(tmp_path):
         src = SourceConfig(paths=[str(tmp_path)], format="hub", hub_config=config, hub_split=split)
         stream = SourceStream(src, "t", None, 0, 1, seed=0, shuffle=False, max_document_bytes=1 << 20)
         assert [stream.next_document()[0] for _ in range(4)] == [f"{config} {split} {i} text" for i in range(4)]
+
+
+def test_each_file_is_described_once_and_its_pieces_carry_the_record(tmp_path, monkeypatch):
+    """Planning a source (`source_pieces`: the text-field check, then the pieces) stats each file once and reads
+    each parquet footer once: one `CorpusFile` per file, handed from discovery to both steps (before, each step
+    found the format, size and footer again: a jsonl or parquet file was stat'ed twice); the pieces carry the file's
+    size and version to the readers, as os.stat gives them."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from albert_dist.data.sources import discover, store
+    from albert_dist.data.sources.pieces import source_pieces
+
+    _write_all_formats(tmp_path)
+    stats, footers = Counter(), Counter()
+    real_stat, real_read = store.stat, pq.read_metadata
+    monkeypatch.setattr(store, "stat", lambda path: stats.update([path]) or real_stat(path))
+    monkeypatch.setattr(pq, "read_metadata", lambda path, *a, **k: footers.update([str(path)]) or real_read(path))
+    discover.read_footer.cache_clear()
+    src = SourceConfig(paths=[str(tmp_path / "c.*")], text_field="body")
+    pieces, counts = source_pieces(src, "data.train[0]", 1 << 20, slots=4)
+    names = ["c.jsonl", "c.jsonl.gz", "c.parquet", "c.txt", "c.txt.gz", "c.txt.zst"]
+    assert counts["files"] == 6 and sorted(os.path.basename(p) for p in stats) == names
+    assert set(stats.values()) == {1} and list(footers.values()) == [1]
+    for piece in pieces:
+        st = os.stat(piece["path"])
+        assert (piece["file_bytes"], piece["version"]) == (st.st_size, str(st.st_mtime_ns))

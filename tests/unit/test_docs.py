@@ -21,7 +21,7 @@ from albert_dist.cli import COMMANDS
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_CHECKED_DIRS = ("configs/", "slurm/", "bench/", "launch/")
+_CHECKED_DIRS = ("configs/", "slurm/", "bench/", "launch/", "tools/")
 
 
 def _fenced_commands(text: str) -> list[str]:
@@ -212,11 +212,11 @@ def test_the_reference_check_finds_a_moved_module_a_gone_name_and_a_gone_test(tm
 
 
 def test_the_layout_page_tree_is_the_modules_roles():
-    """docs/layout.md's package tree is what bench/layout_tree.py makes of the modules' docstrings' first lines
+    """docs/layout.md's package tree is what tools/layout_tree.py makes of the modules' docstrings' first lines
     (one home per fact: a module's role is in its docstring; rerun the script after adding or moving a module)."""
-    from helpers import load_bench
+    from helpers import load_tool
 
-    tree = load_bench("layout_tree")
+    tree = load_tool("layout_tree")
     page = (ROOT / "docs" / "layout.md").read_text()
     start, end = "<!-- package-tree start -->\n", "\n<!-- package-tree end -->"
     assert page[page.index(start) + len(start):page.index(end)] == tree.tree()

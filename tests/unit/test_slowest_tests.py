@@ -1,9 +1,9 @@
-"""bench/slowest_tests.py: docs/layout.md's slowest-tests table and tier counts from pytest's JUnit XML, checked
+"""tools/slowest_tests.py: docs/layout.md's slowest-tests table and tier counts from pytest's JUnit XML, checked
 on a JUnit file written here by hand (what pytest writes: classname, name, time; skipped/failure children; tests/conftest.py's cpu_s property)."""
 from __future__ import annotations
 
 import pytest
-from helpers import load_bench
+from helpers import load_tool
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites name="pytest tests"><testsuite name="pytest" errors="0" failures="1" skipped="1" tests="6"
@@ -20,7 +20,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 
 @pytest.fixture
 def slowest():
-    return load_bench("slowest_tests")
+    return load_tool("slowest_tests")
 
 
 def test_cases_tiers_and_the_slowest_first(tmp_path, slowest):
@@ -53,6 +53,6 @@ def test_write_replaces_only_between_the_markers(tmp_path, slowest):
     doc.write_text(f"before\n{slowest.BEGIN}\nold table\n{slowest.END}\nafter\n")
     assert slowest.main([str(junit), "--write", str(doc)]) == 0
     text = doc.read_text()
-    assert text.startswith(f"before\n{slowest.BEGIN}\nFrom `python bench/slowest_tests.py junit.xml`")
+    assert text.startswith(f"before\n{slowest.BEGIN}\nFrom `python tools/slowest_tests.py junit.xml`")
     assert text.endswith(f"{slowest.END}\nafter\n") and "old table" not in text and "test_grad_matrix" in text
     assert slowest.main([str(junit), "--write", str(tmp_path / "none.md")]) == 2

@@ -52,25 +52,23 @@ class ScanTask:
 def scan_tasks(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict], list[dict]]:
     """The scan tasks of all sources in input order (source, file path, offset), the input file list (``path``,
     ``bytes``, ``kind``, ``compression``, ``mtime_ns``, ``source``) and the files skipped while planning (a
-    0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as discover_files
-    and check_text_field do."""
-    from albert_dist.data.sources import store
+    0-byte file, a parquet footer that does not parse: ``reason``, ``where``, ``detail``). Raises ValueError as
+    find_files and check_text_field do."""
     from albert_dist.data.sources.read import check_text_field
-    from albert_dist.data.sources.discover import discover_files, file_format, parquet_metadata
+    from albert_dist.data.sources.discover import find_files
 
     tasks: list[ScanTask] = []
     inputs: list[dict] = []
     skipped: list[dict] = []
     for i, source in enumerate(sources):
         where = f"input[{i}]"
-        files = discover_files(source, where)
+        files = find_files(source, where)
         check_text_field(source, where, files)
-        for path in files:
-            kind, compression = file_format(path, source.format, source.paths)
-            st = store.stat(path)  # an object's version is its ETag/generation, a file's its mtime
-            size = st["size"]
+        for file in files:
+            path, kind, compression, size = file.path, file.kind, file.compression, file.size
+            # an object's version is its ETag/generation, a file's its mtime
             inputs.append({"path": path, "bytes": size, "kind": kind, "compression": compression,
-                           "mtime_ns": int(st["version"]) if st["version"].isdigit() else st["version"],
+                           "mtime_ns": int(file.version) if file.version.isdigit() else file.version,
                            "source": i})
             common = dict(path=path, kind=kind, compression=compression, text_field=source.text_field,
                           txt_documents=source.txt_documents)
@@ -81,7 +79,7 @@ def scan_tasks(sources: list[SourceConfig]) -> tuple[list[ScanTask], list[dict],
                 import pyarrow as pa
 
                 try:
-                    meta = parquet_metadata(path)
+                    meta = file.footer()
                 except (OSError, pa.ArrowException) as err:  # a footer that does not parse: the file is skipped
                     reason = f"{type(err).__name__}: {err}".strip()
                     skipped.append({"reason": "damaged", "where": path, "detail": f"parquet footer: {reason}"})

@@ -26,6 +26,10 @@ Slot assignment (`slot_shares`; the loader and ``albert-dist data plan`` both ca
   prints the command: `albert_dist.data.sources.pieces`).
 
 Planning reads only metadata: file sizes and parquet footers (never a record), so it is cheap for 10,000 files.
+Each file is described once, when the source's files are found (`find_files` -> `CorpusFile`: path, size,
+version, format, compression, parquet footer), and that record is handed on: the text-field check, `cut_pieces`,
+the sampler and prepare's scan read it, and each piece carries its file's format, size and version to the
+readers, so no stage derives them again. `read_footer` is the one reader of a parquet footer.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import glob as globlib
 import logging
 import os
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -161,6 +166,55 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
     return files
 
 
+@dataclass
+class CorpusFile:
+    """One file of a source, described once when the source's files are found (`find_files`) and handed on.
+
+    ``path``: a local path or an fsspec URL; ``size``: bytes; ``version``: a local file's mtime_ns, an object's
+    ETag or generation (`albert_dist.data.sources.store.stat`); ``kind``: txt | jsonl | parquet; ``compression``:
+    "" | ".gz" | ".zst" (`file_format`). The parquet footer is read on first use (`footer`)."""
+
+    path: str
+    size: int
+    version: str
+    kind: str
+    compression: str
+    _footer: Optional[tuple] = field(default=None, repr=False, compare=False)
+
+    def footer(self):
+        """The parquet footer (pyarrow ``FileMetaData``, `read_footer`), read once for this record, a damaged one
+        included: raises what pyarrow raised for it on every call; a store error (`store.StoreError`,
+        `store.StoreUnavailable`) is raised and not kept."""
+        if self._footer is None:
+            try:
+                self._footer = (read_footer(self.path, self.size, self.version), None)
+            except (store.StoreError, store.StoreUnavailable):
+                raise
+            except Exception as err:  # noqa: BLE001 - a damaged footer: each caller decides (skip, warn)
+                self._footer = (None, err)
+        meta, err = self._footer
+        if err is not None:
+            raise err
+        return meta
+
+
+def find_files(source: SourceConfig, where: str) -> list[CorpusFile]:
+    """The files of a local or object-store source (`discover_files`), each described once (`CorpusFile`).
+
+    Raises ValueError naming ``where`` as `discover_files` and `file_format` do (every file's format is checked
+    before any size is read); `store.StoreError` / OSError for a file that cannot be stat'ed."""
+    paths = discover_files(source, where)
+    try:
+        formats = [file_format(path, source.format, source.paths) for path in paths]
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    records = []
+    for path, (kind, compression) in zip(paths, formats):
+        st = store.stat(path)
+        records.append(CorpusFile(path, int(st["size"]), str(st["version"]), kind, compression))
+    return records
+
+
 def file_format(path: str, declared: str, source_paths: Optional[Sequence[str]] = None) -> tuple[str, str]:
     """(kind, compression) of a file: kind in txt|jsonl|parquet, compression in ""|".gz"|".zst".
 
@@ -220,7 +274,11 @@ PARQUET_METADATA_CACHE_FILES = 4096
 
 
 @functools.lru_cache(maxsize=PARQUET_METADATA_CACHE_FILES)
-def _parquet_metadata(path: str, size: int, version: str):
+def read_footer(path: str, size: int, version: str):
+    """The one reader of a parquet footer: pyarrow ``FileMetaData`` of a local file, or of an object from its
+    footer's bytes alone (`albert_dist.data.sources.store.parquet_metadata`: ranged GETs), parsed once per process
+    and (path, size in bytes, version) (`PARQUET_METADATA_CACHE_FILES`). Raises what pyarrow raises for a missing
+    file or a damaged footer (nothing is cached then), `store.StoreError` for an unreadable object."""
     import pyarrow.parquet as pq
 
     if store.is_url(path):
@@ -228,14 +286,23 @@ def _parquet_metadata(path: str, size: int, version: str):
     return pq.read_metadata(path)
 
 
-def parquet_metadata(path: str):
-    """The footer of a local or remote parquet file, parsed once per process and file version (`parquet_file`)."""
-    st = store.stat(path)
-    return _parquet_metadata(path, st["size"], st["version"])
+def parquet_metadata(path: str, size: Optional[int] = None, version: Optional[str] = None):
+    """`read_footer` of ``path``; its size and version from `store.stat` unless given (a piece carries its file's:
+    ``file_bytes``, ``version``)."""
+    if size is None or version is None:
+        st = store.stat(path)
+        size, version = st["size"], st["version"]
+    return read_footer(path, int(size), str(version))
 
 
-def parquet_file(path: str):
-    """``pyarrow.parquet.ParquetFile(path)`` with its footer parsed once per process and file version.
+def piece_footer(piece: dict[str, Any]):
+    """The parquet footer of a piece's file, from the size and version its `CorpusFile` handed on (`read_footer`)."""
+    return parquet_metadata(piece["path"], piece.get("file_bytes"), piece.get("version"))
+
+
+def parquet_file(path: str, meta=None):
+    """``pyarrow.parquet.ParquetFile(path)`` with its footer parsed once per process and file version (``meta``:
+    the footer when the caller holds it: `CorpusFile.footer`, `piece_footer`).
 
     Why: opening a ParquetFile reads the footer again, and pyarrow reads it with one speculative read of the
     file's last 64 KiB; a reader that opens the file once per row group of a few tens of KB (what `data prepare`
@@ -245,25 +312,26 @@ def parquet_file(path: str):
     """
     import pyarrow.parquet as pq
 
-    meta = parquet_metadata(path)
+    meta = parquet_metadata(path) if meta is None else meta
     if store.is_url(path):  # footer only: the row groups' bytes are fetched by `parquet_row_group`
         return pq.ParquetFile(store.RangedFile(path), metadata=meta)
     return pq.ParquetFile(path, metadata=meta)
 
 
-def parquet_row_group(path: str, row_group: int, columns: list[str]):
+def parquet_row_group(path: str, row_group: int, columns: list[str], meta=None):
     """A ``pyarrow.parquet.ParquetFile`` to read ``columns`` of ``row_group`` from: the local file, or for a URL
-    only those column chunks' byte ranges (`albert_dist.data.sources.store.parquet_row_group_file`)."""
+    only those column chunks' byte ranges (`albert_dist.data.sources.store.parquet_row_group_file`). ``meta``: the
+    file's footer when the caller holds it (`piece_footer`)."""
     import pyarrow.parquet as pq
 
+    meta = parquet_metadata(path) if meta is None else meta
     if not store.is_url(path):
-        return parquet_file(path)
-    meta = parquet_metadata(path)
+        return parquet_file(path, meta)
     return pq.ParquetFile(store.parquet_row_group_file(path, meta, row_group, columns), metadata=meta)
 
 
-def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
-    meta = parquet_metadata(path)
+def _parquet_pieces(file: CorpusFile, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
+    meta, size = file.footer(), file.size
     leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == text_field), None)
     pieces = []
     for rg in range(meta.num_row_groups):
@@ -276,42 +344,41 @@ def _parquet_pieces(path: str, size: int, text_field: str, base: dict[str, Any])
 
 
 def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
-                files: list[str] | None = None) -> tuple[list[dict[str, Any]], Counter]:
-    """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots.
+               files: list[CorpusFile] | None = None) -> tuple[list[dict[str, Any]], Counter]:
+    """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots. ``files``:
+    the source's `CorpusFile` records (`find_files` when not given).
 
-    Each piece is a JSON-able dict ``{path, kind, compression, start, end, row_group, nbytes}`` (parquet pieces
-    also ``rows``; ``start``, ``end`` are 0 and the file size for parquet): ``nbytes`` is what reading it fetches from disk (the byte range,
-    the compressed file, the row group's text column chunk). Counters: ``files``, ``bytes``, ``empty_files``,
-    ``damaged_files`` (a parquet footer that does not parse: skipped with a warning), ``piece_bytes`` (the
-    byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked by
-    `albert_dist.data.sources.read.check_text_field`.
+    Each piece is a JSON-able dict ``{path, kind, compression, file_bytes, version, start, end, row_group,
+    nbytes}`` (parquet pieces also ``rows``; ``start``, ``end`` are 0 and the file size for parquet): ``nbytes``
+    is what reading it fetches from disk (the byte range, the compressed file, the row group's text column chunk);
+    ``file_bytes`` and ``version`` are its file's (`CorpusFile`), handed on to the readers. Counters: ``files``,
+    ``bytes``, ``empty_files``, ``damaged_files`` (a parquet footer that does not parse: skipped with a warning),
+    ``piece_bytes`` (the byte-range size chosen by `piece_bytes_for`). Reads only metadata: the text field is checked
+    by `albert_dist.data.sources.read.check_text_field`.
 
-    Raises ValueError as `discover_files` and `file_format` do.
+    Raises ValueError as `find_files` does.
     """
     stats: Counter = Counter()
-    files = discover_files(source, where) if files is None else files
-    try:
-        formats = [file_format(path, source.format, source.paths) for path in files]
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
-    sizes = [store.file_size(path) for path in files]
+    files = find_files(source, where) if files is None else files
     whole_files = source.txt_documents == "file"
-    splittable = sum(size for (kind, comp), size in zip(formats, sizes)
-                     if not comp and (kind == "jsonl" or (kind == "txt" and not whole_files)))
+    splittable = sum(f.size for f in files
+                     if not f.compression and (f.kind == "jsonl" or (f.kind == "txt" and not whole_files)))
     piece_bytes = piece_bytes_for(splittable, shard_piece_bytes, slots)
     stats["piece_bytes"] = piece_bytes
     pieces: list[dict[str, Any]] = []
-    for path, (kind, compression), size in zip(files, formats, sizes):
+    for file in files:
+        path, kind, compression, size = file.path, file.kind, file.compression, file.size
         stats["files"] += 1
         stats["bytes"] += size
         if size == 0:
             stats["empty_files"] += 1
             logger.warning("%s: skipping 0-byte file %s", where, path)
             continue
-        base = {"path": path, "kind": kind, "compression": compression, "row_group": -1}
+        base = {"path": path, "kind": kind, "compression": compression, "file_bytes": size, "version": file.version,
+                "row_group": -1}
         if kind == "parquet":
             try:
-                pieces.extend(_parquet_pieces(path, size, source.text_field, base))
+                pieces.extend(_parquet_pieces(file, source.text_field, base))
             except Exception as err:  # pyarrow raises ArrowInvalid/OSError for a damaged footer  # noqa: BLE001
                 stats["damaged_files"] += 1
                 logger.warning("%s: skipping %s: not a readable parquet file (%s: %s)", where, path,

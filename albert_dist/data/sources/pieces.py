@@ -2,9 +2,9 @@
 
 The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.preflight.check_inputs`) and
 ``albert-dist data plan`` (front end and report: `albert_dist.cli.data`) all plan a local source through
-`source_pieces`: discover its files (`albert_dist.data.sources.discover.discover_files`) -> check its text field
-(`albert_dist.data.sources.read.check_text_field`) -> plan its pieces (`albert_dist.data.sources.discover.cut_pieces`) -> refuse a
-source of only empty or damaged files. The preflight then probes each slot's share for a usable record
+`source_pieces`: find its files, each described once (`albert_dist.data.sources.discover.find_files`) -> check
+its text field (`albert_dist.data.sources.read.check_text_field`) -> plan its pieces
+(`albert_dist.data.sources.discover.cut_pieces`) -> refuse a source of only empty or damaged files. The preflight then probes each slot's share for a usable record
 (`check_slots_readable`) and hands the plan to the loader (`albert_dist.preflight.JobPlan.train_pieces`).
 
 The figures of a plan (`SourceSlots`, `summarize_pieces`, `job_sources`): from metadata alone, no process group and
@@ -42,7 +42,7 @@ from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.sources.read import ReadBudget, check_text_field, read_piece
 from albert_dist.data.sources import store
 from albert_dist.data.sources.hub import check_hub_source
-from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, discover_files, cut_pieces, read_amplification,
+from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, cut_pieces, find_files, read_amplification,
                                                readers_per_piece, slot_shares)
 from albert_dist.sizes import fmt_bytes
 
@@ -69,7 +69,8 @@ def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slot
                        require_pieces: bool = True) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The checked piece plan of a local (or object-store) source for a job of ``slots`` slots (slot = rank x
     max(1, num_workers) + worker), the one implementation every caller shares: its files found
-    (`albert_dist.data.sources.discover.discover_files`), its text field checked on the first records of one file
+    and described once (`albert_dist.data.sources.discover.find_files`: the records handed to both steps below),
+    its text field checked on the first records of one file
     (`albert_dist.data.sources.read.check_text_field`), its pieces planned from metadata
     (`albert_dist.data.sources.discover.cut_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
     ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file).
@@ -82,7 +83,7 @@ def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slot
         ValueError: naming ``where`` for a missing path, an empty glob, a missing text field, an unknown format,
             or (``require_pieces``) a source that holds only empty or damaged files.
     """
-    files = discover_files(source, where)
+    files = find_files(source, where)
     check_text_field(source, where, files)
     pieces, stats = cut_pieces(source, where, shard_piece_bytes, slots, files)
     if not pieces and require_pieces:

@@ -28,8 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from albert_dist.data.sources import store
 from albert_dist.data.config import SourceConfig
-from albert_dist.data.sources.discover import (discover_files, file_format, parquet_file, parquet_metadata,
-                                               parquet_row_group)
+from albert_dist.data.sources.discover import CorpusFile, find_files, parquet_file, parquet_row_group, piece_footer
 
 logger = logging.getLogger(__name__)
 
@@ -353,10 +352,12 @@ def _encodable(text: str) -> bool:
 
 
 def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
-    try:
-        size = store.file_size(piece["path"])
-    except (OSError, ValueError):
-        size = -1
+    size = piece.get("file_bytes")  # its file's size, handed on by the plan (`CorpusFile`)
+    if size is None:
+        try:
+            size = store.file_size(piece["path"])
+        except (OSError, ValueError):
+            size = -1
     at = f" near byte {err.compressed_offset} of {size}" if err.compressed_offset >= 0 else ""
     what = "parquet data" if piece["kind"] == "parquet" else (f"{piece['compression']} stream"
                                                               if piece["compression"] else "file")
@@ -460,7 +461,7 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
     row = 0
     try:
         # the footer parsed once per process, not once per row group; from a URL only this group's text chunk
-        pf = parquet_row_group(piece["path"], piece["row_group"], [text_field])
+        pf = parquet_row_group(piece["path"], piece["row_group"], [text_field], piece_footer(piece))
         batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[piece["row_group"]],
                                   columns=[text_field], use_threads=False)
         for batch in batches:
@@ -487,7 +488,7 @@ def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str
     if piece["kind"] == "parquet":
         if not store.is_url(piece["path"]):
             return []
-        meta = parquet_metadata(piece["path"])
+        meta = piece_footer(piece)
         return [(piece["path"], a, b) for a, b in store.column_chunk_ranges(meta, piece["row_group"], [text_field])]
     if piece["compression"] or (piece["kind"] == "txt" and txt_documents == "file"):
         return []
@@ -499,7 +500,7 @@ def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str
 def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
     """First byte of the text column's chunk in the piece's row group (-1 when the footer does not tell)."""
     try:
-        meta = parquet_file(piece["path"]).metadata
+        meta = piece_footer(piece)
         group = meta.row_group(piece["row_group"])
         for j in range(group.num_columns):
             col = group.column(j)
@@ -511,29 +512,28 @@ def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def check_text_field(source: SourceConfig, where: str, files: Optional[list[str]] = None) -> None:
+def check_text_field(source: SourceConfig, where: str, files: Optional[list[CorpusFile]] = None) -> None:
     """Check that ``source.text_field`` exists, before a single batch is read (a wrong field would otherwise
     surface only after a whole epoch, as "skipped_missing_field" counts).
 
     jsonl: among the first `TEXT_FIELD_PROBE_RECORDS` JSON objects of the source's first jsonl file that holds
     a record (damaged or empty files are passed over with a warning); parquet: in the first readable parquet
-    file's schema. txt and hub sources have nothing to check here.
+    file's schema. txt and hub sources have nothing to check here. ``files``: the source's `CorpusFile` records
+    (`find_files` when not given: every file's format is checked first, so an unreadable kind fails here, not in
+    the middle of a run).
 
     Raises:
         ValueError: "<where>.text_field='x' is not a key of the first N records of <file> (keys found: ...)",
-            or "... is not a column of <file> (columns: ...)"; `discover_files`' and `file_format`'s errors.
+            or "... is not a column of <file> (columns: ...)"; `find_files`' errors.
     """
-    files = discover_files(source, where) if files is None else files
-    try:  # every file's format first (cheap), so an unreadable kind fails here, not in the middle of a run
-        formats = [file_format(path, source.format, source.paths) for path in files]
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
-    for path, (kind, compression) in zip(files, formats):
-        if kind not in ("jsonl", "parquet") or store.file_size(path) == 0:
+    files = find_files(source, where) if files is None else files
+    for file in files:
+        path, kind, compression = file.path, file.kind, file.compression
+        if kind not in ("jsonl", "parquet") or file.size == 0:
             continue
         if kind == "parquet":
             try:
-                keys = list(parquet_file(path).schema_arrow.names)
+                keys = list(parquet_file(path, file.footer()).schema_arrow.names)
             except store.StoreError:  # a missing/denied object is the user's to fix, not a damaged file
                 raise
             except Exception as err:  # noqa: BLE001 - a damaged footer: cut_pieces skips the file, so do we

@@ -1,8 +1,8 @@
 """docs/layout.md's "slowest tests" table and tier counts from a pytest run's JUnit XML.
 
     python -m pytest --junitxml=junit.xml ...           # any part of the suite; `make test` writes junit.xml
-    python bench/slowest_tests.py junit.xml              # print the tables (markdown)
-    python bench/slowest_tests.py junit.xml --write docs/layout.md   # replace them between the markers
+    python tools/slowest_tests.py junit.xml              # print the tables (markdown)
+    python tools/slowest_tests.py junit.xml --write docs/layout.md   # replace them between the markers
 
 The tier of a test is the folder under tests/ its module lives in (unit, integration, distributed, e2e), read from
 the JUnit ``classname`` (``tests.unit.test_cli`` or ``tests.unit.test_cli.TestX``). A test's seconds are JUnit's
@@ -127,7 +127,7 @@ def report(path: str | Path, n: int = 25) -> str:
     """Both tables with a line saying where they came from."""
     cases, stamp = read_cases(path)
     when = stamp or datetime.fromtimestamp(Path(path).stat().st_mtime).isoformat(timespec="seconds")
-    return "\n".join([f"From `python bench/slowest_tests.py {Path(path).name}` on the JUnit XML of a pytest run of "
+    return "\n".join([f"From `python tools/slowest_tests.py {Path(path).name}` on the JUnit XML of a pytest run of "
                       f"{when} ({len(cases)} tests):", "", tier_table(cases), "", f"The {n} slowest:", "",
                       slowest_table(cases, n), "", "The test files that took the most CPU:", "",
                       cpu_files_table(cases)])

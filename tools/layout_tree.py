@@ -1,8 +1,8 @@
 """docs/layout.md's package tree, generated from each module's role: the first line of its docstring.
 
-    python bench/layout_tree.py      # rewrite the tree between <!-- package-tree start/end --> in docs/layout.md
+    python tools/layout_tree.py      # rewrite the tree between <!-- package-tree start/end --> in docs/layout.md
 
-Not a benchmark (no `run`). A module's role has one home, its docstring; tests/unit/test_docs.py checks that the
+A module's role has one home, its docstring; tests/unit/test_docs.py checks that the
 page's tree is what this prints for the current package.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_block  # noqa: E402
+from doc_blocks import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "layout.md"

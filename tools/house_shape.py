@@ -1,12 +1,12 @@
-"""The `house-shape-3` figures of issue 35: the tree's shape against the bars (not a benchmark: no `run`).
+"""The `house-shape-3` figures of issue 35: the tree's shape against the bars.
 
-    python bench/house_shape.py          # one line per figure: name, value, bar, ok/SHORT; exit 1 if any is short
+    python tools/house_shape.py          # one line per figure: name, value, bar, ok/SHORT; exit 1 if any is short
 
 Figures: modules directly in albert_dist/data/ (<= 10), definitions (functions, methods, classes) whose name has
 "plan" (<= 6), modules configuring logging (basicConfig, dictConfig, addHandler on the root: 1), modules calling
 flock (1), parameters annotated argparse.Namespace outside cli/ (0), signal or fcntl imported in engine/ (0),
-albert_dist/config a package, and docs words (``cat docs/*.md | wc -w`` < 40,650, the issue's count; with
-README.md also printed).
+albert_dist/config a package. The docs' word count is shown, never a bar: a size is an observation, not a
+target (issue 45).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_WORDS_BAR = 40_650
 
 
 def _modules(package: Path):
@@ -77,7 +76,7 @@ def figures(root: Path = ROOT) -> list[tuple[str, object, str, bool]]:
         ("signal/fcntl imported in engine/", len(engine_sig), "0", not engine_sig),
         ("albert_dist/config a package", (package / "config" / "__init__.py").is_file(), "True",
          (package / "config" / "__init__.py").is_file()),
-        ("docs words (docs/*.md)", words, f"< {DOCS_WORDS_BAR:,}", words < DOCS_WORDS_BAR),
+        ("docs words (docs/*.md)", words, "(shown)", True),
         ("docs words (docs/*.md + README.md)", words_readme, "(shown)", True),
     ]
 
