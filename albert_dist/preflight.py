@@ -117,7 +117,8 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
     Plans every local data source (`albert_dist.data.sources.pieces.pieces_of`: paths exist, globs match, formats
     known, jsonl/parquet records hold `text_field`, not only empty or damaged files), checks the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
-    index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
+    index past the embedding table; fewer are warned, with ``probe``, naming the rows no id reaches) and
+    `data.max_seq_length <= model.max_position_embeddings` (same reason).
     Sources may be object-store URLs (`albert_dist.data.sources.store`). With ``world_size`` (0: a one-slot plan, as
     the validation set's), the training sources are planned for the job's world_size x max(1,
     data.num_workers) slots and, with ``probe`` (rank 0), every slot's share is probed for one usable record
@@ -158,6 +159,11 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
     if pieces > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
+    if pieces < cfg.model.vocab_size and probe:  # harmless, but the user should know (docs/data-tokenizer.md)
+        logger.warning("model.vocab_size (%d) is larger than the %d pieces of data.tokenizer_path %r: %d embedding "
+                       "rows no token id reaches (never trained as inputs; the tied output softmax only learns to keep "
+                       "them unlikely); finetune and export accept the run",
+                       cfg.model.vocab_size, pieces, cfg.data.tokenizer_path, cfg.model.vocab_size - pieces)
     return train_pieces if world_size else None
 
 
