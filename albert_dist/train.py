@@ -44,6 +44,7 @@ from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_INPUT_
                                    EXIT_SAVE_FAILED, InputVanished, TryAgainLater, error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
+from albert_dist.tracking.tracker import RunMovedOn
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,8 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
             if env is None or env.rank == 0:
                 print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
-        if isinstance(err, ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+        if isinstance(err, (ConfigDriftError, RunMovedOn)):  # --resume-from: the downloaded checkpoint's config
+            # differs; --resume auto: the MLflow run went on from another directory (one line, nothing trained)
             exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR
