@@ -409,6 +409,8 @@ class MLflowTracker(Tracker):
         with self._lock:
             self._state.update(status=status, ended=bool(ended), pending=jobs)
             self._save_state()
+        if isinstance(self._sender.error, RunMovedOn):  # the server answered only after the job started
+            log.error("%s", self._sender.error)
         if any(left.values()):
             log.error("MLflow (%s): not delivered within %.0f s: %d metric records, %d params, %d tags, uploads %s%s; "
                       "kept in %s: `albert-dist tracking sync %s` sends them", self._public_uri(), budget,
