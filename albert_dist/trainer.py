@@ -18,7 +18,8 @@ checkpoint is written (recorded as a stop's) and `train()` returns `EXIT_PREEMPT
 training source in an object store stops the job the same way when a rank's loader gives up on it
 (`albert_dist.data.sources.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
-that has none stops with the others instead of leaving them in the step's collectives.
+that has none stops with the others instead of leaving them in the step's collectives. A file or object of the
+plan found gone there (`albert_dist.exit_codes.InputVanished`) stops it the same way, with `EXIT_INPUT_VANISHED`.
 """
 from __future__ import annotations
 
