@@ -35,7 +35,9 @@ policy said stop, or its rollbacks ran out: `latest` names the newest healthy ch
 diverged weights was written. Not requeued: the same data and settings would diverge again."""
 EXIT_INPUT_VANISHED = 78
 """A corpus file (an object in a store, or a local shard) that the run planned with disappeared or changed while
-training; one line names it. Not requeued: the input must be restored or the run re-planned."""
+training; one line names it (`InputVanished`). Not requeued: the input must be restored (then `--resume auto`
+continues from the newest checkpoint, written at the stop when the source is an object store) or the run
+re-planned (a new run directory)."""
 
 
 
@@ -43,6 +45,14 @@ class TryAgainLater(Exception):
     """A service the command needs (an object store) stayed unavailable for its retry budget: nothing is wrong with
     the input, so a command prints its one line and exits `EXIT_PREEMPTED` (EX_TEMPFAIL), never 2 or a traceback.
     `albert_dist.data.sources.store.StoreUnavailable` is one."""
+
+
+class InputVanished(Exception):
+    """A corpus file the job planned with (an object in a store, a local shard) is gone while it trains: a command
+    prints its one line (the file, what the plan expected of it, how to go on) and exits `EXIT_INPUT_VANISHED`;
+    a training job checkpoints the step it reached first where it can (`albert_dist.trainer`). Neither a
+    ValueError (not a config error: the input was there when the job was checked) nor an OSError (a reader takes
+    an OSError for a damaged piece and skips it: a vanished file must not be skipped silently)."""
 
 
 def error_line(command: str, err: BaseException) -> str:
@@ -55,6 +65,6 @@ def error_line(command: str, err: BaseException) -> str:
     return f"{command}: {reason}"
 
 
-__all__ = ["error_line", "TryAgainLater",
+__all__ = ["error_line", "TryAgainLater", "InputVanished",
            "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED",
            "EXIT_HUNG", "EXIT_DIVERGED", "EXIT_INPUT_VANISHED"]

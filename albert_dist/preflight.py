@@ -107,6 +107,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
     if env.rank != 0:
         return plan, []
     locks = lock_run_dirs(cfg, recipe_name)
+    warn_unused_rows(cfg)
     return (plan if cfg.run_dir is not None else replace(plan, run_dir=str(locks[0].run_dir))), locks
 
 
@@ -117,7 +118,8 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
     Plans every local data source (`albert_dist.data.sources.pieces.pieces_of`: paths exist, globs match, formats
     known, jsonl/parquet records hold `text_field`, not only empty or damaged files), checks the
     tokenizer (exists, ALBERT's special ids, at most `model.vocab_size` pieces: a larger vocabulary would
-    index past the embedding table) and `data.max_seq_length <= model.max_position_embeddings` (same reason).
+    index past the embedding table; fewer: `warn_unused_rows`, once the job passed every check) and
+    `data.max_seq_length <= model.max_position_embeddings` (same reason).
     Sources may be object-store URLs (`albert_dist.data.sources.store`). With ``world_size`` (0: a one-slot plan, as
     the validation set's), the training sources are planned for the job's world_size x max(1,
     data.num_workers) slots and, with ``probe`` (rank 0), every slot's share is probed for one usable record
@@ -159,6 +161,18 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
         raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the {pieces} pieces of "
                          f"data.tokenizer_path {cfg.data.tokenizer_path!r}")
     return train_pieces if world_size else None
+
+
+def warn_unused_rows(cfg: TrainConfig) -> None:
+    """Warn (once: rank 0, after every check passed) when ``data.tokenizer_path`` has fewer pieces than
+    ``model.vocab_size``: the rows past the pieces are never reached by a token id. Harmless, and accepted by
+    finetune and export (docs/data-tokenizer.md); a tokenizer with more pieces is refused in `check_inputs`."""
+    pieces = load_tokenizer(cfg.data.tokenizer_path).get_piece_size()
+    if pieces < cfg.model.vocab_size:
+        logger.warning("model.vocab_size (%d) is larger than the %d pieces of data.tokenizer_path %r: %d embedding "
+                       "rows no token id reaches (never trained as inputs; the tied output softmax only learns to keep "
+                       "them unlikely); finetune and export accept the run",
+                       cfg.model.vocab_size, pieces, cfg.data.tokenizer_path, cfg.model.vocab_size - pieces)
 
 
 def check_data_settings(cfg: TrainConfig, log: bool = True) -> None:

@@ -15,7 +15,7 @@ from albert_dist.model.sharing import model_param_counts
 from albert_dist.tracking.fetch import download_run_checkpoint
 from albert_dist.tracking.params import hostname
 from albert_dist.tracking.secrets import scrub_text
-from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, parse_run_ref, read_run_id,
+from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, RunMovedOn, parse_run_ref, read_run_id,
                                           resolve_tracking_uri)
 
 log = logging.getLogger(__name__)
@@ -71,19 +71,21 @@ def open_tracker(cfg: Any, run_dir: str | Path, rank: int, local_rank: int = 0, 
         rank, local_rank: this process's global and node-local rank.
 
     Raises:
-        RuntimeError: on every rank, when the server answered that the run cannot be opened.
+        RuntimeError: on every rank, when the server answered that the run cannot be opened; `RunMovedOn` (on
+            every rank) when it went on from another run directory.
     """
     hosts = all_gather_object(hostname())
-    tracker, error = None, None
+    tracker, error, moved = None, None, False
     if rank == 0:
         try:
             tracker = MLflowTracker(cfg, run_dir=str(run_dir), hosts=hosts, **kwargs)
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
-            error = str(exc) if isinstance(exc, RuntimeError) else scrub_text(
+            moved = isinstance(exc, RunMovedOn)
+            error = str(exc) if isinstance(exc, (RuntimeError, RunMovedOn)) else scrub_text(
                 f"MLflow run could not be opened ({resolve_tracking_uri(cfg.tracking_uri)}): {type(exc).__name__}: {exc}")
-    run_id, error = broadcast_object([tracker.run_id if tracker else None, error])
+    run_id, error, moved = broadcast_object([tracker.run_id if tracker else None, error, moved])
     if error is not None:
-        raise RuntimeError(error)
+        raise RunMovedOn(error) if moved else RuntimeError(error)
     if tracker is None:
         tracker = NodeTracker(cfg, run_id, hostname() if local_rank == 0 and len(set(hosts)) > 1 else None)
     return tracker
@@ -109,6 +111,7 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
         return local
     run_id = parse_run_ref(resume_from) if resume_from else (read_run_id(str(run_dir)) if resuming else None)
     tracker = open_tracker(cfg.tracking, run_dir, rank, local_rank, resume_run_id=run_id, local=local,
+                           resumed_step=resumed_step if resuming and not resume_from else None,
                            keep_last_checkpoints=cfg.tracking.keep_last_checkpoints or cfg.checkpoint.keep_last,
                            keep_steps=() if not resumed_step else (resumed_step,),
                            tags={"mlflow.source.name": "albert-dist train", "run_dir": str(Path(run_dir).resolve()),

@@ -20,7 +20,9 @@ once, on the rank that failed; every rank ends within a bound, `albert_dist.job.
 config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
-training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts).
+training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
+78 a training file or object of the plan is gone (`InputVanished`: one line; after a checkpoint when the source is
+an object store, whose batches are fetched before the stop agreement).
 """
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ from albert_dist.distributed.rendezvous import PreflightRefused, agree, open_sto
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
-from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
-                                   TryAgainLater, error_line)
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED,
+                                   EXIT_SAVE_FAILED, InputVanished, TryAgainLater, error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
+from albert_dist.tracking.tracker import RunMovedOn
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,15 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
         exit_deadline(EXIT_PREEMPTED)
         logger.error("%s; exit %d (--resume auto continues from the last checkpoint)", err, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
+    if isinstance(err, InputVanished):  # a local training file gone (no prefetch: no checkpoint at the stop), or
+        # a validation file: one line, the newest checkpoint intact
+        if trainer is None or not trainer.started:
+            print(error_line("albert-dist train", err), file=sys.stderr)
+            return EXIT_INPUT_VANISHED
+        exit_deadline(EXIT_INPUT_VANISHED)
+        logger.error("%s; exit %d (restore it, then --resume auto continues from the newest checkpoint; or start a "
+                     "new run_dir on the corpus as it is now)", err, EXIT_INPUT_VANISHED)
+        return EXIT_INPUT_VANISHED
     if isinstance(err, CheckpointSaveError):  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
@@ -132,7 +144,8 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
             if env is None or env.rank == 0:
                 print(error_line("albert-dist train", err), file=sys.stderr)
             return EXIT_CONFIG_ERROR
-        if isinstance(err, ConfigDriftError):  # --resume-from: the downloaded checkpoint's config differs
+        if isinstance(err, (ConfigDriftError, RunMovedOn)):  # --resume-from: the downloaded checkpoint's config
+            # differs; --resume auto: the MLflow run went on from another directory (one line, nothing trained)
             exit_deadline(EXIT_CONFIG_ERROR)
             logger.error("%s", err)
             return EXIT_CONFIG_ERROR

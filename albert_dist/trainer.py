@@ -18,7 +18,8 @@ checkpoint is written (recorded as a stop's) and `train()` returns `EXIT_PREEMPT
 training source in an object store stops the job the same way when a rank's loader gives up on it
 (`albert_dist.data.sources.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
-that has none stops with the others instead of leaving them in the step's collectives.
+that has none stops with the others instead of leaving them in the step's collectives. A file or object of the
+plan found gone there (`albert_dist.exit_codes.InputVanished`) stops it the same way, with `EXIT_INPUT_VANISHED`.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.stragglers import StragglerMonitor
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
-from albert_dist.exit_codes import EXIT_OK, EXIT_PREEMPTED
+from albert_dist.exit_codes import EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED, InputVanished
 from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import pretraining_flops_per_sequence
@@ -71,6 +72,9 @@ logger = logging.getLogger(__name__)
 
 #: What a rank whose loader gave up on the object store puts into the stop agreement (above any signal number).
 STORE_STOP_FLAG = 128.0
+#: ... whose loader found a file or object of its plan gone (`InputVanished`): above the store's, so that the job
+#: ends with EXIT_INPUT_VANISHED (not requeued) whatever the other ranks saw.
+VANISHED_STOP_FLAG = 256.0
 
 
 def every(step: int, n: int, last: bool = False) -> bool:
@@ -121,7 +125,8 @@ class Trainer:
         self._loader_state: Optional[dict] = None  # the loader's state before batches fetched ahead (`_prefetch`)
         self._next_batches: list = []
         self._fetch_s = 0.0  # the last `_fetch_step`'s wait for data, seconds
-        self._unavailable: Optional[store.StoreUnavailable] = None
+        self._unavailable: Optional[Exception] = None  # StoreUnavailable or InputVanished (`_prefetch`)
+        self._store_flag = 0.0  # the agreed flag of the first `_prefetch` (`train`)
         self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
         self._stragglers: Optional[StragglerMonitor] = None  # per-rank step times (`train`, `_log_train`)
 
@@ -280,7 +285,7 @@ class Trainer:
         prefetch = any(store.is_url(p) for src in cfg.data.train for p in src.paths)
         if prefetch and self.step < cfg.max_steps and self._prefetch():  # no step since the checkpoint loaded
             bar.close()
-            return self._stop_for_store(saved=False)
+            return self._stop_for_store(self._store_flag, saved=False)
         try:
             with logging_redirect_tqdm():
                 while self.step < cfg.max_steps:
@@ -309,17 +314,20 @@ class Trainer:
                     paused = time.perf_counter()  # eval and save time is not training throughput
                     if every(self.step, cfg.eval_interval_steps, last):
                         self.evaluate()
-                    flag = self._agree_stop(STORE_STOP_FLAG if unavailable else 0.0)
+                    flag = self._agree_stop(float(unavailable))
                     stop = flag > 0
                     if stop and rank == 0:  # every rank is alive and agrees: now it can be promised
+                        gone = flag >= VANISHED_STOP_FLAG
                         logger.warning("every rank stops after step %d%s: checkpoint, then exit %d", self.step,
+                                       " (a training file is gone; its rank's log names it)" if gone else
                                        " (a data loader gave up on the object store; its rank's log names the URL)"
-                                       if flag >= STORE_STOP_FLAG else "", EXIT_PREEMPTED)
+                                       if flag >= STORE_STOP_FLAG else "",
+                                       EXIT_INPUT_VANISHED if gone else EXIT_PREEMPTED)
                     self.save(last=last or stop, stop=stop)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         if flag >= STORE_STOP_FLAG:
-                            return self._stop_for_store()
+                            return self._stop_for_store(flag)
                         logger.warning("stopped by signal at step %d after a checkpoint; exit %d", self.step,
                                        EXIT_PREEMPTED)
                         return EXIT_PREEMPTED
@@ -350,24 +358,38 @@ class Trainer:
         self._fetch_s = time.perf_counter() - started
         return batches
 
-    def _prefetch(self, agree: bool = True) -> bool:
+    def _prefetch(self, agree: bool = True) -> float:
         """Fetch the next step's batches into ``_next_batches``, the loader's state before them into
-        ``_loader_state`` (what a checkpoint of the current step saves); True when the loader gave up on the object
-        store (its one line logged here). ``agree``: every rank learns whether any did (a collective; the loop
-        folds it into the stop agreement instead)."""
+        ``_loader_state`` (what a checkpoint of the current step saves); nonzero when the loader gave up on the
+        object store (`STORE_STOP_FLAG`) or found a file of its plan gone (`VANISHED_STOP_FLAG`). ``agree``: every
+        rank learns whether any did (a collective, the agreed flag kept in ``_store_flag``; the loop folds it into
+        the stop agreement instead)."""
         self._loader_state = self.train_loader.state_dict()
         self._next_batches, self._unavailable = [], None
         try:
             self._next_batches = self._fetch_step()
-        except store.StoreUnavailable as err:
+        except (store.StoreUnavailable, InputVanished) as err:
             self._unavailable = err
-        failed = self._unavailable is not None
-        return self._agree_stop(STORE_STOP_FLAG if failed else 0.0) >= STORE_STOP_FLAG if agree else failed
+        mine = (0.0 if self._unavailable is None else
+                VANISHED_STOP_FLAG if isinstance(self._unavailable, InputVanished) else STORE_STOP_FLAG)
+        if not agree:
+            return mine
+        self._store_flag = self._agree_stop(mine)
+        return self._store_flag if self._store_flag >= STORE_STOP_FLAG else 0.0
 
-    def _stop_for_store(self, saved: bool = True) -> int:
+    def _stop_for_store(self, flag: float, saved: bool = True) -> int:
         """After every rank agreed to stop for the object store (and checkpointed the step, ``saved``): one line,
         naming the URL on the rank whose loader gave up; returns `EXIT_PREEMPTED` (a requeue's ``--resume auto``
-        continues once the store answers again)."""
+        continues once the store answers again), or `EXIT_INPUT_VANISHED` when the agreed ``flag`` says a file of
+        the plan is gone (restored, ``--resume auto`` continues; nothing requeues it)."""
+        if flag >= VANISHED_STOP_FLAG:
+            cause = (str(self._unavailable) if isinstance(self._unavailable, InputVanished)
+                     else "another rank's data loader found a training file gone")
+            logger.error("%s; stopped at step %d %s; exit %d (restore it, then --resume auto continues; or start a "
+                         "new run_dir on the corpus as it is now)", cause, self.step,
+                         "after a checkpoint" if saved else "(no step since the checkpoint it started from)",
+                         EXIT_INPUT_VANISHED)
+            return EXIT_INPUT_VANISHED
         cause = (str(self._unavailable) if self._unavailable is not None
                  else "another rank's data loader gave up on the object store")
         logger.warning("%s; stopped at step %d %s; exit %d (--resume auto continues)", cause, self.step,

@@ -8,6 +8,7 @@
 # a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+EXIT_INPUT_VANISHED=78 # albert_dist.exit_codes.EXIT_INPUT_VANISHED: a training file is gone; never requeued
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
@@ -91,6 +92,11 @@ run_preemptible() {
         log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
         scontrol requeue "$SLURM_JOB_ID"
         return 0
+    fi
+    if ((rc == EXIT_INPUT_VANISHED)); then
+        log "a training file or object is gone (the ranks' log names it): not requeueing; restore it and resubmit" \
+            "(--resume auto), or start a new run on the corpus as it is now (exit $rc)"
+        return "$rc"
     fi
     # srun reports a task killed by signal N as 128 + N (DeepSpeed's launch.py as 256 - N): not an exit code of
     # albert-dist train. A second SIGINT (`scancel --signal=INT` twice) is an interrupt without a checkpoint at

@@ -14,7 +14,8 @@ One argparse parser with a sub-parser per command. A front end (``albert_dist.cl
 modules it imports inside ``run``, so building the parser of one command imports nothing heavy (`albert-dist
 tokenizer` never imports DeepSpeed) and only that command's front end is imported at all. This module owns the
 one error path: a user error (`ValueError`, `OSError`) escaping ``run`` is one line (`error_line`) and
-`EXIT_CONFIG_ERROR` (a store down for its retry budget, `TryAgainLater`: the same line, `EXIT_PREEMPTED`);
+`EXIT_CONFIG_ERROR` (a store down for its retry budget, `TryAgainLater`: the same line, `EXIT_PREEMPTED`; an
+input file gone while it was read, `InputVanished`: `EXIT_INPUT_VANISHED`);
 argparse's usage errors exit 2 as well; every code is one of `albert_dist.exit_codes`.
 A module that exposes only ``cli(argv) -> int`` (a command added before its front end moved here) is handed
 the rest of the command line.
@@ -27,7 +28,8 @@ import os
 import sys
 from typing import Optional
 
-from albert_dist.exit_codes import EXIT_CONFIG_ERROR, EXIT_OK, EXIT_PREEMPTED, TryAgainLater, error_line
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED, InputVanished,
+                                   TryAgainLater, error_line)
 
 #: sub-command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -124,9 +126,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         try:
             code = int(front.run(args) or 0)
-        except (ValueError, OSError, TryAgainLater) as err:  # the user's input, or a store down: one line
+        except (ValueError, OSError, TryAgainLater, InputVanished) as err:  # the user's input, a store down: one line
             print(error_line(' '.join(['albert-dist', *args.command_path]), err), file=sys.stderr)
-            code = EXIT_PREEMPTED if isinstance(err, TryAgainLater) else EXIT_CONFIG_ERROR
+            code = (EXIT_PREEMPTED if isinstance(err, TryAgainLater) else EXIT_INPUT_VANISHED
+                    if isinstance(err, InputVanished) else EXIT_CONFIG_ERROR)
     end_process = getattr(front, "end_process", None)
     if end_process is not None:  # `train`: a rank of a multi-rank job ends here, past its interpreter's teardown
         end_process(code)

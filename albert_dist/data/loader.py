@@ -36,6 +36,7 @@ from albert_dist.data.sources.pieces import SourceSlots, amplification_warning, 
 from albert_dist.data.pretraining import Example, ExampleBuilder, collate
 from albert_dist.data.stream import SourceStream
 from albert_dist.data.tokenizer import load_tokenizer
+from albert_dist.exit_codes import InputVanished
 from albert_dist.on_resume import RESTART_STREAMS, RULE_KEY
 
 logger = logging.getLogger(__name__)
@@ -53,14 +54,19 @@ QUIET_EXTRA_BYTES = 64 << 20
 #: (`store.StoreUnavailable`): its message. `next_batch` raises it again in the training process, as the same type
 #: whether the stream ran in a loader worker or not, and the worker ends without a traceback.
 STORE_UNAVAILABLE = "store_unavailable"
+#: The same for a file or object of the plan that is gone (`InputVanished`, raised again by `next_batch`).
+INPUT_VANISHED = "input_vanished"
 
 
 def next_batch(iterator: Iterator[dict]) -> dict[str, torch.Tensor]:
     """The next batch of a training loader's iterator. Raises `store.StoreUnavailable` (one line naming the URL)
-    when the stream gave up on the object store; the loader yields nothing more after it."""
+    when the stream gave up on the object store, `InputVanished` (one line naming the file) when a file or object
+    of its plan is gone; the loader yields nothing more after either."""
     batch = next(iterator)
     if STORE_UNAVAILABLE in batch:
         raise store.StoreUnavailable(batch[STORE_UNAVAILABLE])
+    if INPUT_VANISHED in batch:
+        raise InputVanished(batch[INPUT_VANISHED])
     return batch
 
 
@@ -192,9 +198,12 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         except Exception as err:  # not `except store.StoreUnavailable`: see below
             # A generator left unfinished is closed at interpreter exit, after module globals may be gone: the
             # GeneratorExit it receives (a BaseException) must not reach a clause that looks up `store`.
-            if not isinstance(err, store.StoreUnavailable):
+            if isinstance(err, store.StoreUnavailable):
+                yield {STORE_UNAVAILABLE: str(err)}  # not a worker traceback: the trainer stops every rank (next_batch)
+            elif isinstance(err, InputVanished):  # the same way
+                yield {INPUT_VANISHED: str(err)}
+            else:
                 raise
-            yield {STORE_UNAVAILABLE: str(err)}  # not a worker traceback: the trainer stops every rank (next_batch)
 
     def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._builder is None:

@@ -270,10 +270,12 @@ def resolve(model: str, step: Optional[int], tracking_uri: Optional[str], cache_
 
 
 def check_vocabulary(source: ModelSource) -> None:
-    """`SourceError` when the tokenizer's vocabulary is not the model's (ids past the embedding table, or a
-    tokenizer of another model)."""
+    """`SourceError` when the tokenizer has more pieces than the model's `vocab_size` (ids past the embedding
+    table, or a tokenizer of another model). Fewer pieces is the run `albert-dist train` warned about and trained
+    (the rows past the tokenizer never trained and no id reaches them): accepted, as train accepts it
+    (docs/data-tokenizer.md)."""
     size = len(source.tokenizer)
-    if size != source.config.vocab_size:
+    if size > source.config.vocab_size:
         raise SourceError(f"{source.description}: the tokenizer has {size} pieces but the model's vocab_size is "
                           f"{source.config.vocab_size}")
 

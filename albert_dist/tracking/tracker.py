@@ -46,6 +46,12 @@ PREEMPT_TIMEOUT_S = 5.0
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
+class RunMovedOn(ValueError):
+    """``--resume auto`` of a run directory whose MLflow run was continued from another run directory past the
+    checkpoint this job resumes from: MLflow keeps the first value of a (metric, step), so this job's records would
+    never reach the run. The job is refused (exit 2); the message says what happened and the two ways on."""
+
+
 def default_store_dir() -> Path:
     """Where the default SQLite store lives: the source checkout albert_dist runs from (the directory with its
     pyproject.toml), else the working directory. One place, so every command of a checkout finds its runs."""
@@ -173,19 +179,23 @@ class MLflowTracker(Tracker):
         keep_last_checkpoints: checkpoint artifacts kept (None: all); ``keep_steps``: steps never deleted.
         replay: `albert-dist tracking sync`: tags only from the state file (not this machine's), full close
             timeout whatever the status.
+        resumed_step: the step of the local checkpoint a ``--resume auto`` job resumes ``resume_run_id`` from:
+            a run that another run directory (its ``run_dir`` tag) took past this step is not continued
+            (`RunMovedOn`).
 
     Raises:
         RuntimeError: the server answered that the run cannot be opened (deleted, unknown id, refused
-            credentials); an unreachable server is not an error.
+            credentials); an unreachable server is not an error. RunMovedOn: see ``resumed_step``.
     """
 
     def __init__(self, cfg: TrackingConfig, *, run_dir: str, hosts: Optional[Sequence[str]] = None,
                  resume_run_id: Optional[str] = None, tags: Optional[dict[str, str]] = None,
                  local: Optional[Tracker] = None, keep_last_checkpoints: Optional[int] = None,
-                 keep_steps: tuple = (), replay: bool = False):
+                 keep_steps: tuple = (), replay: bool = False, resumed_step: Optional[int] = None):
         from mlflow import MlflowClient
 
         self.cfg, self.run_dir, self._replay = cfg, str(run_dir), replay
+        self._resumed_step = resumed_step
         self.run_id: Optional[str] = None
         self._closed = False
         self._monitor = None
@@ -225,6 +235,8 @@ class MLflowTracker(Tracker):
                 self._sender.submit(job)
         self._sender.start()
         self._sender.opened.wait(timeout=cfg.connect_timeout_s)
+        if isinstance(self._sender.error, RunMovedOn):
+            raise self._sender.error
         if self._sender.error is not None:
             raise RuntimeError(f"MLflow run could not be opened ({self._public_uri()}): "
                                f"{scrub_text(f'{type(self._sender.error).__name__}: {self._sender.error}')}")
@@ -249,6 +261,7 @@ class MLflowTracker(Tracker):
             if run.info.lifecycle_stage != "active":
                 raise MlflowException(f"MLflow run {run.info.run_id} is {run.info.lifecycle_stage}; cannot resume it",
                                       error_code=INVALID_STATE)
+            self._check_not_moved_on(run)
             client.update_run(run.info.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             tags.pop("mlflow.user", None)  # who started the run stays
             tags["resumed_count"] = str(int(run.data.tags.get("resumed_count", "0")) + 1)
@@ -273,6 +286,24 @@ class MLflowTracker(Tracker):
                      self._public_uri().rstrip("/"), run.info.experiment_id, run.info.run_id)
         self._sender.add_tags(tags)
         return run
+
+    def _check_not_moved_on(self, run: Any) -> None:
+        """`RunMovedOn` when another run directory (the run's ``run_dir`` tag) logged steps past
+        ``resumed_step`` (a rerun of this directory's own steps, e.g. a requeue after a kill -9, is exact: its
+        first values stand, by design)."""
+        if self._resumed_step is None:
+            return
+        here = str(Path(self.run_dir).resolve())
+        there = run.data.tags.get("run_dir")
+        last = max((m.step for m in run.data._metric_objs), default=0)
+        if there is None or there == here or last <= self._resumed_step:
+            return
+        raise RunMovedOn(
+            f"MLflow run {run.info.run_id} (named in {Path(here) / STATE_FILE}) went on without this directory: "
+            f"{there} continued it to step {last} (status {run.info.status}) while this directory's checkpoint is at "
+            f"step {self._resumed_step}, and MLflow keeps the first value of a step, so this job's records would never "
+            f"reach it; continue that run where it went on (--resume auto in {there}, or --resume-from "
+            f"{run.info.run_id}), or train on here into a new MLflow run: remove {Path(here) / STATE_FILE}")
 
     def _on_open(self, run: Any) -> None:
         self.run_id = run.info.run_id
@@ -378,6 +409,8 @@ class MLflowTracker(Tracker):
         with self._lock:
             self._state.update(status=status, ended=bool(ended), pending=jobs)
             self._save_state()
+        if isinstance(self._sender.error, RunMovedOn):  # the server answered only after the job started
+            log.error("%s", self._sender.error)
         if any(left.values()):
             log.error("MLflow (%s): not delivered within %.0f s: %d metric records, %d params, %d tags, uploads %s%s; "
                       "kept in %s: `albert-dist tracking sync %s` sends them", self._public_uri(), budget,

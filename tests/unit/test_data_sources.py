@@ -111,6 +111,25 @@ def test_every_format_yields_the_same_documents(tmp_path, name):
         assert len(pieces) == -(-stats["bytes"] // 1024)  # byte ranges
 
 
+@pytest.mark.parametrize("name", ["c.txt", "c.txt.gz", "c.jsonl", "c.parquet", "files"])
+def test_a_file_gone_after_planning_is_input_vanished_not_damage(tmp_path, name):
+    """Issue 46 item 5: a planned file deleted before its piece is read raises `InputVanished` naming it and the
+    piece (it used to be a "damaged" skip marker: the job trained on without the file, saying so per piece)."""
+    from albert_dist.exit_codes import InputVanished
+
+    _write_all_formats(tmp_path)
+    src = SourceConfig(paths=[str(tmp_path / name)], text_field="body",
+                       txt_documents="file" if name == "files" else "blank_line")
+    pieces, _ = cut_pieces(src, "t", 1024)
+    piece = pieces[-1]
+    (tmp_path / piece["path"]).unlink()
+    with pytest.raises(InputVanished) as err:
+        list(read_piece(piece, "body", src.txt_documents, 1 << 20))
+    where = f"row group {piece['row_group']}" if name == "c.parquet" else f"bytes {piece['start']}-{piece['end']}"
+    assert str(err.value) == (f"{piece['path']}: no longer exists (FileNotFoundError); the job planned to read "
+                              f"{where}{' (decompressed)' if name.endswith('.gz') else ''} of the file")
+
+
 def test_missing_path_and_empty_glob_fail_at_start(tmp_path):
     cfg = DataConfig(train=[SourceConfig(paths=[str(tmp_path / "nope.txt")])], num_workers=0)
     with pytest.raises(ValueError, match=r"data\.train\[0\]\.paths: .*nope\.txt.* does not exist"):

@@ -27,6 +27,7 @@ import zlib
 from typing import Any, Callable, Iterator, Optional
 
 from albert_dist.data.sources import store
+from albert_dist.exit_codes import InputVanished
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources.discover import CorpusFile, find_files, parquet_file, parquet_row_group, piece_footer
 
@@ -374,11 +375,35 @@ def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_b
     ``share = (k, j)``: keep only the records j, j+k, j+2k, ... (file order, counting bad records too), before
     they are decoded (`albert_dist.data.sources.discover.slot_shares`); a ``damaged`` marker is always kept.
     A damaged piece ends with one ``damaged`` marker at the first position that could not be read; nothing is
-    raised for damage. Memory: O(max_bytes + 1 MiB).
+    raised for damage. A file or object that is not there at all is not damage: `InputVanished`, one line naming
+    it and what the piece expected. Memory: O(max_bytes + 1 MiB).
     ``budget``: bound the bytes read from txt/jsonl streams (`ReadBudget`; parquet row groups are not bounded).
     """
-    for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share, budget):
-        yield {"detail": "", **record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
+    try:
+        for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share, budget):
+            yield {"detail": "", **record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
+    except (FileNotFoundError, store.ObjectMissing) as err:
+        raise InputVanished(_vanished(piece, err)) from None
+
+
+def _raise_if_gone(err: BaseException) -> None:
+    """A local file that is not there is not damaged: `read_piece` raises `InputVanished` for it."""
+    if isinstance(err, FileNotFoundError):
+        raise err
+
+
+def _vanished(piece: dict[str, Any], err: BaseException) -> str:
+    """One line for `InputVanished`: the file, what is wrong, and what the plan expected of it (the piece; an
+    object's size and version as listed when the job planned, when this process holds them)."""
+    path = piece["path"]
+    what = ("does not exist (no such object)" if isinstance(err, store.ObjectMissing)
+            else "no longer exists (FileNotFoundError)")
+    where = (f"row group {piece['row_group']}" if piece["kind"] == "parquet"
+             else f"bytes {piece['start']}-{piece['end']}" + (" (decompressed)" if piece["compression"] else ""))
+    planned = store.planned_stat(path) if store.is_url(path) else None
+    of = (f" of the {planned['size']}-byte object (version {planned['version']})" if planned
+          else " of the file" if not store.is_url(path) else "")
+    return f"{path}: {what}; the job planned to read {where}{of}"
 
 
 def record_location(piece_kind: str, compression: str, path: str, pos: int, row_group: int = -1) -> str:
@@ -417,6 +442,7 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
         try:
             f = _open_budgeted(piece, 0, budget)
         except OSError as err:
+            _raise_if_gone(err)
             yield _damaged(piece, DamagedInput(_reason(err))), 0
             return
         try:
@@ -439,6 +465,7 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
     try:
         f = _open_budgeted(piece, max(0, start - lead), budget)
     except OSError as err:
+        _raise_if_gone(err)
         yield _damaged(piece, DamagedInput(_reason(err))), start
         return
     try:
@@ -477,6 +504,7 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
                 skip = "too_long" if nbytes > max_bytes else ("" if text else "empty")
                 yield {"text": text, "skip": skip, "nbytes": nbytes}, row - 1
     except (OSError, pa.ArrowException) as err:  # a page or column chunk that does not decode, an I/O error
+        _raise_if_gone(err)
         yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field))), row
 
 

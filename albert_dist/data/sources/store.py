@@ -82,6 +82,11 @@ class StoreError(ValueError):
     missing credentials. A ValueError, so the commands report it as bad input (exit 2) naming the URL."""
 
 
+class ObjectMissing(StoreError):
+    """`StoreError` for an object (or bucket) that does not exist: a reader of a piece the job planned turns it
+    into `albert_dist.exit_codes.InputVanished` (`albert_dist.data.sources.read.read_piece`)."""
+
+
 def is_url(path: str) -> bool:
     """True for an fsspec URL with a protocol other than ``file://`` (``s3://b/k``, ``gs://b/k``, ``memory://x``)."""
     return bool(_URL_RE.match(path)) and not path.startswith("file://")
@@ -247,7 +252,9 @@ def call(url: str, what: str, fn, *args, **kwargs):
         return policy.retrying(lambda err: not _fatal(err), before_sleep=warn)(fn, *args, **kwargs)
     except Exception as err:  # noqa: BLE001 - sorted into fatal / transient below
         if _fatal(err):
-            raise StoreError(_describe(url, err)) from None
+            line = _describe(url, err)
+            raise (ObjectMissing if line.endswith(("(no such object)", "(no such bucket)")) else StoreError)(line) \
+                from None
         last = _describe(url, err).split(": ", 1)[1]  # without the URL, said first
         raise StoreUnavailable(f"{url}: {what} kept failing for {policy.clock() - first:.0f} s "
                                f"(data.store_retry_s={policy.budget_s:g}): {last}") from None
@@ -270,6 +277,11 @@ def stat(path: str) -> dict[str, Any]:
         fs, inner = filesystem(path)
         _remember(fs, call(path, "stat", fs.info, inner))
     return _STAT[path]
+
+
+def planned_stat(url: str) -> Optional[dict[str, Any]]:
+    """`stat` of ``url`` as this process last listed it (no request; None when it holds none)."""
+    return _STAT.get(url)
 
 
 def file_size(path: str) -> int:
