@@ -58,7 +58,7 @@ RESERVED=""
 [[ ${RESOLVED} == *$'\n'new ]] && RESERVED=1
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
-PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.group import free_port; print(free_port())')}"
+PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_port; print(free_port())')}"
 # Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
 # every process: each rank finishes its step, the ranks checkpoint it and exit 75 (a second Ctrl-C aborts them
 # at once). DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
