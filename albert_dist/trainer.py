@@ -53,7 +53,8 @@ from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
-from albert_dist.engine.metrics import MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks
+from albert_dist.engine.metrics import (MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks,
+                                       shown_mfu)
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
@@ -414,7 +415,7 @@ class Trainer:
             logger.info(console.train_line(self.step, self.cfg.max_steps, record[names.TRAIN_LOSS],
                                            record[names.TRAIN_MLM_ACCURACY], float(lr),
                                            record[names.PERF_TOKENS_PER_S],
-                                           record.get(names.PERF_MFU, record.get(names.PERF_MFU_MEASURED_PEAK)), eta))
+                                           shown_mfu(record, self.device), eta))
         return record
 
     @torch.no_grad()
