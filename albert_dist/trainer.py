@@ -309,7 +309,8 @@ class Trainer:
                         logger.warning("every rank stops after step %d%s: checkpoint, then exit %d", self.step,
                                        " (a data loader gave up on the object store; its rank's log names the URL)"
                                        if flag >= STORE_STOP_FLAG else "", EXIT_PREEMPTED)
-                    self.save(last=last or stop, stop=stop)
+                    self.save(last=last or stop, stop=stop,
+                              stop_cause="store" if flag >= STORE_STOP_FLAG else "signal")
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         if flag >= STORE_STOP_FLAG:
@@ -443,9 +444,10 @@ class Trainer:
                                          val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
-    def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
+    def save(self, last: bool = False, stop: bool = False, stop_cause: Optional[str] = None) -> Optional[str]:
         """Checkpoint the current step when the cadence says so (`every(step, checkpoint.save_interval_steps, last)`;
-        `last`: the final step or a stop; `stop`: a stop signal's, recorded as such) and it is not saved yet
+        `last`: the final step or a stop; `stop`: a stop's, recorded as such with `stop_cause`, "signal" or
+        "store") and it is not saved yet
         (`manager.CheckpointManager.maybe_save`) on every rank (collective); returns the tag, or None when nothing
         was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
         if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
@@ -455,7 +457,8 @@ class Trainer:
         data_state = (self.train_loader.state_dict if self._loader_state is None
                       else lambda: self._loader_state)
         tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
-                                          metrics_state=None if self._acc is None else self._acc.local_state)
+                                          metrics_state=None if self._acc is None else self._acc.local_state,
+                                          stop_cause=stop_cause)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
