@@ -482,8 +482,8 @@ def _sets(layer: dict, key: str) -> bool:
 def _blamed(msg: str, layers: list[tuple[str, dict]]) -> str:
     """`msg` (which starts with the dotted key at fault: ``optimizer.lr must be > 0, got -1.0``), then in
     parentheses the layer that set that key last (``override 'optimizer.lr=-1'``, or the recipe's path); the
-    layers that touch its section when none sets the key itself (a check across fields); "defaults" when no layer
-    does. The key comes first and only the layers that matter follow: the message once listed every layer before
+    last two layers that touch its section when none sets the key itself (a check across fields); "the defaults"
+    when no layer does. The key comes first and only the layers that matter follow: the message once listed every layer before
     it (a recipe and five overrides: ~450 characters before the key)."""
     match = _LEADING_KEY_RE.match(msg)
     key = match.group(0) if match else ""
@@ -493,7 +493,8 @@ def _blamed(msg: str, layers: list[tuple[str, dict]]) -> str:
     section = key.split(".")[0].split("[")[0]
     touching = [source for source, layer in layers if section and section in layer
                 or (_INDEXED in layer and layer[_INDEXED][0].split(".")[0].split("[")[0] == section)]
-    return f"{msg} ({' + '.join(touching) if touching else 'the defaults'})"
+    shown = " + ".join(touching[-2:]) if touching else "the defaults"
+    return f"{msg} ({'... + ' if len(touching) > 2 else ''}{shown})"
 
 
 def load_model_config(path_or_preset: str | Path) -> AlbertConfig:
