@@ -3,7 +3,8 @@
 #   make test-fast - the inner loop: tests/unit (single process, no subprocess, no trainer; ~1 min on 2 cores)
 #   make pretrain  - create .venv, pretrain albert-tiny on the bundled corpus (deepspeed launcher, 2 ranks)
 #   make bench     - run every benchmark in bench/ and write bench/results/results.json
-#   make gpu-kit   - .whl (wheels for the GPU image's CPython $(PYVER)) and .gpu_data (SST-2) for bench/gpu_check.sh
+#   make gpu-kit   - .whl (wheels for the GPU image's CPython $(PYVER)) and .gpu_data (SST-2) for bench/gpu_check.sh;
+#                    SST2=DIR: GLUE SST-2's train.tsv and dev.tsv (default ../shared/corpora/glue-sst2)
 # GPU users: install the torch build for your CUDA first, e.g.
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
@@ -58,7 +59,7 @@ bench: install
 
 # PYVER="3.12 3.11": wheels for both (3.11: this machine's CPython, for the bare-venv rehearsal of gpu_check --cpu)
 gpu-kit: install
-	PYTHON=$(PY) PYVER="$(PYVER)" bash bench/gpu_wheels.sh
+	PYTHON=$(PY) PYVER="$(PYVER)" SST2="$(SST2)" bash bench/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) runs mlruns.db

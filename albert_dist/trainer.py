@@ -54,7 +54,8 @@ from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
 from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
-from albert_dist.engine.metrics import MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks
+from albert_dist.engine.metrics import (MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks,
+                                       shown_mfu)
 from albert_dist.engine.objective import sop_weight_at
 from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.stragglers import StragglerMonitor
@@ -323,7 +324,8 @@ class Trainer:
                                        " (a data loader gave up on the object store; its rank's log names the URL)"
                                        if flag >= STORE_STOP_FLAG else "",
                                        EXIT_INPUT_VANISHED if gone else EXIT_PREEMPTED)
-                    self.save(last=last or stop, stop=stop)
+                    cause = "input" if flag >= VANISHED_STOP_FLAG else "store" if flag >= STORE_STOP_FLAG else "signal"
+                    self.save(last=last or stop, stop=stop, stop_cause=cause)
                     acc.exclude(time.perf_counter() - paused)
                     if stop:
                         if flag >= STORE_STOP_FLAG:
@@ -447,7 +449,7 @@ class Trainer:
             logger.info(console.train_line(self.step, self.cfg.max_steps, record[names.TRAIN_LOSS],
                                            record[names.TRAIN_MLM_ACCURACY], float(lr),
                                            record[names.PERF_TOKENS_PER_S],
-                                           record.get(names.PERF_MFU, record.get(names.PERF_MFU_MEASURED_PEAK)), eta))
+                                           shown_mfu(record, self.device), eta))
         return record
 
     @torch.no_grad()
@@ -475,9 +477,10 @@ class Trainer:
                                          val[names.VAL_MLM_ACCURACY], val.get(names.VAL_MLM_ACCURACY_OVER_UNIGRAM)))
         return val
 
-    def save(self, last: bool = False, stop: bool = False) -> Optional[str]:
+    def save(self, last: bool = False, stop: bool = False, stop_cause: Optional[str] = None) -> Optional[str]:
         """Checkpoint the current step when the cadence says so (`every(step, checkpoint.save_interval_steps, last)`;
-        `last`: the final step or a stop; `stop`: a stop signal's, recorded as such) and it is not saved yet
+        `last`: the final step or a stop; `stop`: a stop's, recorded as such with `stop_cause`, "signal" or
+        "store") and it is not saved yet
         (`manager.CheckpointManager.maybe_save`) on every rank (collective); returns the tag, or None when nothing
         was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
         if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
@@ -487,7 +490,8 @@ class Trainer:
         data_state = (self.train_loader.state_dict if self._loader_state is None
                       else lambda: self._loader_state)
         tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
-                                          metrics_state=None if self._acc is None else self._acc.local_state)
+                                          metrics_state=None if self._acc is None else self._acc.local_state,
+                                          stop_cause=stop_cause)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)

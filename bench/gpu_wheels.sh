@@ -8,7 +8,10 @@
 # transformers, sentencepiece, pyarrow and numpy already has and the device image has too (torch's own closure,
 # bench/gpu_image_packages.txt): so it completes both that image and a bare venv with only those five. Pins: the versions in $PYTHON's environment (the tested ones) where it has them.
 #
-#   make gpu-kit [PYVER="3.12 3.11"]      # prints the kit's size; the device tool carries [".whl", ".gpu_data"]
+#   make gpu-kit [PYVER="3.12 3.11"] [SST2=DIR]   # prints the kit's size; the device tool carries [".whl", ".gpu_data"]
+# SST2: a folder with GLUE SST-2's train.tsv and dev.tsv (GLUE's SST-2.zip unpacked, or `albert-dist finetune`'s
+# --data-dir layout: <dir>/glue-sst2); default ../shared/corpora/glue-sst2 beside the checkout (this project's
+# machines). It is checked first: a clone without it is refused in a second, before any download.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEST=${WHEELS:-$ROOT/.whl}
@@ -25,6 +28,10 @@ platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
          manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
+done
+for f in train.tsv dev.tsv; do
+  [ -f "$SST2/$f" ] || { echo "gpu kit: no SST-2 at $SST2 ($f missing): set SST2 to a folder with GLUE SST-2's" \
+    "train.tsv and dev.tsv (GLUE's SST-2.zip unpacked), e.g. make gpu-kit SST2=/data/glue/SST-2" >&2; exit 2; }
 done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -87,8 +94,8 @@ if ! compgen -G "$DEST/deepspeed-${DS#deepspeed==}-*.whl" >/dev/null; then
   DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DEST" "$DS"
 fi
 { echo "$DS"; sort -u "$TMP/kit.txt"; } > "$DEST/kit.txt"
-[ -f "$SST2/train.tsv" ] || { echo "gpu kit: no SST-2 at $SST2 (GLUE's train.tsv, dev.tsv): set SST2=DIR" >&2; exit 2; }
-cp "$SST2/train.tsv" "$SST2/dev.tsv" "$SST2/README.md" "$DATA/"
+cp "$SST2/train.tsv" "$SST2/dev.tsv" "$DATA/"
+[ ! -f "$SST2/README.md" ] || cp "$SST2/README.md" "$DATA/"  # the licence, where the folder has it
 SIZE_MIB=$(du -scm "$DEST" "$DATA" | tail -1 | cut -f1)
 echo "gpu kit: $(grep -c . "$DEST/kit.txt") requirements, $(find "$DEST" -name '*.whl' | wc -l) wheels for CPython $PYVERS" \
   "in $DEST, SST-2 in $DATA: $SIZE_MIB MiB (limit $LIMIT_MIB)"

@@ -11,8 +11,9 @@
 # and <name>-2 (as `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
 # Exit codes (README): 0 trained to max_steps (the run's newest checkpoint says so: the launcher's 0 alone is not
 # trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
-# by a signal after a checkpoint (the command to continue is printed), 78 a training file or object is gone (after
-# a checkpoint for an object-store source), 130 (128 + N) interrupted, nothing saved at the stop.
+# by a signal after a checkpoint, or by an object store that stayed unavailable (data.store_retry_s; the line says
+# which, from the checkpoint's stop_cause; the command to continue is printed), 78 a training file or object is gone
+# (after a checkpoint for an object-store source), 130 (128 + N) interrupted, nothing saved at the stop.
 set -euo pipefail
 # Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
 # background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
@@ -70,7 +71,7 @@ PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_p
 # signal comes and the ranks' fate can be awaited (they carry this run's `run_dir=` on their command line); a
 # non-interactive shell starts background commands with SIGINT ignored, which spares the `deepspeed` runner a
 # KeyboardInterrupt traceback while its ranks save.
-newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step and max_steps, one a line
+newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step, max_steps, stop cause, one a line
     python - "${RUN_DIR}" 2>/dev/null <<'PY' || true
 import json, sys
 from pathlib import Path
@@ -83,7 +84,8 @@ except Exception:
     pass
 tag = (ckpt / "latest").read_text().strip()
 meta = json.loads((ckpt / tag / "albert_dist.json").read_text())
-print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""), sep="\n")
+print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""),
+      meta.get("stop_cause", ""), sep="\n")
 PY
 }
 mapfile -t BEFORE < <(newest_checkpoint)
@@ -127,7 +129,12 @@ if [[ ${status} -eq 2 || ${status} -eq 74 || ${status} -eq 78 ]]; then
 elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
-    echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${NEWEST}; the launcher exited ${status})"
+    if [[ ${AFTER[4]:-} == store ]]; then # the stop's cause, as the checkpoint records it
+        echo "(the object store stayed unavailable for data.store_retry_s (the ranks' log names the URL): every rank" \
+            "stopped after writing checkpoint ${NEWEST}; the launcher exited ${status})"
+    else
+        echo "(${SIGNAL:-a stop signal}: every rank stopped after writing checkpoint ${NEWEST}; the launcher exited ${status})"
+    fi
     status=75
 elif finished && [[ ${status} -eq 0 || -n ${SIGNAL} ]]; then
     # a signal that came after the final checkpoint (the run was over, the launcher still exiting) changes nothing
@@ -169,7 +176,15 @@ echo
 case "${status}" in
 0) echo "pretraining finished; outputs in ${OUT}" ;;
 75)
-    echo "pretraining stopped by a signal after writing a checkpoint (exit 75); continue with:"
+    if [[ -z ${NEW_CHECKPOINT} ]]; then # the ranks' own 75 with no checkpoint at the stop: a store that did not answer
+        echo "pretraining stopped (exit 75) without a checkpoint at the stop: an object store stayed unavailable (the" \
+            "ranks' log names it); once it answers, continue${AFTER[0]:+ from its last complete checkpoint (${NEWEST})} with:"
+    elif [[ ${AFTER[4]:-} == store ]]; then
+        echo "pretraining stopped: the object store stayed unavailable, after writing a checkpoint (exit 75); once it" \
+            "answers, continue with:"
+    else
+        echo "pretraining stopped by a signal after writing a checkpoint (exit 75); continue with:"
+    fi
     echo "  ${CONTINUE_CMD}"
     echo "outputs in ${OUT}"
     ;;

@@ -7,7 +7,7 @@
 # checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, and maps
 # a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
-EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped (a signal, or a store unavailable) after a checkpoint
 EXIT_INPUT_VANISHED=78 # albert_dist.exit_codes.EXIT_INPUT_VANISHED: a training file is gone; never requeued
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}

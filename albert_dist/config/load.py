@@ -4,9 +4,9 @@
 A recipe (configs/pretrain/*.yaml) is a YAML mapping of `TrainConfig`'s fields (`albert_dist.config.schema`).
 `load_config` merges it and any dotted `key=value` overrides into the structured schema with OmegaConf: an
 unknown key, a value of the wrong type or a value that fails a section's `__post_init__` check is a `ValueError`
-naming the file or override, the key and the value. Values derived from several sections (the global batch size)
-are checked in `check_derived`, the one place that knows the world size; the preflight calls it before any
-process group starts.
+naming the key and the value first, then the file or override that set it (`_blamed`). Values derived from
+several sections (the global batch size) are checked in `check_derived`, the one place that knows the world size;
+the preflight calls it before any process group starts.
 """
 from __future__ import annotations
 
@@ -435,13 +435,12 @@ def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
     merged = copy.deepcopy(_schema())  # _merge changes it in place
     for source, layer in layers:
         merged = _apply_layer(merged, layer, source)
-    sources = " + ".join(source for source, _ in layers) or "defaults"
     try:
         _apply_init_from(merged, _given(layers))
     except OmegaConfBaseException as err:  # a source's value the schema's type refuses
-        raise ValueError(f"{sources}: model.init_from: {_describe(err)}") from err
+        raise ValueError(_blamed(f"model.init_from: {_describe(err)}", layers)) from err
     except ValueError as err:
-        raise ValueError(f"{sources}: {err}") from err
+        raise ValueError(_blamed(str(err), layers)) from err
     try:
         cfg = OmegaConf.to_object(merged)
     except ValueError as err:  # a section's __post_init__: prefix where that section sits in the YAML
@@ -449,11 +448,53 @@ def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
         msg = str(err)
         if where and not msg.startswith(where + "."):
             msg = f"{where}.{msg}"
-        raise ValueError(f"{sources}: {msg}") from err
+        raise ValueError(_blamed(msg, layers)) from err
     except OmegaConfBaseException as err:
-        raise ValueError(f"{sources}: {_describe(err)}") from err
+        raise ValueError(_blamed(_describe(err), layers)) from err
     assert isinstance(cfg, TrainConfig)
     return cfg
+
+
+_LEADING_KEY_RE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*")
+
+
+def _sets(layer: dict, key: str) -> bool:
+    """Whether `layer` (a recipe or one override, as `_override_layers` makes it) writes dotted `key`
+    (``data.train[0].weight``), a list above it (``data.train=[...]`` sets ``data.train[0]``), or, for a model
+    field, a model preset (``model.preset=NAME``, ``model=NAME``)."""
+    dotted = _INDEX_RE.sub(lambda m: f".{m.group(1)}", key)
+    if _INDEXED in layer:
+        given = _INDEX_RE.sub(lambda m: f".{m.group(1)}", layer[_INDEXED][0])
+        return dotted == given or dotted.startswith(given + ".")
+    model = layer.get("model")
+    if dotted.startswith("model.") and (isinstance(model, str) or isinstance(model, dict) and "preset" in model):
+        return True
+    node: Any = layer
+    for part in dotted.split("."):
+        if isinstance(node, list):  # the whole list is given: its items come from this layer
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _blamed(msg: str, layers: list[tuple[str, dict]]) -> str:
+    """`msg` (which starts with the dotted key at fault: ``optimizer.lr must be > 0, got -1.0``), then in
+    parentheses the layer that set that key last (``override 'optimizer.lr=-1'``, or the recipe's path); the
+    last two layers that touch its section when none sets the key itself (a check across fields); "the defaults"
+    when no layer does. The key comes first and only the layers that matter follow: the message once listed every layer before
+    it (a recipe and five overrides: ~450 characters before the key)."""
+    match = _LEADING_KEY_RE.match(msg)
+    key = match.group(0) if match else ""
+    setters = [source for source, layer in layers if key and _sets(layer, key)]
+    if setters:
+        return f"{msg} ({setters[-1]})"
+    section = key.split(".")[0].split("[")[0]
+    touching = [source for source, layer in layers if section and section in layer
+                or (_INDEXED in layer and layer[_INDEXED][0].split(".")[0].split("[")[0] == section)]
+    shown = " + ".join(touching[-2:]) if touching else "the defaults"
+    return f"{msg} ({'... + ' if len(touching) > 2 else ''}{shown})"
 
 
 def load_model_config(path_or_preset: str | Path) -> AlbertConfig:

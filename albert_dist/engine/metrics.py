@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from albert_dist.distributed.collectives import is_multi_rank
+from albert_dist.engine import metric_names as names
 from albert_dist.engine.peaks import datasheet_peak
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,17 @@ def resolve_peaks(configured: Optional[float], device: torch.device, dtype: torc
     if device.type == "cpu" and datasheet is not None:
         return Peaks(datasheet, source, None, "not measured (a peak is given)")
     return Peaks(datasheet, source, *measured_peak_tflops(device, dtype))
+
+
+def shown_mfu(record: dict[str, float], device: torch.device) -> Optional[float]:
+    """The MFU the console line prints (`albert_dist.job.console.train_line`) for a metrics record: against the
+    datasheet peak (``perf/mfu``); on an accelerator without one, against its measured matmul peak
+    (``perf/mfu_measured_peak``); on a CPU without one None, printed "mfu n/a". A matmul timed at start-up on a CPU
+    that other work shares is no peak: the same 2-rank CPU job read 30-98% from one start to the next (issue 46);
+    the record keeps ``perf/mfu_measured_peak`` for comparisons inside one run."""
+    if names.PERF_MFU in record:
+        return record[names.PERF_MFU]
+    return None if device.type == "cpu" else record.get(names.PERF_MFU_MEASURED_PEAK)
 
 
 def mfu(flops_per_position: float, positions_per_s: float, world_size: int, peak_tflops: float) -> float:

@@ -144,11 +144,11 @@ def train_line(step: int, max_steps: int, loss: float, mlm_accuracy: float, lr: 
                mfu: Optional[float], eta_s: Optional[float]) -> str:
     """The console line of a log interval: ``step  40/300 | loss 9.142 | mlm acc  3.1% | lr 2.00e-03 |
     tok/s 2.95k | mfu 12.3% | eta 1m05s``. Loss in nats (3 decimals), accuracy and MFU in percent (1
-    decimal), lr in 3 significant digits, throughput with an SI suffix."""
+    decimal; ``mfu n/a`` when None: no peak to divide by, `albert_dist.engine.metrics.shown_mfu`), lr in 3
+    significant digits, throughput with an SI suffix."""
     parts = [_step(step, max_steps), f"loss {loss:.3f}", f"mlm acc {100 * mlm_accuracy:4.1f}%", f"lr {lr:.2e}",
              f"tok/s {si(tokens_per_s)}"]
-    if mfu is not None:
-        parts.append(f"mfu {100 * mfu:.1f}%")
+    parts.append("mfu n/a" if mfu is None else f"mfu {100 * mfu:.1f}%")
     parts.append(f"eta {duration(eta_s)}")
     return " | ".join(parts)
 

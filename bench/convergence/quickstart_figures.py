@@ -6,7 +6,7 @@ Default input: ``docs/quickstart-reference/metrics.jsonl`` (the reference run of
 configs/pretrain/albert-tiny-wikitext.yaml, copied from its run directory with the command that made it in
 ``docs/quickstart-reference/README.md``). Prints a markdown block: training wall time (sum of the logged
 ``interval_s``, evaluation and checkpoints excluded) and wall time of the whole run when the run directory
-holds ``wall_s``, first/last train loss, and the last validation record: MLM loss and accuracy, SOP accuracy,
+holds ``wall_s``, the range of its log intervals' samples/s (the load on shared cores moves it), first/last train loss, and the last validation record: MLM loss and accuracy, SOP accuracy,
 and the unigram baseline of the same validation set (``val_unigram_mlm_accuracy`` or
 ``val_mlm_accuracy_over_unigram``, logged by the trainer; else computed here the way bench/convergence/convergence.py
 computes it: training-corpus token frequencies over the masked tokens of the trainer's validation batches).
@@ -77,7 +77,11 @@ def figures(path: Path) -> dict[str, Any]:
         "first_loss": train[0]["loss"], "first_loss_step": train[0]["step"], "last_loss": train[-1]["loss"],
         "val_mlm_loss": last["val_mlm_loss"], "val_mlm_accuracy": last["val_mlm_accuracy"],
         "val_sop_accuracy": last["val_sop_accuracy"], "curve": [(r["step"], r["val_mlm_accuracy"]) for r in val],
+        "global_batch": facts.get("global_batch", 16),
     }
+    rates = [r["samples_per_s"] for r in train if "samples_per_s" in r]
+    if rates:  # per log interval: on shared cores the load moves it several-fold within one run
+        out["samples_per_s"] = [min(rates), max(rates)]
     out.update({k: facts[k] for k in ("wall_s", "command", "machine", "val_masked_tokens", "val_sop_pairs")
                 if k in facts})
     if "val_unigram_mlm_accuracy" in facts:
@@ -96,6 +100,9 @@ def render(fig: dict[str, Any]) -> str:
     lines = [f"A fresh `make pretrain` (reference run: {fig.get('machine', 'this repository, 2 CPU ranks')}) trains "
              f"{fig['steps']} steps in {fig['train_s'] / 60:.1f} min of training time"
              + (f" ({fig['wall_s'] / 60:.1f} min wall, start-up and evaluation included)" if "wall_s" in fig else "")
+             + (f" at {fig['samples_per_s'][0]:.0f}-{fig['samples_per_s'][1]:.0f} samples/s over its log intervals as "
+                f"the load moved (training time elsewhere: {fig['steps']} x {fig['global_batch']} / the samples/s of "
+                f"`perf/samples_per_s`)" if "samples_per_s" in fig else "")
              + f"; the loss falls from {fig['first_loss']:.2f} (step {fig['first_loss_step']}) to {fig['last_loss']:.2f}.",
              "",
              "| at step %d | value |" % fig["steps"], "|---|---|",

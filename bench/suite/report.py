@@ -99,6 +99,11 @@ HEADLINES: tuple[Headline, ...] = (
              "docs/convergence-peer.md): ours (matched) / transformers run_mlm peer",
              "matched.step_60.ratio_accuracy_over_peer", None, None,
              "matched.step_60.mlm_accuracy", "peer.step_60.mlm_accuracy", "accuracy"),
+    Headline("hf_trainer", "whole loop, albert-tiny, 2 CPU ranks, global batch 32 x 128, samples/s over steps 21-120: "
+             "ours / transformers' Trainer (DDP, gloo)", "ratio_samples_per_s_ours_over_peer", None, None,
+             "ours_samples_per_s", "peer_samples_per_s", "samples/s"),
+    Headline("hf_trainer", "time to the same val MLM accuracy (the lower final of the two): transformers' Trainer / "
+             "ours", "ratio_time_to_accuracy_peer_over_ours"),
     Headline("compile_step", "train step albert-tiny B=16 S=128 fp32, 1 thread: eager / compiled block scope "
              "(speedup)", "speedup_block", None, None, "step_cpu_s.block", "step_cpu_s.eager_static", "CPU s"),
     Headline("compile_step", "train step: eager / compiled model scope (engine.compile(); speedup)",

@@ -143,7 +143,8 @@ def test_launcher_ctrl_c_checkpoints_the_step_then_kill_9_of_a_rank_is_exit_1(tm
     assert 3 <= stopped < 200
     assert log.count(f"stopped by signal at step {stopped} after a checkpoint") == 2, log[-5000:]  # both ranks
     assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"
-    assert read_meta(run_dir / "checkpoints" / f"step_{stopped}")["reason"] == "stop"
+    meta = read_meta(run_dir / "checkpoints" / f"step_{stopped}")
+    assert (meta["reason"], meta["stop_cause"]) == ("stop", "signal")
     assert f"(SIGINT: every rank stopped after writing checkpoint step_{stopped}" in log
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-5000:]
 

@@ -157,7 +157,11 @@ def test_an_outage_shorter_than_the_budget_is_outlasted_a_longer_one_is_exit_75_
     stopped = _steps(run_dir)[-1]
     assert 10 <= stopped < 40 and _steps(run_dir) == list(range(1, stopped + 1))
     assert read_latest(run_dir / "checkpoints") == f"step_{stopped}"
-    assert read_meta(run_dir / "checkpoints" / f"step_{stopped}")["reason"] == "stop"
+    meta = read_meta(run_dir / "checkpoints" / f"step_{stopped}")
+    assert (meta["reason"], meta["stop_cause"]) == ("stop", "store")
+    # the launch script names the store's give-up (it said "stopped by a signal")
+    assert "pretraining stopped: the object store stayed unavailable, after writing a checkpoint (exit 75)" in log
+    assert "stopped by a signal" not in log, log[-3000:]
     # the rank whose loader gave up names the object and the budget in one line; the other rank says why it stops
     gave_up = [line for line in log.splitlines() if "kept failing for" in line]
     assert gave_up and all("s3://outage/shards/part-" in line and "data.store_retry_s=4" in line

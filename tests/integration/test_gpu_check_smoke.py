@@ -59,3 +59,22 @@ def test_gpu_check_without_the_kit_names_what_to_carry(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "lacks torch transformers" in proc.stdout and 'carry [".whl", ".gpu_data"]' in proc.stdout
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_gpu_kit_without_sst2_is_refused_at_once_saying_what_sst2_must_point_to(tmp_path):
+    """`make gpu-kit` on a clone without ../shared/corpora failed after minutes of downloads with "set SST2=DIR",
+    which no doc mentioned (issue 46). Now the folder is checked before anything is fetched: the stand-in Python
+    fails the test if the script gets as far as calling it."""
+    never = tmp_path / "python"
+    never.write_text("#!/bin/sh\necho 'python was called' >&2\nexit 99\n")
+    never.chmod(0o755)
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "train.tsv").write_text("sentence\tlabel\n")  # dev.tsv missing
+    proc = subprocess.run(["bash", "bench/gpu_wheels.sh"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=clean_env(PYTHON=str(never), SST2=str(tmp_path / "sst2"), WHEELS=str(tmp_path / "whl"),
+                                        GPU_DATA=str(tmp_path / "data")))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (f"gpu kit: no SST-2 at {tmp_path / 'sst2'} (dev.tsv missing): set SST2 to a folder with "
+                           "GLUE SST-2's train.tsv and dev.tsv (GLUE's SST-2.zip unpacked), e.g. make gpu-kit "
+                           "SST2=/data/glue/SST-2\n")
+    assert not (tmp_path / "whl").exists()

@@ -110,11 +110,13 @@ def test_a_job_refused_by_the_run_directory_lock_returns_at_once(tmp_path):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert took < 20 and "still running" not in proc.stderr, (took, proc.stderr)
 
-def _checkpoint(run: Path | str, tag: str, reason: str, step: int = 7, max_steps: int = 50) -> str:
-    """Shell commands writing what a save leaves: the tag's albert_dist.json (its "step", "reason" and the resolved
-    config's max_steps), then `latest`."""
+def _checkpoint(run: Path | str, tag: str, reason: str, step: int = 7, max_steps: int = 50,
+                stop_cause: str = "") -> str:
+    """Shell commands writing what a save leaves: the tag's albert_dist.json (its "step", "reason", "stop_cause"
+    when given, and the resolved config's max_steps), then `latest`."""
     ckpt = f"{run}/checkpoints"
-    meta = f'{{"step": {step}, "reason": "{reason}", "config": {{"max_steps": {max_steps}}}}}'
+    cause = f'"stop_cause": "{stop_cause}", ' if stop_cause else ""
+    meta = f'{{"step": {step}, "reason": "{reason}", {cause}"config": {{"max_steps": {max_steps}}}}}'
     return f"mkdir -p {ckpt}/{tag}; echo '{meta}' > {ckpt}/{tag}/albert_dist.json; echo {tag} > {ckpt}/latest"
 
 
@@ -130,6 +132,26 @@ def test_ctrl_c_or_sigterm_then_a_stop_checkpoint_is_exit_75_with_the_command_to
     assert _continue_command(proc.stdout) == [f"RUN_DIR={tmp_path / 'run'}", "launch/pretrain_local.sh", "2", DEFAULT,
                                               "max_steps=50", "--resume", "auto"]
 
+
+
+def test_a_store_give_up_is_named_as_such_not_as_a_signal(tmp_path):
+    """The ranks stop for an object store that stayed unavailable as for a signal (a stop checkpoint, exit 75);
+    the script said "stopped by a signal" (issue 46). The checkpoint records the cause; the script names it, and
+    the ranks' own 75 without a checkpoint at the stop (a store down before the first step) is named the same."""
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=1,
+                before_exit=_checkpoint(tmp_path / "run", "step_7", "stop", stop_cause="store"))
+    assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
+    assert "signal" not in proc.stdout, proc.stdout
+    assert ("(the object store stayed unavailable for data.store_retry_s (the ranks' log names the URL): every rank "
+            "stopped after writing checkpoint step_7; the launcher exited 1)") in proc.stdout
+    assert ("pretraining stopped: the object store stayed unavailable, after writing a checkpoint (exit 75); once it "
+            "answers, continue with:") in proc.stdout
+    assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
+    proc = _run(tmp_path, "2", "max_steps=50", exit_code=75)  # no new checkpoint: step_7 is the newest still
+    assert proc.returncode == 75 and "signal" not in proc.stdout, proc.stdout
+    assert ("pretraining stopped (exit 75) without a checkpoint at the stop: an object store stayed unavailable (the "
+            "ranks' log names it); once it answers, continue from its last complete checkpoint (step_7) with:"
+            ) in proc.stdout
 
 
 @pytest.mark.parametrize("signal_name", ["INT", "TERM"])

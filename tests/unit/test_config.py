@@ -321,6 +321,26 @@ def test_config_errors_name_the_dotted_yaml_path(args, fragments):
     assert "Config" not in message and "object_type" not in message  # no class names, no OmegaConf dumps
 
 
+def test_a_config_error_names_the_bad_key_first_and_only_the_layer_that_set_it(tmp_path):
+    """A value a section refuses was reported after every layer of the job (the recipe's path and each override
+    joined by " + ": ~450 characters before the key for one bad override of a launch script's command line); now
+    the line starts with the key and ends with the one layer that set it (issue 46)."""
+    ok = ["max_steps=20", "engine.zero_stage=3", "model.num_hidden_groups=2", "data.num_workers=0",
+          "log_interval_steps=5"]
+    with pytest.raises(ValueError) as err:
+        load_config(MAIN_RECIPE, [*ok[:2], "optimizer.lr=-1", *ok[2:]])
+    assert str(err.value) == "optimizer.lr must be > 0, got -1.0 (override 'optimizer.lr=-1')"
+    with pytest.raises(ValueError) as err:  # a list given whole, its item at fault
+        load_config(MAIN_RECIPE, [*ok, "data.train=[{paths: [a.txt], weight: 0}]"])
+    assert str(err.value) == ("data.train[0].weight must be > 0, got 0.0 "
+                              "(override 'data.train=[{paths: [a.txt], weight: 0}]')")
+    recipe = tmp_path / "bad.yaml"  # the recipe set it, the overrides did not
+    recipe.write_text(MAIN_RECIPE.read_text().replace("zero_stage: 2", "zero_stage: 7"))
+    with pytest.raises(ValueError) as err:
+        load_config(recipe, ok[2:])
+    assert str(err.value) == f"engine.zero_stage must be 0, 1, 2 or 3, got 7 ({recipe})"
+
+
 def test_warmup_ratio():
     cfg = load_config(MAIN_RECIPE)
     assert cfg.optimizer.warmup_ratio == 0.1 and cfg.optimizer.warmup_steps_for(cfg.max_steps) == 100

@@ -38,7 +38,7 @@ def test_train_line_names_the_watched_numbers_in_one_short_line():
     # the longest realistic line (the paper recipe's 125k steps, days of ETA) with the logging prefix
     longest = console.train_line(125_000, 125_000, 10.123, 0.999, 1.76e-3, 123_456_789.0, 0.999, 99 * 3600)
     assert len("[rank0 11:52:07] " + longest) <= 120
-    assert "mfu" not in console.train_line(1, 2, 1.0, 0.5, 1e-3, 10.0, None, None)
+    assert "| mfu n/a |" in console.train_line(1, 2, 1.0, 0.5, 1e-3, 10.0, None, None)  # no peak: shown_mfu
 
 
 def test_val_line():

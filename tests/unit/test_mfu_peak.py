@@ -62,3 +62,21 @@ def test_cpu_with_a_given_peak_is_not_measured(monkeypatch):
     monkeypatch.setenv(metrics.PEAK_TFLOPS_ENV, "-3")
     with pytest.raises(ValueError, match="ALBERT_DIST_PEAK_TFLOPS"):
         metrics.resolve_peaks(None, torch.device("cpu"), torch.float32)
+
+
+def test_the_console_prints_cpu_mfu_as_n_a_without_a_datasheet_peak(monkeypatch):
+    """On CPU the console showed MFU against a matmul timed at start-up on a shared machine: 30-98% for the same
+    2-rank job from one start to the next, a number without meaning (issue 46). Now the line says n/a there; a
+    given peak is shown, and an accelerator without a datasheet row still shows its measured peak."""
+    from albert_dist.engine import metric_names as names
+    from albert_dist.job import console
+
+    monkeypatch.delenv(metrics.PEAK_TFLOPS_ENV, raising=False)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    measured_only = {names.PERF_MFU_MEASURED_PEAK: 0.61}  # what the trainer logs on CPU without a peak
+    assert metrics.shown_mfu(measured_only, cpu) is None
+    line = console.train_line(20, 120, 9.06, 0.031, 1.87e-3, 2960.0, metrics.shown_mfu(measured_only, cpu), 138)
+    assert line == "step  20/120 | loss 9.060 | mlm acc  3.1% | lr 1.87e-03 | tok/s 2.96k | mfu n/a | eta 2m18s"
+    assert metrics.shown_mfu({names.PERF_MFU: 0.12}, cpu) == 0.12  # engine.peak_tflops_per_device given
+    assert metrics.shown_mfu(measured_only, gpu) == 0.61
+    assert metrics.shown_mfu({names.PERF_MFU: 0.4, names.PERF_MFU_MEASURED_PEAK: 0.5}, gpu) == 0.4

@@ -26,7 +26,8 @@ Layout of `<checkpoint dir>` (default `<run_dir>/checkpoints`)::
     latest                    the tag of the newest *verified* checkpoint (DeepSpeed's format: the tag, no newline)
 
 `albert_dist.json` (`META_FILE`) = {"format", "step", "world_size", "zero_stage", "config_hash", "reason" (why it
-was written: "interval", "final" or "stop", the last for a stop signal's), "config" (the
+was written: "interval", "final" or "stop", the last for a stop's, with "stop_cause": "signal", "store" or "input", an object
+store that stayed unavailable), "config" (the
 resolved TrainConfig: the model and data-shape snapshot the drift check compares), "files": {relative path:
 bytes} of every other file of the tag directory}. A checkpoint *verifies* when its metadata reads and every
 listed file exists with the listed size (`verify`): this catches what real clusters leave behind, a save cut

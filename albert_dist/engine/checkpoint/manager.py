@@ -94,14 +94,16 @@ class CheckpointManager:
         return Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
 
     def maybe_save(self, engine, step: int, data_state: Callable[[], Any], last: bool = False,
-                   stop: bool = False, metrics_state: Optional[Callable[[], Any]] = None) -> Optional[str]:
+                   stop: bool = False, metrics_state: Optional[Callable[[], Any]] = None,
+                   stop_cause: Optional[str] = None) -> Optional[str]:
         """Save step `step` unless it is saved already (collective; the caller's cadence chose the step); returns
         the tag or None.
 
         `data_state` (and `metrics_state`, the open metric interval's `MetricAccumulator.local_state`) is
         called only when saving (a loader's state_dict is not free). `stop`: this is a stop
         signal's checkpoint (`albert_dist.json` records why each checkpoint was written: "interval", "final" or
-        "stop"; launch/pretrain_local.sh reads it). A failed save raises
+        "stop"; launch/pretrain_local.sh reads it; `stop_cause`, "signal", "store" or "input" (a file gone), says what stopped it). A failed
+        save raises
         `CheckpointSaveError`, unless `checkpoint.on_save_error` is "continue" and this is an interval save: then
         it is logged (one line) and the next interval tries again. A `last` save (the final step, a stop) always
         raises: there is no next interval, and a stop must not exit as if a checkpoint had been written.
@@ -116,7 +118,8 @@ class CheckpointManager:
             tag = save_checkpoint(engine, self.ckpt_dir, step, data_state(), self.config_hash, self.cfg.keep_last,
                                   config=self.config, protect=protect,
                                   reason="stop" if stop else "final" if last else "interval",
-                                  metrics_state=None if metrics_state is None else metrics_state())
+                                  metrics_state=None if metrics_state is None else metrics_state(),
+                                  stop_cause=stop_cause if stop else None)
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise

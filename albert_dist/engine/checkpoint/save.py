@@ -128,13 +128,15 @@ def _space_needed(reports: list[dict], ckpt_dir: Path) -> str:
 
 def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, config_hash: str,
                     keep_last: int, *, config: Optional[dict] = None, protect: Optional[str] = None,
-                    reason: str = "interval", metrics_state: Any = None) -> str:
+                    reason: str = "interval", metrics_state: Any = None, stop_cause: Optional[str] = None) -> str:
     """Save step `step` on every rank (collective; see the module docstring for the protocol); returns the tag.
 
     `data_state` is this rank's `loader.state_dict()`; `config` the resolved config snapshot stored with it;
     `protect` a tag retention keeps until a newer verified checkpoint exists (the one the job resumed from);
     `reason` why it is written ("interval", "final", "stop"), recorded in `albert_dist.json`; `metrics_state`
-    this rank's open metric interval (`MetricAccumulator.local_state()`, None: not saved).
+    this rank's open metric interval (`MetricAccumulator.local_state()`, None: not saved); `stop_cause` what stopped
+    a "stop" checkpoint's job ("signal", "store": an object store that stayed unavailable), recorded as
+    ``stop_cause`` when given (launch/pretrain_local.sh names it).
     Before writing, rank 0 makes room (`retention.make_room`) when the free space is below the size of the last
     verified checkpoint.
 
@@ -177,6 +179,7 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
         try:
             meta = {"format": META_FORMAT, "step": step, "world_size": state.world_size,
                     "zero_stage": state.zero_stage, "config_hash": config_hash, "reason": reason,
+                    **({"stop_cause": stop_cause} if stop_cause else {}),
                     "config": state.config, "files": payload_files(tag_dir)}
             with open(meta_path, "w") as fh:
                 json.dump(meta, fh)
