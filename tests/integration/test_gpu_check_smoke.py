@@ -62,7 +62,7 @@ def test_gpu_check_without_the_kit_names_what_to_carry(tmp_path):
 
 
 def test_gpu_kit_without_sst2_is_refused_at_once_saying_what_sst2_must_point_to(tmp_path):
-    """`make gpu-kit` on a clone without ../shared/corpora failed after minutes of downloads with "set SST2=DIR",
+    """`make gpu-kit` on a clone with no SST-2 corpus beside it failed after minutes of downloads with "set SST2=DIR",
     which no doc mentioned (issue 46). Now the folder is checked before anything is fetched: the stand-in Python
     fails the test if the script gets as far as calling it."""
     never = tmp_path / "python"
