@@ -20,7 +20,9 @@ once, on the rank that failed; every rank ends within a bound, `albert_dist.job.
 config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
-training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts).
+training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
+77 training diverged and the policy stopped it (`albert_dist.engine.divergence`: one line on rank 0 naming the step
+and the newest healthy checkpoint; no final model; the MLflow run ends FAILED).
 """
 from __future__ import annotations
 
@@ -33,13 +35,14 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
+from albert_dist.engine.divergence import TrainingDiverged
 from albert_dist.distributed.env import DistEnv, discover
 from albert_dist.distributed.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
-from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED,
-                                   TryAgainLater, error_line)
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_DIVERGED, EXIT_OK, EXIT_PREEMPTED,
+                                   EXIT_SAVE_FAILED, TryAgainLater, error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
 
@@ -120,6 +123,11 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
         exit_deadline(EXIT_PREEMPTED)
         logger.error("%s; exit %d (--resume auto continues from the last checkpoint)", err, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
+    if isinstance(err, TrainingDiverged):  # every rank raised it at the same step: rank 0's one line
+        exit_deadline(EXIT_DIVERGED)
+        if env is None or env.rank == 0:
+            logger.error("%s; exit %d", err, EXIT_DIVERGED)
+        return EXIT_DIVERGED
     if isinstance(err, CheckpointSaveError):  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
@@ -161,4 +169,5 @@ def end_process(code: int) -> None:
         end_rank(code)
 
 
-__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "end_process"]
+__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "EXIT_DIVERGED",
+           "end_process"]

@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint, newest_verified
 from albert_dist.engine.checkpoint.load import load_checkpoint
 from albert_dist.engine.checkpoint.resume import LoadPlan, Resumed
 from albert_dist.engine.checkpoint.retention import prune
@@ -89,6 +90,23 @@ class CheckpointManager:
         else:
             seed_all(seed_for(self.seed, self.rank, state.step))
         return Resumed(engine, loader, state.step, point, state.metrics_states)
+
+    def roll_back(self, engine) -> Optional[tuple[VerifiedCheckpoint, TrainState]]:
+        """Load the newest verified checkpoint of this job's directory into `engine` (collective), the RNGs as a
+        resume sets them; the data loader is the caller's to keep (a rollback skips the data since the checkpoint:
+        `albert_dist.engine.divergence`). Returns (the checkpoint, its `TrainState`), or None when there is none.
+        Every checkpoint this job wrote was read healthy before its save (`albert_dist.trainer`), so the newest
+        verified one is the newest healthy one. Raises `CheckpointError` as `load_checkpoint`."""
+        point = newest_verified(self.ckpt_dir, log=self.rank == 0)
+        if point is None:
+            return None
+        state = TrainState()
+        state.load_state_dict(load_checkpoint(engine, point))
+        if state.world_size == self.world_size:
+            set_rng_state(state.rng_states[self.rank])
+        else:
+            seed_all(seed_for(self.seed, self.rank, state.step))
+        return point, state
 
     def _resumed_here(self, point) -> bool:
         return Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
