@@ -52,7 +52,8 @@ from albert_dist.distributed.env import discover
 from albert_dist.distributed.group import init_distributed
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
-from albert_dist.engine.divergence import DivergenceMonitor, TrainingDiverged, Verdict, injected_steps, stream_batches
+from albert_dist.engine.divergence import (WINDOW_KEY, DivergenceMonitor, TrainingDiverged, Verdict, injected_steps,
+                                          saved_window, stream_batches)
 from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks
@@ -269,9 +270,10 @@ class Trainer:
         acc = self._acc = MetricAccumulator(self.device)
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
-        self._saved_interval = []
         self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
         self.divergence = DivergenceMonitor(cfg.divergence, self.device, self._skipped_seen)
+        self.divergence.restore_window(saved_window(self._saved_interval, rank))  # the spike test goes on at once
+        self._saved_interval = []
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -361,7 +363,9 @@ class Trainer:
             return False
         verdict = self.divergence.read(self.step, group=self._host_group)
         if verdict is None:
+            self.checkpoints.confirm(self.step)  # the checkpoints before this step are healthy
             return False
+        self.checkpoints.quarantine(verdict.first_step)  # those whose weights led to it: renamed, `latest` moved back
         policy = self.cfg.divergence
         if roll_back and policy.policy == "rollback" and self.rollbacks < policy.max_rollbacks:
             if self._roll_back(verdict):
@@ -397,6 +401,7 @@ class Trainer:
         self._acc.reset()  # the interval held diverged steps
         self._skipped_seen = int(self.engine.skipped_steps)
         self.divergence.reset(self._skipped_seen)
+        self.divergence.restore_window(saved_window(state.metrics_states, rank))
         if rank == 0:
             batches = (f"micro-batches {saved + 1}-{cursor} of each rank's stream (rank 0's numbers)"
                        if saved is not None and cursor is not None else "their micro-batches")
@@ -533,11 +538,15 @@ class Trainer:
         data_state = (self.train_loader.state_dict if self._loader_state is None
                       else lambda: self._loader_state)
         tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
-                                          metrics_state=None if self._acc is None else self._acc.local_state)
+                                          metrics_state=None if self._acc is None else self._interval_state)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
+
+    def _interval_state(self) -> dict:
+        """What a checkpoint saves of this rank's open metric interval, with the divergence loss window."""
+        return {**self._acc.local_state(), WINDOW_KEY: self.divergence.window_state()}
 
     # ----------------------------------------------------------------------------------------------- finish
     def export_final_model(self) -> Optional[dict]:

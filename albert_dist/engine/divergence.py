@@ -220,6 +220,25 @@ class DivergenceMonitor:
             self._filled = min(self._filled + 1, self.cfg.spike_window_steps)
         self.unread += 1
 
+    def window_state(self) -> list[float]:
+        """The loss window, oldest first (a host read: for a checkpoint, whose save drains the device anyway)."""
+        n, w = self._filled, self.cfg.spike_window_steps
+        if not n:
+            return []
+        values = self._window.tolist()
+        return values[:n] if n < w else values[self._pos:] + values[:self._pos]
+
+    def restore_window(self, values: Sequence[float]) -> None:
+        """Continue the loss window a checkpoint saved (`window_state`; the newest `spike_window_steps` of them),
+        so the spike test works from the first step after a resume or a rollback, as without the restart."""
+        import torch
+
+        w = self.cfg.spike_window_steps
+        keep = [float(v) for v in values][-w:] if w else []
+        if keep:
+            self._window[:len(keep)] = torch.tensor(keep, dtype=torch.float64).to(self.device)
+        self._filled, self._pos = len(keep), len(keep) % max(w, 1)
+
     def read(self, step: int, group: Any = None) -> Optional[Verdict]:
         """The flags of the steps since the last read, agreed over the ranks, or None when none flagged; `step`
         is the current step. One host copy of the device state; collective on several ranks (every rank must
@@ -271,5 +290,17 @@ def stream_batches(loader_state: Any) -> Optional[int]:
     return sum(found) if found else None
 
 
+def saved_window(metrics_states: Sequence[dict], rank: int) -> list[float]:
+    """The loss window rank `rank` saved with a checkpoint (its `TrainState.metrics_states` entry, key
+    ``"loss_window"``: `DivergenceMonitor.window_state`), or saved by rank ``rank % saved ranks`` when the number of
+    ranks changed; [] when there is none (a fresh start, a checkpoint from before this existed)."""
+    if not metrics_states:
+        return []
+    return list(metrics_states[rank % len(metrics_states)].get(WINDOW_KEY) or [])
+
+
+#: The key of a rank's loss window in the open metric interval a checkpoint saves (`saved_window`).
+WINDOW_KEY = "loss_window"
+
 __all__ = ["DivergenceConfig", "DivergenceMonitor", "INJECT_ENV", "POLICIES", "TrainingDiverged", "Verdict",
-           "injected_steps", "stream_batches"]
+           "WINDOW_KEY", "injected_steps", "saved_window", "stream_batches"]
