@@ -30,15 +30,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, get_args
 
 from albert_dist.on_resume import QUIET, on_resume
 
 if TYPE_CHECKING:
     import torch
 
+Policy = Literal["stop", "rollback"]
 #: `DivergenceConfig.policy` values.
-POLICIES = ("stop", "rollback")
+POLICIES: tuple[str, ...] = get_args(Policy)
 #: The testing switch (module docstring): steps whose loss is made NaN.
 INJECT_ENV = "ALBERT_INJECT_NONFINITE_STEP"
 
@@ -47,7 +48,7 @@ INJECT_ENV = "ALBERT_INJECT_NONFINITE_STEP"
 class DivergenceConfig:
     """What counts as divergence and what the job does about it (the `divergence:` section of a recipe)."""
 
-    policy: str = field(default="rollback", metadata=on_resume(QUIET))
+    policy: Policy = field(default="rollback", metadata=on_resume(QUIET))
     """"rollback": reload the newest healthy checkpoint, skip the data since it, go on (at most `max_rollbacks`
     times, then stop); "stop": exit 77 (EXIT_DIVERGED) at once. Either way no checkpoint of flagged weights."""
     max_rollbacks: int = field(default=3, metadata=on_resume(QUIET))

@@ -127,8 +127,10 @@ def test_the_window_saved_with_a_checkpoint_continues_the_spike_test():
 
 def test_config_is_checked_field_by_field():
     assert DivergenceConfig().policy == "rollback" and DivergenceConfig().min_history == 64
+    with pytest.raises(ValueError, match=r"divergence.policy: Invalid value 'pause', expected one of \['stop', 'rollback'\]"):
+        load_config(RECIPE, ["divergence.policy=pause"])  # the line the CLI prints, exit 2
     with pytest.raises(ValueError, match=r"divergence.policy must be one of \('stop', 'rollback'\), got 'pause'"):
-        load_config(RECIPE, ["divergence.policy=pause"])
+        DivergenceConfig(policy="pause")
     for field, value in (("max_rollbacks", -1), ("spike_window_steps", 1), ("spike_zscore", 0.0),
                          ("spike_zscore", float("inf")), ("max_skipped_steps", -2)):
         with pytest.raises(ValueError, match=rf"divergence.{field} must be"):
