@@ -11,8 +11,8 @@
 # and <name>-2 (as `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
 # Exit codes (README): 0 trained to max_steps (the run's newest checkpoint says so: the launcher's 0 alone is not
 # trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
-# by a signal after a checkpoint (the command to continue is printed), 130 (128 + N) interrupted, nothing saved
-# at the stop.
+# by a signal after a checkpoint (the command to continue is printed), 77 training diverged (no final model;
+# checkpoints/latest names the newest healthy checkpoint), 130 (128 + N) interrupted, nothing saved at the stop.
 set -euo pipefail
 # Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
 # background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
@@ -58,7 +58,7 @@ RESERVED=""
 [[ ${RESOLVED} == *$'\n'new ]] && RESERVED=1
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
-PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.group import free_port; print(free_port())')}"
+PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_port; print(free_port())')}"
 # Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
 # every process: each rank finishes its step, the ranks checkpoint it and exit 75 (a second Ctrl-C aborts them
 # at once). DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
@@ -121,8 +121,8 @@ finished() { # the newest checkpoint is at the run's max_steps
 }
 # the signal: the one this shell trapped, else SIGINT (the documented "interrupted" code, 130)
 interrupted_status() { if [[ -n ${SIGNAL} ]]; then echo $((128 + $(kill -l "${SIGNAL#SIG}"))); else echo 130; fi; }
-if [[ ${status} -eq 2 || ${status} -eq 74 ]]; then
-    : # the trainer's own codes: did not start / a checkpoint could not be written
+if [[ ${status} -eq 2 || ${status} -eq 74 || ${status} -eq 77 ]]; then
+    : # the trainer's own codes: did not start / a checkpoint could not be written / diverged
 elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
@@ -173,6 +173,12 @@ case "${status}" in
     echo "outputs in ${OUT}"
     ;;
 2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
+77)
+    echo "pretraining diverged (exit 77, the line above names the step): no final model; checkpoints/latest names the" \
+        "newest healthy checkpoint (${NEWEST}); change what made it diverge (optimizer.lr, ...), then continue with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
 13[0-9] | 14[0-3])
     if [[ -n ${AFTER[0]:-} ]]; then
         echo "pretraining interrupted, unsaved at the stop (exit ${status}); continue from its last complete checkpoint (${NEWEST}) with:"

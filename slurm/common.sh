@@ -8,6 +8,7 @@
 # a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+EXIT_DIVERGED=77  # albert_dist.exit_codes.EXIT_DIVERGED: training diverged; not requeued (it would diverge again)
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
@@ -91,6 +92,11 @@ run_preemptible() {
         log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
         scontrol requeue "$SLURM_JOB_ID"
         return 0
+    fi
+    if [[ $rc == "$EXIT_DIVERGED" ]]; then
+        log "training diverged (exit $EXIT_DIVERGED; rank 0's line above names the step and the healthy checkpoint):" \
+            "not requeued, the same data and settings would diverge again (docs/faults.md)"
+        return "$rc"
     fi
     # srun reports a task killed by signal N as 128 + N (DeepSpeed's launch.py as 256 - N): not an exit code of
     # albert-dist train. A second SIGINT (`scancel --signal=INT` twice) is an interrupt without a checkpoint at
