@@ -120,7 +120,7 @@ class Verdict:
         if self.nonfinite_steps:
             out.append(f"a non-finite loss ({self.nonfinite_steps} step{'s' if self.nonfinite_steps > 1 else ''})")
         if self.spike_steps:
-            out.append(f"a loss spike ({self.spike_zscore:.1f} standard deviations above the mean of the last "
+            out.append(f"a loss spike ({self.spike_zscore:.3g} standard deviations above the mean of the last "
                        f"{self.window_steps} steps)")
         if self.skipped_run:
             out.append(f"{self.skipped_run} consecutive steps skipped by DeepSpeed for inf/NaN gradients")
