@@ -19,6 +19,10 @@ training source in an object store stops the job the same way when a rank's load
 (`albert_dist.data.sources.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
 that has none stops with the others instead of leaving them in the step's collectives.
+
+Divergence (`albert_dist.engine.divergence`): every step adds its loss to flags kept on the device; they are read at
+log steps and before every save (`_check_divergence`), so no checkpoint holds flagged weights. Flagged: roll back to
+the newest healthy checkpoint and go on past the data since it, or raise `TrainingDiverged` (exit 77).
 """
 from __future__ import annotations
 
@@ -379,8 +383,8 @@ class Trainer:
                f"after {self.rollbacks} rollback(s), divergence.max_rollbacks={policy.max_rollbacks}"
                if point is not None else "no checkpoint to roll back to")
         raise TrainingDiverged(f"training diverged at step {verdict.first_step}: {verdict.reasons()} (read at step "
-                               f"{verdict.read_step}; {why}); {healthy}; no checkpoint or final model of the "
-                               "diverged weights was written", verdict)
+                               f"{verdict.read_step}; {why}); {healthy}; no final model was written and no "
+                               "checkpoint of the diverged weights is left to resume from", verdict)
 
     def _roll_back(self, verdict: Verdict) -> bool:
         """Reload the newest healthy checkpoint (`CheckpointManager.roll_back`: engine and RNGs) and keep the
