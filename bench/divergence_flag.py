@@ -7,8 +7,8 @@ its small kernels, queued behind the step's own; on a CPU the kernels run inline
 
     python bench/divergence_flag.py [--steps 2000] [--micro-steps 2]
 
-Prints microseconds per `add_step` (median of 5 repeats) and the ATen ops one call runs (torch.profiler), each a
-kernel launch on a GPU.
+Prints microseconds per `add_step` (median of 5 repeats) and the top-level ATen calls one call makes
+(torch.profiler), each at most one kernel launch on a GPU.
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def ops_per_step(micro_steps: int, device: torch.device) -> int:
         mon.add_step(step, outs, 0)
     with torch.profiler.profile() as prof:
         mon.add_step(129, outs, 0)
-    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::") and e.self_cpu_time_total > 0)
+    # top-level ATen calls (an aten::to's own copy is not counted again): what a GPU launches, at most one kernel each
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
 
 
 def main() -> None:
@@ -67,7 +68,7 @@ def main() -> None:
         times = [time_add_step(args.steps, args.micro_steps, device) for _ in range(5)]
         print(f"{device.type}: add_step {statistics.median(times) * 1e6:.0f} us per step (median of 5, min "
               f"{min(times) * 1e6:.0f}, max {max(times) * 1e6:.0f}; {args.micro_steps} micro-steps, window 128 full); "
-              f"{ops_per_step(args.micro_steps, device)} ATen ops per step")
+              f"{ops_per_step(args.micro_steps, device)} top-level ATen calls per step")
 
 
 if __name__ == "__main__":
