@@ -179,7 +179,9 @@ class CheckpointManager:
                                   config=self.config, protect=protect,
                                   reason="stop" if stop else "final" if last else "interval",
                                   metrics_state=None if metrics_state is None else metrics_state(),
-                                  healthy=self.healthy)
+                                  # the final checkpoint is the run's result (its final model is exported from it):
+                                  # no step measures it, and keep_last applies as it says
+                                  healthy=None if last and not stop else self.healthy)
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise
