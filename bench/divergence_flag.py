@@ -1,7 +1,7 @@
 """The per-step cost of the divergence flag (`albert_dist.engine.divergence.DivergenceMonitor.add_step`): host time
 per step and the kernels it launches, with the spike window full (the most work: 128 steps of history).
 
-It reads nothing from the device (tests/unit/test_divergence.py makes every host read raise inside it, and
+It reads nothing from the device (tests/unit/test_divergence_detector.py makes every host read raise inside it, and
 tests/distributed/test_host_syncs.py counts none in the real loop's steps), so on a GPU its cost is the launch of
 its small kernels, queued behind the step's own; on a CPU the kernels run inline and this is their whole cost.
 
