@@ -1,7 +1,8 @@
 """Exit codes of `albert-dist train`: the contract between a job and whatever requeues it; and the one line a
 command prints for an input error.
 
-`slurm/common.sh` mirrors these numbers (a requeue script tells "stopped, try again" from success and errors).
+`slurm/common.sh` mirrors these numbers (a requeue script tells "stopped, try again" from success and errors;
+EXIT_DIVERGED is reported as "diverged" and not requeued, there and in `launch/pretrain_local.sh`).
 The launch scripts (`launch/pretrain_local.sh`, `slurm/common.sh`) map what their launcher reports for a rank
 killed by a signal (DeepSpeed's launch.py: 256 - N, e.g. 247 after a kill -9; srun: 128 + N) to EXIT_CRASHED,
 naming the signal, and report an interrupt without a checkpoint at the stop as 128 + N (130 after Ctrl-C).

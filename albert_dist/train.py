@@ -21,6 +21,8 @@ config/input error or run directory in use, 74 a checkpoint could not be written
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
 training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
+77 training diverged and the policy stopped it (`albert_dist.engine.divergence`: one line on rank 0 naming the step
+and the newest healthy checkpoint; no final model; the MLflow run ends FAILED),
 78 a training file or object of the plan is gone (`InputVanished`: one line; after a checkpoint when the source is
 an object store, whose batches are fetched before the stop agreement).
 """
@@ -35,13 +37,14 @@ from albert_dist.config import load_config
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
+from albert_dist.engine.divergence import TrainingDiverged
 from albert_dist.distributed.env import DistEnv, discover
 from albert_dist.distributed.rendezvous import PreflightRefused, agree, open_store
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
-from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED,
-                                   EXIT_SAVE_FAILED, InputVanished, TryAgainLater, error_line)
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_DIVERGED, EXIT_INPUT_VANISHED, EXIT_OK,
+                                   EXIT_PREEMPTED, EXIT_SAVE_FAILED, InputVanished, TryAgainLater, error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
 from albert_dist.tracking.tracker import RunMovedOn
@@ -132,6 +135,11 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
         logger.error("%s; exit %d (restore it, then --resume auto continues from the newest checkpoint; or start a "
                      "new run_dir on the corpus as it is now)", err, EXIT_INPUT_VANISHED)
         return EXIT_INPUT_VANISHED
+    if isinstance(err, TrainingDiverged):  # every rank raised it at the same step: rank 0's one line
+        exit_deadline(EXIT_DIVERGED)
+        if env is None or env.rank == 0:
+            logger.error("%s; exit %d", err, EXIT_DIVERGED)
+        return EXIT_DIVERGED
     if isinstance(err, CheckpointSaveError):  # one line: the path and the errno say it all
         exit_deadline(EXIT_SAVE_FAILED)
         logger.error("%s; exit %d", err, EXIT_SAVE_FAILED)
@@ -174,4 +182,5 @@ def end_process(code: int) -> None:
         end_rank(code)
 
 
-__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "end_process"]
+__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "EXIT_DIVERGED",
+           "end_process"]

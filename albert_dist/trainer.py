@@ -20,6 +20,10 @@ training source in an object store stops the job the same way when a rank's load
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
 that has none stops with the others instead of leaving them in the step's collectives. A file or object of the
 plan found gone there (`albert_dist.exit_codes.InputVanished`) stops it the same way, with `EXIT_INPUT_VANISHED`.
+
+Divergence (`albert_dist.engine.divergence`): every step adds its loss to flags kept on the device; they are read at
+log steps and before every save (`_check_divergence`), so no checkpoint holds flagged weights. Flagged: roll back to
+the newest healthy checkpoint and go on past the data since it, or raise `TrainingDiverged` (exit 77).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ from albert_dist.config import TrainConfig, config_hash, for_world_size, to_cont
 from albert_dist.data.sources import store
 from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.data.pretraining import drop_full_mask
-from albert_dist.engine.checkpoint.layout import tag_for
+from albert_dist.engine.checkpoint.choose import newest_verified
+from albert_dist.engine.checkpoint.layout import read_latest, tag_for
 from albert_dist.engine.checkpoint.load import UNIVERSAL_CHECKPOINT_INFO
 from albert_dist.engine.checkpoint.manager import CheckpointManager
 from albert_dist.engine.checkpoint.resume import LoadPlan, rng_kept
@@ -52,6 +57,8 @@ from albert_dist.distributed.env import discover
 from albert_dist.distributed.group import init_distributed
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
+from albert_dist.engine.divergence import (WINDOW_KEY, DivergenceMonitor, TrainingDiverged, Verdict, injected_steps,
+                                          saved_window, stream_batches)
 from albert_dist.engine.grad_norm import install_exact_clipping
 from albert_dist.engine.loss import optimizer_step
 from albert_dist.engine.metrics import (MetricAccumulator, Peaks, mfu, peak_memory_bytes, resolve_peaks,
@@ -130,6 +137,9 @@ class Trainer:
         self._store_flag = 0.0  # the agreed flag of the first `_prefetch` (`train`)
         self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
         self._stragglers: Optional[StragglerMonitor] = None  # per-rank step times (`train`, `_log_train`)
+        self.divergence: Optional[DivergenceMonitor] = None  # the loop's divergence flags (`train`)
+        self.rollbacks = 0  # divergence rollbacks of this job (`_check_divergence`)
+        self._poison = set(injected_steps())  # the testing switch's steps, each poisoned once (engine/divergence.py)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -274,9 +284,11 @@ class Trainer:
         acc = self._acc = MetricAccumulator(self.device)
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
-        self._saved_interval = []
         self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
         strag = self._stragglers
+        self.divergence = DivergenceMonitor(cfg.divergence, self.device, self._skipped_seen)
+        self.divergence.restore_window(saved_window(self._saved_interval, rank))  # the spike test goes on at once
+        self._saved_interval = []
         engine.train()
         # a terminal only: in a log file the bar's carriage-return updates interleave with the log lines
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -298,13 +310,16 @@ class Trainer:
                     batches = self._next_batches if prefetch else self._fetch_step()
                     acc.add_data_wait(self._fetch_s)
                     strag.start_compute()
-                    result = optimizer_step(engine, batches, sop_weight)
+                    poison = self.step + 1 in self._poison  # the testing switch (engine/divergence.py)
+                    self._poison.discard(self.step + 1)
+                    result = optimizer_step(engine, batches, sop_weight, poison=poison)
                     for out, batch in zip(result.outputs, batches):
                         acc.add_micro_step(out, batch["attention_mask"], batch["input_ids"].shape)
                     self.step += 1
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
                     strag.end_step(self._fetch_s)
+                    self.divergence.add_step(self.step, result.outputs, engine.skipped_steps)  # no host sync
                     if every(self.step, cfg.log_interval_steps, last):
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
@@ -324,6 +339,15 @@ class Trainer:
                                        " (a data loader gave up on the object store; its rank's log names the URL)"
                                        if flag >= STORE_STOP_FLAG else "",
                                        EXIT_INPUT_VANISHED if gone else EXIT_PREEMPTED)
+                    # Read at log steps and before saves: a rollback goes on from its checkpoint's step
+                    if self._check_divergence(every(self.step, cfg.log_interval_steps, last)
+                                              or every(self.step, cfg.checkpoint.save_interval_steps, last or stop)):
+                        bar.update(self.step - bar.n)
+                        if stop:
+                            logger.warning("stopped by signal after the rollback to step %d; exit %d", self.step,
+                                           EXIT_PREEMPTED)
+                            return EXIT_PREEMPTED
+                        continue
                     cause = "input" if flag >= VANISHED_STOP_FLAG else "store" if flag >= STORE_STOP_FLAG else "signal"
                     self.save(last=last or stop, stop=stop, stop_cause=cause)
                     acc.exclude(time.perf_counter() - paused)
@@ -351,6 +375,69 @@ class Trainer:
         if is_multi_rank():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
         return float(flag.item())
+
+    def _check_divergence(self, due: bool, roll_back: bool = True) -> bool:
+        """When `due` and steps were trained since the last read: read the divergence flags (collective,
+        `DivergenceMonitor.read`). Nothing flagged: False. Flagged: with ``divergence.policy=rollback``, `roll_back`
+        and rollbacks left, `_roll_back` and True; else raises `TrainingDiverged` (exit 77: `albert_dist.train`),
+        whose message names the step and the newest healthy checkpoint."""
+        if not due or self.divergence is None or not self.divergence.unread:
+            return False
+        verdict = self.divergence.read(self.step, group=self._host_group)
+        if verdict is None:
+            self.checkpoints.confirm(self.step)  # the checkpoints before this step are healthy
+            return False
+        self.checkpoints.quarantine(verdict.first_step)  # those whose weights led to it: renamed, `latest` moved back
+        policy = self.cfg.divergence
+        if roll_back and policy.policy == "rollback" and self.rollbacks < policy.max_rollbacks:
+            if self._roll_back(verdict):
+                return True
+        point = newest_verified(self.ckpt_dir, log=False)
+        healthy = ("no checkpoint was written before it" if point is None else
+                   f"the newest healthy checkpoint is {point.path}"
+                   + (" (latest names it; --resume auto continues from it)"
+                      if read_latest(self.ckpt_dir) == point.tag else ""))
+        why = ("divergence.policy=stop" if policy.policy == "stop" else
+               f"after {self.rollbacks} rollback(s), divergence.max_rollbacks={policy.max_rollbacks}"
+               if point is not None else "no checkpoint to roll back to")
+        raise TrainingDiverged(f"training diverged at step {verdict.first_step}: {verdict.reasons()} (read at step "
+                               f"{verdict.read_step}; {why}); {healthy}; no final model was written and no "
+                               "checkpoint of the diverged weights is left to resume from", verdict)
+
+    def _roll_back(self, verdict: Verdict) -> bool:
+        """Reload the newest healthy checkpoint (`CheckpointManager.roll_back`: engine and RNGs) and keep the
+        training loader where it is: the data since that checkpoint, which led to the divergence, is skipped
+        (the loader's exact-resume cursor moves on, never back). Logs one warning and ``train/rollbacks`` with the
+        skipped range of rank 0's stream (micro-batches) to the tracker, at the checkpoint's step. False when
+        there is no checkpoint to roll back to."""
+        rank = self.dist_env.rank
+        cursor = stream_batches(self._loader_state if self._loader_state is not None
+                                else self.train_loader.state_dict())
+        back = self.checkpoints.roll_back(self.engine)
+        if back is None:
+            return False
+        point, state = back
+        self.rollbacks += 1
+        saved = stream_batches(state.data_states[rank]) if state.world_size == self.dist_env.world_size else None
+        skipped_from, skipped_to, self.step = state.step + 1, verdict.read_step, state.step
+        self._acc.reset()  # the interval held diverged steps
+        self._skipped_seen = int(self.engine.skipped_steps)
+        self.divergence.reset(self._skipped_seen)
+        self.divergence.restore_window(saved_window(state.metrics_states, rank))
+        if rank == 0:
+            batches = (f"micro-batches {saved + 1}-{cursor} of each rank's stream (rank 0's numbers)"
+                       if saved is not None and cursor is not None else "their micro-batches")
+            logger.warning("training diverged at step %d: %s; rollback %d of %d (divergence.max_rollbacks): "
+                           "reloaded %s, skipping the data of steps %d-%d (%s)", verdict.first_step,
+                           verdict.reasons(), self.rollbacks, self.cfg.divergence.max_rollbacks, point.path,
+                           skipped_from, skipped_to, batches)
+            record = {names.TRAIN_ROLLBACKS: float(self.rollbacks),
+                      names.TRAIN_ROLLBACK_FROM_STEP: float(verdict.first_step)}
+            if saved is not None and cursor is not None:
+                record[names.TRAIN_ROLLBACK_SKIPPED_FIRST] = float(saved + 1)
+                record[names.TRAIN_ROLLBACK_SKIPPED_LAST] = float(cursor)
+            self.tracker.log_metrics(record, self.step)
+        return True
 
     def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
         """The next step's micro-batches on the device; raises `store.StoreUnavailable` (`next_batch`). The host
@@ -485,17 +572,22 @@ class Trainer:
         was saved. Raises `save.CheckpointSaveError` as `maybe_save`."""
         if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
             return None
+        self._check_divergence(True, roll_back=False)  # never a checkpoint of unread steps: TrainingDiverged if flagged
         start = time.perf_counter()
         # the loader's state before the batches fetched ahead for the next step, when there are such (`_prefetch`)
         data_state = (self.train_loader.state_dict if self._loader_state is None
                       else lambda: self._loader_state)
         tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
-                                          metrics_state=None if self._acc is None else self._acc.local_state,
+                                          metrics_state=None if self._acc is None else self._interval_state,
                                           stop_cause=stop_cause)
         if tag is not None and self.dist_env.rank == 0:
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
+
+    def _interval_state(self) -> dict:
+        """What a checkpoint saves of this rank's open metric interval, with the divergence loss window."""
+        return {**self._acc.local_state(), WINDOW_KEY: self.divergence.window_state()}
 
     # ----------------------------------------------------------------------------------------------- finish
     def export_final_model(self) -> Optional[dict]:

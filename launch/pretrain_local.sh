@@ -13,7 +13,8 @@
 # trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
 # by a signal after a checkpoint, or by an object store that stayed unavailable (data.store_retry_s; the line says
 # which, from the checkpoint's stop_cause; the command to continue is printed), 78 a training file or object is gone
-# (after a checkpoint for an object-store source), 130 (128 + N) interrupted, nothing saved at the stop.
+# (after a checkpoint for an object-store source), 77 training diverged (no final model; checkpoints/latest names
+# the newest healthy checkpoint), 130 (128 + N) interrupted, nothing saved at the stop.
 set -euo pipefail
 # Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
 # background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
@@ -123,9 +124,9 @@ finished() { # the newest checkpoint is at the run's max_steps
 }
 # the signal: the one this shell trapped, else SIGINT (the documented "interrupted" code, 130)
 interrupted_status() { if [[ -n ${SIGNAL} ]]; then echo $((128 + $(kill -l "${SIGNAL#SIG}"))); else echo 130; fi; }
-if [[ ${status} -eq 2 || ${status} -eq 74 || ${status} -eq 78 ]]; then
-    : # the trainer's own codes: did not start / a checkpoint could not be written / an input file is gone (its
-    # stop checkpoint is not a signal's)
+if [[ ${status} -eq 2 || ${status} -eq 74 || ${status} -eq 77 || ${status} -eq 78 ]]; then
+    : # the trainer's own codes: did not start / a checkpoint could not be written / diverged / an input file is gone
+    # (its stop checkpoint is not a signal's)
 elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
@@ -194,6 +195,12 @@ case "${status}" in
     echo "or start a new run (another RUN_DIR) on the corpus as it is now; outputs in ${OUT}"
     ;;
 2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
+77)
+    echo "pretraining diverged (exit 77, the line above names the step): no final model; checkpoints/latest names the" \
+        "newest healthy checkpoint (${NEWEST}); change what made it diverge (optimizer.lr, ...), then continue with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
 13[0-9] | 14[0-3])
     if [[ -n ${AFTER[0]:-} ]]; then
         echo "pretraining interrupted, unsaved at the stop (exit ${status}); continue from its last complete checkpoint (${NEWEST}) with:"

@@ -9,6 +9,7 @@
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped (a signal, or a store unavailable) after a checkpoint
 EXIT_INPUT_VANISHED=78 # albert_dist.exit_codes.EXIT_INPUT_VANISHED: a training file is gone; never requeued
+EXIT_DIVERGED=77  # albert_dist.exit_codes.EXIT_DIVERGED: training diverged; not requeued (it would diverge again)
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
@@ -96,6 +97,11 @@ run_preemptible() {
     if ((rc == EXIT_INPUT_VANISHED)); then
         log "a training file or object is gone (the ranks' log names it): not requeueing; restore it and resubmit" \
             "(--resume auto), or start a new run on the corpus as it is now (exit $rc)"
+        return "$rc"
+    fi
+    if [[ $rc == "$EXIT_DIVERGED" ]]; then
+        log "training diverged (exit $EXIT_DIVERGED; rank 0's line above names the step and the healthy checkpoint):" \
+            "not requeued, the same data and settings would diverge again (docs/faults.md)"
         return "$rc"
     fi
     # srun reports a task killed by signal N as 128 + N (DeepSpeed's launch.py as 256 - N): not an exit code of

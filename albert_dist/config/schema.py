@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from albert_dist.data.config import DataConfig
 from albert_dist.engine.config import CheckpointConfig, EngineConfig, OptimConfig
+from albert_dist.engine.divergence import DivergenceConfig
 from albert_dist.engine.objective import ObjectiveConfig
 from albert_dist.model.config import AlbertConfig
 from albert_dist.on_resume import APPLIES, QUIET, REFUSE, on_resume
@@ -33,6 +34,8 @@ class TrainConfig:
     """DeepSpeed settings: ZeRO stage, batch sizes, precision, clipping."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=on_resume(QUIET))
     """Checkpoint interval, retention and resume."""
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig, metadata=on_resume(QUIET))
+    """What counts as divergence (non-finite loss, loss spike, skipped steps) and what the job does: stop or roll back."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata=on_resume(QUIET))
     """Experiment tracking (MLflow)."""
     max_steps: int = field(default=1000, metadata=on_resume(

@@ -325,7 +325,8 @@ class CheckpointConfig:
     save_interval_steps: int = 100
     """Optimiser steps between two checkpoints (0: only the final one); one is always written at the end."""
     keep_last: int = 3
-    """Number of newest complete checkpoints kept; older ones are deleted after a save completes."""
+    """Number of newest complete checkpoints kept; older ones are deleted after a save completes (never the newest
+    one known healthy: albert_dist.engine.divergence)."""
     dir: Optional[str] = None
     """Checkpoint directory; None: <run_dir>/checkpoints."""
     resume: Optional[str] = None

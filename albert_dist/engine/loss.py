@@ -63,7 +63,8 @@ class StepResult(NamedTuple):
     none and it could not be computed)."""
 
 
-def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> StepResult:
+def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0,
+                   poison: bool = False) -> StepResult:
     """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
@@ -72,6 +73,8 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     Returns the detached outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`;
     at fp32 ZeRO-0 the float64 norm of `albert_dist.engine.grad_norm`, from the exact clipping the trainer
     installs or, with clipping off, computed here just before the last `engine.step()`).
+    `poison`: this rank's MLM loss sum of the first micro-step is made NaN before its backward pass, so the step's
+    loss and gradients are non-finite (the testing switch of `albert_dist.engine.divergence`, a poisoned step).
     Raises `ValueError` when the number of batches differs from the engine's accumulation steps.
     """
     ga = engine.gradient_accumulation_steps()
@@ -83,6 +86,8 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     own_norm = None
     for i, batch in enumerate(batches):
         out = engine(**batch)
+        if poison and i == 0:
+            out = out._replace(mlm_loss_sum=out.mlm_loss_sum * float("nan"))
         engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
         if i == ga - 1 and exact_norm_applies(engine) and not engine.gradient_clipping() > 0:
             own_norm = global_grad_norm(engine.module.parameters())  # before step() zeroes the gradients

@@ -4,7 +4,8 @@ Names are grouped by a ``<section>/`` prefix, which the MLflow UI turns into one
 which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
 
     train/  loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, sop_weight, grad_norm, lr, skipped_steps
-                                                            (every log_interval_steps)
+                                                            (every log_interval_steps); rollbacks,
+            rollback_from_step, rollback_skipped_batch_first/last (at a divergence rollback)
     val/    loss, mlm_loss, sop_loss, mlm_accuracy, sop_accuracy, mlm_accuracy_over_unigram
                                                             (every eval_interval_steps; the fixed set's
             unigram_mlm_accuracy, unigram_mlm_loss, masked_tokens, sop_pairs once)
@@ -41,6 +42,14 @@ TRAIN_LR = TRAIN + "lr"
 """Learning rate the step's update used."""
 TRAIN_SKIPPED_STEPS = TRAIN + "skipped_steps"
 """Optimizer steps DeepSpeed skipped so far (inf/NaN gradients: no update, no lr-schedule step), cumulative."""
+TRAIN_ROLLBACKS = TRAIN + "rollbacks"
+"""Divergence rollbacks of the job so far (albert_dist.engine.divergence), logged at each rollback, at the step
+training goes on from (the checkpoint's)."""
+TRAIN_ROLLBACK_FROM_STEP = TRAIN + "rollback_from_step"
+"""The first flagged step of the divergence that rollback undid."""
+TRAIN_ROLLBACK_SKIPPED_FIRST = TRAIN + "rollback_skipped_batch_first"
+TRAIN_ROLLBACK_SKIPPED_LAST = TRAIN + "rollback_skipped_batch_last"
+"""The micro-batches of rank 0's training stream the rollback skipped (1-based, first..last, inclusive)."""
 VAL_LOSS, VAL_MLM_LOSS, VAL_SOP_LOSS = (VAL + q for q in (LOSS, MLM_LOSS, SOP_LOSS))
 VAL_MLM_ACCURACY, VAL_SOP_ACCURACY = VAL + MLM_ACCURACY, VAL + SOP_ACCURACY
 VAL_MLM_ACCURACY_OVER_UNIGRAM = VAL + "mlm_accuracy_over_unigram"
@@ -91,7 +100,9 @@ BEST: dict[str, Optional[str]] = {
                                 VAL_MLM_ACCURACY_OVER_UNIGRAM, PERF_TOKENS_PER_S, PERF_SAMPLES_PER_S,
                                 PERF_POSITIONS_PER_S, PERF_MFU, PERF_MFU_MEASURED_PEAK)},
     **{name: None for name in VAL_ONCE + (TRAIN_SOP_WEIGHT, TRAIN_SKIPPED_STEPS, PERF_SLOWEST_RANK,
-                                          PERF_DATA_WAIT_SLOWEST_RANK)},
+                                          PERF_DATA_WAIT_SLOWEST_RANK, TRAIN_ROLLBACKS,
+                                          TRAIN_ROLLBACK_FROM_STEP, TRAIN_ROLLBACK_SKIPPED_FIRST,
+                                          TRAIN_ROLLBACK_SKIPPED_LAST)},
 }
 
 #: What `albert-dist compare` plots by default (one panel each; val/ drawn in the train/ panel, with markers).

@@ -10,7 +10,8 @@ bench/gpu_step.py), and every device drain that check cannot see: ``synchronize`
 ``torch.accelerator``), recorded as method ``synchronize``. Each call is attributed to
 
 * a *phase* of the loop: ``stop`` (`Trainer._agree_stop`, the documented stop-flag read after every step),
-  ``log`` (`_log_train`, at log steps only), ``eval`` (`evaluate`), ``save`` (`save`), ``batch``
+  ``log`` (`_log_train`, at log steps only), ``divergence`` (`_check_divergence`: the divergence flags, read at
+  log steps and before saves), ``eval`` (`evaluate`), ``save`` (`save`), ``batch``
   (`Trainer._to_device`: the loader's host copy of a micro-batch, read before it is copied, so host memory on a
   GPU too), else ``step``: the micro-steps, the optimiser step, the metric accumulation and the next batches;
 * an *owner*: the innermost frame outside torch's own package: albert_dist's code (``ours``), DeepSpeed's
@@ -140,7 +141,7 @@ def main(argv: list[str]) -> int:
                 mp.setattr(torch.Tensor, method, counter.wrap(method))
         counter.count_synchronize(mp)
         for name, phase in (("_agree_stop", "stop"), ("_log_train", "log"), ("evaluate", "eval"), ("save", "save"),
-                            ("_to_device", "batch")):
+                            ("_to_device", "batch"), ("_check_divergence", "divergence")):
             original = getattr(Trainer, name)
 
             def in_phase(self, *a, _original=original, _phase=phase, **kw):

@@ -5,7 +5,8 @@
 (albert_dist, DeepSpeed, other). Jobs: ZeRO-0 fp32 (the exact clipping of `albert_dist.engine.grad_norm`) and ZeRO-2,
 both with clipping on and gradient accumulation 2, 6 steps logged every 3. Between log steps albert_dist reads
 nothing from the device but the documented stop flag (one read per optimiser step, `Trainer._agree_stop`); at a
-log step `_log_train` reads the interval's sums; and each micro-batch's host copy is read for padding before
+log step `_log_train` reads the interval's sums and `_check_divergence` the divergence flags (accumulated on the
+device every step, `albert_dist.engine.divergence`); and each micro-batch's host copy is read for padding before
 its copy to the device (`drop_full_mask`: host memory, no device sync on a GPU). DeepSpeed's own reads inside
 `engine.step` are counted and reported (docs/training-loop.md), not asserted: they are upstream's. Device drains
 (``synchronize`` through DeepSpeed's accelerator or torch, albert_dist's or DeepSpeed's) are asserted: none
@@ -72,7 +73,11 @@ def test_micro_steps_read_nothing_from_the_device(tmp_path, zero_stage):
         # the host copy of each micro-batch, read for its padding before it goes to the device (drop_full_mask)
         batch = Counter((c["site"], c["method"]) for c in ours if c["phase"] == "batch")
         assert batch == {("data/pretraining.py:drop_full_mask", "__bool__"): STEPS * GA}, batch
-        assert not [c for c in ours if c["phase"] not in ("step", "stop", "log", "save", "batch")]
+        assert not [c for c in ours if c["phase"] not in ("step", "stop", "log", "save", "batch", "divergence")]
+        # the divergence flags accumulate on the device every step (the step phase above reads nothing) and are
+        # read at log steps only here (no save between them): albert_dist.engine.divergence
+        divergence = {c["step"] for c in ours if c["phase"] == "divergence"}
+        assert divergence == set(range(LOG_EVERY, STEPS + 1, LOG_EVERY)), divergence
         upstream = Counter((c["site"], c["method"]) for c in calls if c["owner"] != "ours" and c["phase"] == "step")
         print(f"ZeRO-{zero_stage} rank {rank}: DeepSpeed/other host reads in {STEPS} steps: {dict(upstream)}")
 

@@ -211,6 +211,15 @@ def test_a_rank_killed_by_a_signal_is_exit_1_naming_the_signal(tmp_path, launche
     assert "pretraining failed (exit 1)" in proc.stdout and _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
 
 
+def test_a_diverged_run_is_exit_77_said_so_with_its_healthy_checkpoint(tmp_path):
+    """The ranks exit 77 (albert_dist.engine.divergence): passed through as "diverged", not a crash."""
+    proc = _run(tmp_path, "2", exit_code=77, before_exit=_checkpoint(tmp_path / "run", "step_8", "interval"))
+    assert proc.returncode == 77, (proc.returncode, proc.stdout, proc.stderr)
+    assert "pretraining diverged (exit 77, the line above names the step): no final model; checkpoints/latest " \
+           "names the newest healthy checkpoint (step_8)" in proc.stdout and "failed" not in proc.stdout
+    assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
+
+
 def test_without_the_venv_on_path_it_says_to_activate_it(tmp_path):
     """A fresh shell (no venv on PATH) got `deepspeed: command not found`, exit 127 and a hint to resume a run
     that never started; now exit 2 naming the fix, and no run directory."""

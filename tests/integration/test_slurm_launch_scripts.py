@@ -103,6 +103,8 @@ def test_hostfile_cli_runs_as_script(tmp_path):
     (130, 130, "SIGINT killed the ranks (a second one, or one during start-up): no checkpoint at the stop"),
     (75, 75, "training exited with status 75"), (74, 74, "training exited with status 74"),
     (1, 1, "training exited with status 1"),
+    (77, 77, "training diverged (exit 77; rank 0's line above names the step and the healthy checkpoint): not "
+             "requeued"),
 ])
 def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_code(command_exit, expected, says):
     """What the batch script exits with when srun's tasks end: albert-dist train's codes pass through; a task

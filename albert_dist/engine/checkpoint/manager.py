@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from albert_dist.engine.checkpoint.choose import VerifiedCheckpoint, newest_verified
+from albert_dist.engine.checkpoint.layout import read_latest, step_dirs, step_of, tag_for, write_latest
 from albert_dist.engine.checkpoint.load import load_checkpoint
 from albert_dist.engine.checkpoint.resume import LoadPlan, Resumed
 from albert_dist.engine.checkpoint.retention import prune
 from albert_dist.engine.checkpoint.save import CheckpointSaveError, save_checkpoint
 from albert_dist.engine.checkpoint.state import TrainState, seed_all, seed_for, set_rng_state
 from albert_dist.engine.checkpoint.reshard import LoaderFactory, build_resumed_loader
+from albert_dist.distributed.collectives import barrier
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,10 @@ class CheckpointManager:
         self.config, self.config_hash, self.seed = config, config_hash, seed
         self.plan = plan or LoadPlan()
         self.last_saved: Optional[int] = None
+        # Divergence (albert_dist.engine.divergence): the weights saved at step N are first measured by the loss of
+        # step N+1, so a checkpoint is healthy once a read past its step found nothing (`confirm`).
+        self.healthy: Optional[str] = None  # the newest such tag: retention always keeps it
+        self._unconfirmed: list[int] = []  # steps this job saved since
 
     def resume(self, build_engine: Callable[[dict], Any], build_loader: LoaderFactory,
                fetch: Optional[Callable[[Path], LoadPlan]] = None) -> Resumed:
@@ -82,6 +91,8 @@ class CheckpointManager:
             logger.warning("config differs from the checkpoint's (hash %s -> %s); continuing with the new one",
                            state.config_hash, self.config_hash)
         self.last_saved = state.step
+        if self._resumed_here(point):
+            self.healthy = point.tag  # measured healthy by the job that wrote it, or at least its newest
         saved = None if self.plan.drift.streams_restart else state.data_states
         loader = build_resumed_loader(build_loader, saved, self.world_size, self.rank)
         if state.world_size == self.world_size:
@@ -89,6 +100,57 @@ class CheckpointManager:
         else:
             seed_all(seed_for(self.seed, self.rank, state.step))
         return Resumed(engine, loader, state.step, point, state.metrics_states)
+
+    def confirm(self, read_step: int) -> None:
+        """A divergence read at `read_step` found nothing: every checkpoint this job saved before that step is
+        healthy (the loss of the step after it was read); the newest becomes `healthy`."""
+        done = [s for s in self._unconfirmed if s < read_step]
+        if done:
+            self.healthy = tag_for(max(done))
+            self._unconfirmed = [s for s in self._unconfirmed if s >= read_step]
+
+    def quarantine(self, first_step: int) -> list[str]:
+        """Divergence first flagged at step `first_step`: the checkpoints of steps >= first_step - 1 hold weights
+        that led there (the weights of step N are first measured by step N+1's loss), so rank 0 renames them
+        `<tag>_diverged` (no resume, retention or `latest` takes them; kept to look at) and points `latest` at the
+        newest step directory left (collective: every rank waits). Returns the renamed tags."""
+        renamed: list[str] = []
+        if self.rank == 0:
+            for step, tag in step_dirs(self.ckpt_dir):
+                if step >= first_step - 1:
+                    target = self.ckpt_dir / f"{tag}_diverged"
+                    if target.exists():
+                        shutil.rmtree(target, ignore_errors=True)
+                    os.replace(self.ckpt_dir / tag, target)
+                    renamed.append(tag)
+            left = step_dirs(self.ckpt_dir)
+            if renamed and left and read_latest(self.ckpt_dir) != left[0][1]:
+                write_latest(self.ckpt_dir, left[0][1])
+            if renamed:
+                logger.warning("checkpoint(s) %s hold weights of the diverging steps: renamed to <tag>_diverged",
+                               ", ".join(renamed))
+        self._unconfirmed = [s for s in self._unconfirmed if s < first_step - 1]
+        if self.healthy is not None and step_of(self.healthy) >= first_step - 1:
+            self.healthy = None
+        barrier()
+        return renamed
+
+    def roll_back(self, engine) -> Optional[tuple[VerifiedCheckpoint, TrainState]]:
+        """Load the newest verified checkpoint of this job's directory into `engine` (collective), the RNGs as a
+        resume sets them; the data loader is the caller's to keep (a rollback skips the data since the checkpoint:
+        `albert_dist.engine.divergence`). Returns (the checkpoint, its `TrainState`), or None when there is none.
+        Every checkpoint this job wrote was read healthy before its save (`albert_dist.trainer`), so the newest
+        verified one is the newest healthy one. Raises `CheckpointError` as `load_checkpoint`."""
+        point = newest_verified(self.ckpt_dir, log=self.rank == 0)
+        if point is None:
+            return None
+        state = TrainState()
+        state.load_state_dict(load_checkpoint(engine, point))
+        if state.world_size == self.world_size:
+            set_rng_state(state.rng_states[self.rank])
+        else:
+            seed_all(seed_for(self.seed, self.rank, state.step))
+        return point, state
 
     def _resumed_here(self, point) -> bool:
         return Path(point.ckpt_dir).resolve() == self.ckpt_dir.resolve()
@@ -119,7 +181,10 @@ class CheckpointManager:
                                   config=self.config, protect=protect,
                                   reason="stop" if stop else "final" if last else "interval",
                                   metrics_state=None if metrics_state is None else metrics_state(),
-                                  stop_cause=stop_cause if stop else None)
+                                  stop_cause=stop_cause if stop else None,
+                                  # the final checkpoint is the run's result (its final model is exported from it):
+                                  # no step measures it, and keep_last applies as it says
+                                  healthy=None if last and not stop else self.healthy)
         except CheckpointSaveError as err:
             if last or self.cfg.on_save_error != "continue":
                 raise
@@ -127,4 +192,5 @@ class CheckpointManager:
                 logger.error("%s; training continues (checkpoint.on_save_error=continue)", err)
             return None
         self.last_saved = step
+        self._unconfirmed.append(step)
         return tag

@@ -30,10 +30,12 @@ def _remove(ckpt_dir: Path, step: int) -> list[str]:
     return removed
 
 
-def prune(ckpt_dir: str | Path, keep_last: int, protect: Optional[str] = None) -> list[str]:
-    """Retention (rank 0): keep the newest `keep_last` verified checkpoints, and `protect` (the checkpoint the
-    job resumed from) while no newer verified one exists; delete every other step directory, verified or not,
-    with its universal copy. Deletes nothing when no checkpoint verifies. Returns the removed names."""
+def prune(ckpt_dir: str | Path, keep_last: int, protect: Optional[str] = None,
+          healthy: Optional[str] = None) -> list[str]:
+    """Retention (rank 0): keep the newest `keep_last` verified checkpoints, `protect` (the checkpoint the
+    job resumed from) while no newer verified one exists, and `healthy` (the newest checkpoint whose next step's
+    loss was read healthy, `albert_dist.engine.divergence`) always; delete every other step directory, verified or
+    not, with its universal copy. Deletes nothing when no checkpoint verifies. Returns the removed names."""
     ckpt_dir = Path(ckpt_dir)
     good = _verified(ckpt_dir)
     if not good:
@@ -42,6 +44,8 @@ def prune(ckpt_dir: str | Path, keep_last: int, protect: Optional[str] = None) -
     protect_step = step_of(protect) if protect else None
     if protect_step is not None and protect_step in good and not any(s > protect_step for s in good):
         keep.add(protect_step)
+    if healthy and step_of(healthy) is not None:
+        keep.add(step_of(healthy))
     removed = []
     for entry in sorted(ckpt_dir.iterdir()):
         name = entry.name
@@ -87,12 +91,14 @@ def last_checkpoint_bytes(ckpt_dir: str | Path) -> tuple[Optional[str], int]:
     return tag, checkpoint_bytes(ckpt_dir / tag)
 
 
-def make_room(ckpt_dir: str | Path, need_bytes: int, keep_last: int, protect: Optional[str] = None) -> list[str]:
+def make_room(ckpt_dir: str | Path, need_bytes: int, keep_last: int, protect: Optional[str] = None,
+              healthy: Optional[str] = None) -> list[str]:
     """Headroom before a save (rank 0): while the file system holding `ckpt_dir` has fewer than `need_bytes`
     free (the size of the last checkpoint), delete step directories, oldest first, before the save instead of
     after it (retention alone needs room for `keep_last` + 1 checkpoints): first the unverified ones, then
     verified ones, so fewer than `keep_last` may remain. Never deleted: the newest verified checkpoint (the one
-    to fall back on if this save fails) and `protect` (the checkpoint the job resumed from). Returns the removed
+    to fall back on if this save fails), `protect` (the checkpoint the job resumed from) and `healthy` (as
+    `prune`'s). Returns the removed
     names; logs a warning saying what was removed and why, and another when the room is still short.
     """
     ckpt_dir = Path(ckpt_dir)
@@ -104,6 +110,8 @@ def make_room(ckpt_dir: str | Path, need_bytes: int, keep_last: int, protect: Op
     protect_step = step_of(protect) if protect else None
     if protect_step is not None:
         keep.add(protect_step)
+    if healthy and step_of(healthy) is not None:
+        keep.add(step_of(healthy))
     steps = sorted(s for s, _ in step_dirs(ckpt_dir))  # oldest first
     candidates = [s for s in steps if s not in good] + [s for s in steps if s in good and s not in keep]
     removed: list[str] = []

@@ -128,15 +128,17 @@ def _space_needed(reports: list[dict], ckpt_dir: Path) -> str:
 
 def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, config_hash: str,
                     keep_last: int, *, config: Optional[dict] = None, protect: Optional[str] = None,
-                    reason: str = "interval", metrics_state: Any = None, stop_cause: Optional[str] = None) -> str:
+                    reason: str = "interval", metrics_state: Any = None, stop_cause: Optional[str] = None,
+                    healthy: Optional[str] = None) -> str:
     """Save step `step` on every rank (collective; see the module docstring for the protocol); returns the tag.
 
     `data_state` is this rank's `loader.state_dict()`; `config` the resolved config snapshot stored with it;
     `protect` a tag retention keeps until a newer verified checkpoint exists (the one the job resumed from);
     `reason` why it is written ("interval", "final", "stop"), recorded in `albert_dist.json`; `metrics_state`
     this rank's open metric interval (`MetricAccumulator.local_state()`, None: not saved); `stop_cause` what stopped
-    a "stop" checkpoint's job ("signal", "store": an object store that stayed unavailable), recorded as
-    ``stop_cause`` when given (launch/pretrain_local.sh names it).
+    a "stop" checkpoint's job ("signal", "store": an object store that stayed unavailable, "input": a file gone),
+    recorded as ``stop_cause`` when given (launch/pretrain_local.sh names it); `healthy` a tag retention always keeps
+    (the newest checkpoint known healthy, `retention.prune`).
     Before writing, rank 0 makes room (`retention.make_room`) when the free space is below the size of the last
     verified checkpoint.
 
@@ -162,7 +164,7 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
                 shutil.rmtree(stale, ignore_errors=True)
         # Headroom: with less free space than the last checkpoint took, retention runs before the save.
         last_tag, last_bytes = last_checkpoint_bytes(ckpt_dir)
-        make_room(ckpt_dir, last_bytes, keep_last, protect=protect)
+        make_room(ckpt_dir, last_bytes, keep_last, protect=protect, healthy=healthy)
         room = {"free": free_bytes(ckpt_dir), "last_tag": last_tag, "last_bytes": last_bytes}
     writer = _CapturingWriter(engine.checkpoint_engine)
     engine.checkpoint_engine = writer
@@ -205,6 +207,6 @@ def save_checkpoint(engine, ckpt_dir: str | Path, step: int, data_state: Any, co
         kept = f"{ckpt_dir / LATEST} still names {previous}" if previous else "there is no complete checkpoint yet"
         raise CheckpointSaveError(f"checkpoint {tag_dir} not saved: {message}; {kept}", path, code)
     if rank == 0:
-        prune(ckpt_dir, keep_last, protect=protect)
+        prune(ckpt_dir, keep_last, protect=protect, healthy=healthy)
     _barrier()
     return tag

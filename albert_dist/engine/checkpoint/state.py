@@ -37,8 +37,8 @@ class TrainState:
     rng_states: list = field(default_factory=list)
     """Per rank: `rng_state()`."""
     metrics_states: list = field(default_factory=list)
-    """Per rank: the open metric interval (`MetricAccumulator.local_state()`); [] in checkpoints written before
-    it was saved."""
+    """Per rank: the open metric interval (`MetricAccumulator.local_state()`) with the divergence loss window
+    (``"loss_window"``, `albert_dist.engine.divergence.saved_window`); [] in checkpoints written before it was saved."""
 
     @property
     def model_config(self) -> dict:
