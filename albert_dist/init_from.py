@@ -1,7 +1,8 @@
 """A new run from existing weights (`model.init_from`): the preflight's check of the job against its source
 (`check`), and the weights loaded into the model on every rank before `deepspeed.initialize` (`load_into`), so
-ZeRO-3 partitions the loaded values. The source itself is found by `albert_dist.init_source`; the config loader
-has already taken from it the model fields and the tokenizer the recipe left unset.
+ZeRO-3 partitions the loaded values. Which weights a reference means is `albert_dist.runs`' rule (one for every
+command: a run's newest verified checkpoint, or its final model when that holds the same step); the config loader
+has already taken from the source the model fields and the tokenizer the recipe left unset (`read_source`).
 
 What may differ from the source: fields that keep every tensor's shape and meaning (dropout, initializer_range,
 layer_norm_eps, hidden_act) and less sharing (`sharing`, more `num_hidden_groups`: each block starts from its
@@ -18,8 +19,8 @@ from typing import Optional
 import torch
 
 from albert_dist.config import TrainConfig
-from albert_dist.init_source import InitSource, resolve
-from albert_dist.model.config import AlbertConfig
+from albert_dist.model.config import ARCHITECTURE, HF_FIELDS, AlbertConfig
+from albert_dist.runs import Source
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,72 @@ HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index
               "pytorch_model.bin.index.json")
 
 
-def check(cfg: TrainConfig, resume_from: Optional[str] = None) -> Optional[InitSource]:
+def _fail(ref: str, why: str) -> ValueError:
+    return ValueError(f"model.init_from={ref!r}: {why}")
+
+
+def _hf_architecture(path: Path, ref: str) -> dict:
+    """A transformers directory's `ARCHITECTURE` fields (transformers' defaults for what its config.json omits)."""
+    import json
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except ValueError as err:
+        raise _fail(ref, f"{path / 'config.json'} is not JSON ({err})") from None
+    if raw.get("model_type") != "albert":
+        raise _fail(ref, f"model_type {raw.get('model_type')!r} in {path / 'config.json'}: not an ALBERT model")
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise _fail(ref, f"position_embedding_type {raw['position_embedding_type']!r}: albert_dist has absolute "
+                         "positions only")
+    from transformers import AlbertConfig as HFConfig  # here: only a transformers source needs it
+
+    hf = HFConfig.from_dict(raw)
+    return {**{f: getattr(hf, f) for f in HF_FIELDS}, "sharing": "all"}
+
+
+def architecture(source: Source) -> dict:
+    """The source's `ARCHITECTURE` fields (albert_dist's names; a transformers model's sharing is "all").
+
+    Raises:
+        ValueError: naming `model.init_from`: not an ALBERT, or a model config without those fields.
+    """
+    if source.kind == "hf":
+        return _hf_architecture(source.weights, source.ref)
+    model = source.model or {}
+    missing = [f for f in ARCHITECTURE if f not in model]
+    if missing:
+        raise _fail(source.ref, f"{source.config_source or source.weights} lacks the model fields {missing}")
+    return {f: model[f] for f in ARCHITECTURE}
+
+
+def resolve(ref: str, tracking_uri: Optional[str] = None) -> Source:
+    """The `albert_dist.runs.Source` `model.init_from` = `ref` names (a local path or an MLflow run id).
+
+    Raises:
+        ValueError: naming `model.init_from`, the value and why (no such directory or run, no final model nor
+            checkpoint, checkpoints that do not verify, a store that cannot be read).
+    """
+    from albert_dist.runs import resolve as resolve_run
+
+    try:
+        return resolve_run(ref, tracking_uri=tracking_uri)
+    except (OSError, RuntimeError, ValueError) as exc:  # CheckpointError, MLflow's RunReadError: RuntimeErrors
+        raise _fail(ref, str(exc)) from None
+
+
+def read_source(ref: str, tracking_uri: Optional[str]) -> tuple[dict, Optional[str]]:
+    """The config loader's reader of `model.init_from` (`albert_dist.config.load.SourceReader`): the source's
+    `ARCHITECTURE` fields and its tokenizer (None: none found). Raises ValueError naming `model.init_from`."""
+    source = resolve(ref, tracking_uri)
+    tokenizer = source.tokenizer if source.tokenizer is not None and Path(source.tokenizer).exists() else None
+    return architecture(source), None if tokenizer is None else str(tokenizer)
+
+
+def check(cfg: TrainConfig, resume_from: Optional[str] = None, say: bool = False) -> Optional[Source]:
     """The preflight's check of `model.init_from` (None when unset): not with `--resume PATH` or `--resume-from`
     (those continue a run; `--resume auto` continues this run's own checkpoint when it has one), the source
     readable, every `SAME_AS_SOURCE` field equal to the source's, no more sharing than the source, weights present.
+    With `say`, prints what it took (`albert_dist.runs.Source.took`).
 
     Raises:
         ValueError: naming the field (or flag) and both values.
@@ -52,12 +115,15 @@ def check(cfg: TrainConfig, resume_from: Optional[str] = None) -> Optional[InitS
                          f"--resume {cfg.checkpoint.resume} continues a checkpoint with its optimizer, schedule and "
                          "data position: give one of them")
     source = resolve(ref, cfg.tracking.tracking_uri)
+    if say:
+        print(f"model.init_from: {source.took()}", flush=True)
+    model = architecture(source)
     for name in SAME_AS_SOURCE:
-        ours, theirs = getattr(cfg.model, name), source.model[name]
+        ours, theirs = getattr(cfg.model, name), model[name]
         if ours != theirs:
             raise ValueError(f"model.{name}={ours!r} does not fit the source {ref} ({name}={theirs!r}): its weights "
                              f"keep their shapes; leave model.{name} unset to take the source's")
-    source_config = AlbertConfig(**source.model)
+    source_config = AlbertConfig(**model)
     from albert_dist.model.unroll import source_names
 
     source_names(cfg.model, source_config)  # more sharing than the source: refused, naming the fields
@@ -78,7 +144,7 @@ def check(cfg: TrainConfig, resume_from: Optional[str] = None) -> Optional[InitS
     return source
 
 
-def source_state(source: InitSource) -> tuple[dict[str, torch.Tensor], list[str]]:
+def source_state(source: Source) -> tuple[dict[str, torch.Tensor], list[str]]:
     """The source's weights in albert_dist's names under its own config (fp32, CPU), and the names of the heads
     (`HEADS`) it has no weights for.
 
@@ -86,7 +152,7 @@ def source_state(source: InitSource) -> tuple[dict[str, torch.Tensor], list[str]
         ValueError: a transformers directory whose non-head weights are incomplete, or weights that do not load.
     """
     if source.kind != "hf":
-        from albert_dist.export import TIED_TO, load_state_dict
+        from albert_dist.runs.weights import TIED_TO, load_state_dict
 
         state = load_state_dict(source.weights)
         for alias, tensor in TIED_TO.items():  # the tied decoder may be stored under either name
@@ -116,7 +182,7 @@ def source_state(source: InitSource) -> tuple[dict[str, torch.Tensor], list[str]
     return {k: v for k, v in state.items() if k not in missing}, sorted(missing)
 
 
-def load_into(model: torch.nn.Module, source: InitSource) -> list[str]:
+def load_into(model: torch.nn.Module, source: Source) -> list[str]:
     """Copy the source's weights into `model` (an `AlbertForPreTraining` of the job's config, before
     `deepspeed.initialize`): every parameter from the source parameter `source_names` maps it to; a head the
     source lacks keeps `model`'s initialisation (the same on every rank: the trainer seeds it). Returns the names
@@ -128,7 +194,7 @@ def load_into(model: torch.nn.Module, source: InitSource) -> list[str]:
     from albert_dist.model.unroll import source_names
 
     state, _ = source_state(source)
-    names = source_names(model.config, AlbertConfig(**source.model))
+    names = source_names(model.config, AlbertConfig(**architecture(source)))
     fresh = []
     with torch.no_grad():
         for name, param in model.named_parameters():

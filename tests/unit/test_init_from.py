@@ -1,4 +1,4 @@
-"""`model.init_from` (albert_dist.init_source, albert_dist.init_from): a new run from a transformers ALBERT, a run
+"""`model.init_from` (albert_dist.runs, albert_dist.init_from): a new run from a transformers ALBERT, a run
 directory or an MLflow run, checked against transformers as the reference: the source's tokenizer gives
 transformers' ids, the first batch's logits are the source model's, untying keeps the outputs, and bad sources
 are exit 2 with one line before any process group."""
@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from albert_dist import cli
-from albert_dist.config import load_config, to_yaml
+from albert_dist.config import load_config as load_recipe, to_yaml
 from albert_dist.data.tokenizer import copy_tokenizer, load_tokenizer
-from albert_dist.init_from import check, load_into
-from albert_dist.init_source import resolve
+from albert_dist.init_from import check, load_into, read_source, resolve
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.unroll import source_names
@@ -33,6 +32,11 @@ SMALL = ["data.max_seq_length=64", "data.num_workers=0", "data.validation=[]", "
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     return make_hub_albert(tmp_path_factory.mktemp("hub") / "albert")
+
+
+def load_config(path, overrides=()):
+    """The training job's load: `model.init_from`'s source read by the app's reader (albert_dist.train)."""
+    return load_recipe(path, overrides, read_source)
 
 
 def _hf(path: Path):
@@ -78,7 +82,7 @@ def test_the_config_takes_the_source_architecture_and_tokenizer_unless_set_after
     assert cfg.data.tokenizer_path == str(hub)  # the recipe's data/sample/spiece.model came before init_from
     # the run's config.yaml holds everything: reloading it reads no source (gone, or an MLflow download)
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
-    monkeypatch.setattr("albert_dist.init_source.resolve", lambda *a: pytest.fail("source read"))
+    monkeypatch.setattr("albert_dist.init_from.resolve", lambda *a: pytest.fail("source read"))
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 
 
@@ -182,7 +186,7 @@ def test_a_run_directory_and_an_mlflow_run_give_the_same_start_and_keep_the_toke
     export tokenizes as the source does."""
     from mlflow import MlflowClient
 
-    from albert_dist.export import write_final_model
+    from albert_dist.runs.weights import write_final_model
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
@@ -212,7 +216,7 @@ def test_a_run_directory_and_an_mlflow_run_give_the_same_start_and_keep_the_toke
         model = AlbertForPreTraining(again.model)
         assert load_into(model, found) == []
         started.append(model.state_dict())
-    assert found.kind == "mlflow" and found.run_id == run_id
+    assert found.kind == "state_dict" and found.run_id == run_id  # the final model, downloaded
     for state in started:
         assert state.keys() == source.state_dict().keys()
         assert all(torch.equal(state[k], v) for k, v in source.state_dict().items())
