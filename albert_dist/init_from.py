@@ -98,7 +98,8 @@ def read_source(ref: str, tracking_uri: Optional[str]) -> tuple[dict, Optional[s
 def check(cfg: TrainConfig, resume_from: Optional[str] = None, say: bool = False) -> Optional[Source]:
     """The preflight's check of `model.init_from` (None when unset): not with `--resume PATH` or `--resume-from`
     (those continue a run; `--resume auto` continues this run's own checkpoint when it has one), the source
-    readable, every `SAME_AS_SOURCE` field equal to the source's, no more sharing than the source, weights present.
+    readable, every `SAME_AS_SOURCE` field equal to the source's, no more sharing than the source, its weights
+    readable and of the shapes its config says (`check_weights`).
     With `say`, prints what it took (`albert_dist.runs.Source.took`).
 
     Raises:
@@ -137,11 +138,61 @@ def check(cfg: TrainConfig, resume_from: Optional[str] = None, say: bool = False
                              "in other groups than albert_dist does")
         if not any((source.weights / name).is_file() for name in HF_WEIGHTS):
             raise ValueError(f"model.init_from={ref!r}: no weights in the directory (none of {', '.join(HF_WEIGHTS)})")
+    check_weights(source, source_config)
     if source.tokenizer is not None and Path(cfg.data.tokenizer_path) != source.tokenizer:
         logger.warning("model.init_from: data.tokenizer_path %s is not the source's tokenizer %s: the model will "
                        "see other ids than it was trained on unless they are the same", cfg.data.tokenizer_path,
                        source.tokenizer)
     return source
+
+
+def _expected_shapes(source: Source, config: AlbertConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the model the source's config describes, in the source's own names (a
+    transformers directory: transformers' `AlbertForPreTraining`), built on the meta device (no memory)."""
+    if source.kind == "hf":
+        import transformers
+
+        from albert_dist.model.hf import hf_config
+
+        with torch.device("meta"):
+            model = transformers.AlbertForPreTraining(hf_config(config))
+    else:
+        from albert_dist.model.albert import AlbertForPreTraining
+
+        with torch.device("meta"):
+            model = AlbertForPreTraining(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_weights(source: Source, config: AlbertConfig) -> None:
+    """The preflight's read of the source's weights (issue 46): a checkpoint verifies (every file at its recorded
+    size), a state dict or transformers directory reads (safetensors headers, pickles memory-mapped: a truncated
+    file is caught here, not on every rank after the process group started) and every tensor it holds has the
+    shape its config says (a transformers `AlbertModel`'s names lack the ``albert.`` prefix).
+
+    Raises:
+        ValueError: one line naming `model.init_from` and the file.
+    """
+    from albert_dist.engine.checkpoint.layout import verify
+    from albert_dist.runs.weights import stored_shapes
+
+    if source.kind == "checkpoint":
+        reason = verify(source.weights)
+        if reason is not None:
+            raise _fail(source.ref, f"checkpoint {source.weights} does not verify: {reason}")
+        return
+    try:
+        shapes = stored_shapes(source.weights)
+    except (OSError, ValueError) as exc:
+        raise _fail(source.ref, str(exc)) from None
+    if not shapes:
+        raise _fail(source.ref, f"{source.weights}: no weights (none of {', '.join(HF_WEIGHTS)})")
+    expected = _expected_shapes(source, config)
+    for name, shape in shapes.items():
+        want = expected.get(name, expected.get(f"albert.{name}"))
+        if want is not None and want != shape:
+            raise _fail(source.ref, f"{source.weights}: {name} has shape {shape}, its config "
+                                    f"({source.config_source}) says {want}")
 
 
 def source_state(source: Source) -> tuple[dict[str, torch.Tensor], list[str]]:

@@ -231,3 +231,54 @@ def write_final_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path:
     written["hf"] = hf_dir
     logger.info("final model exported to %s", out_dir)
     return written
+
+
+#: Index files of a sharded transformers directory (`save_pretrained` of a large model): {"weight_map": {key: file}}.
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The files holding a consolidated state dict or a transformers directory's weights: `path` itself (a file),
+    the first of CHECKPOINT_NAMES in the directory, else the shards a SHARD_INDEXES file names; [] when none."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    for name in CHECKPOINT_NAMES:
+        if (path / name).is_file():
+            return [path / name]
+    for name in SHARD_INDEXES:
+        if (path / name).is_file():
+            try:
+                shards = json.loads((path / name).read_text())["weight_map"].values()
+            except (ValueError, KeyError, AttributeError) as exc:
+                raise ValueError(f"{path / name}: not a shard index ({type(exc).__name__}: {exc})") from None
+            return [path / shard for shard in sorted(set(shards))]
+    return []
+
+
+def stored_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape the weight files of `path` hold (`weight_files`), read without loading the
+    tensors where the format allows: a safetensors header (whose offsets safetensors checks against the file's
+    size), a torch.save pickle memory-mapped. A ``module.`` prefix (DDP/DeepSpeed) is removed.
+
+    Raises:
+        ValueError: a file that does not read (truncated, not a state dict), naming it and why in one line.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in weight_files(path):
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors import safe_open  # here: only a safetensors file needs it
+
+                with safe_open(str(file), framework="pt") as st:
+                    found = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+            else:
+                state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                if isinstance(state, dict) and isinstance(state.get("module"), dict):
+                    state = state["module"]
+                found = {k: tuple(v.shape) for k, v in state.items()}
+        except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError, pickle's errors: one line
+            why = (str(exc).strip().splitlines() or [""])[0]
+            raise ValueError(f"{file}: the weights do not read ({type(exc).__name__}: {why})") from None
+        shapes.update({k.removeprefix("module."): v for k, v in found.items()})
+    return shapes

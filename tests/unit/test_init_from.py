@@ -162,6 +162,22 @@ def _bad(tmp_path: Path, hub: Path, case: str) -> tuple[list[str], str]:
         for name in ("config.json", "model.safetensors"):
             shutil.copyfile(hub / name, source / name)
         return [f"model.init_from={source}"], "the source has no tokenizer"
+    if case in ("truncated", "truncated run"):  # a copy cut short: half of model.safetensors
+        if case == "truncated":
+            source = tmp_path / "cut"
+            shutil.copytree(hub, source)
+            weights = source / "model.safetensors"
+        else:
+            from albert_dist.runs.weights import write_final_model
+
+            source = tmp_path / "run-cut"
+            cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
+            write_final_model(AlbertForPreTraining(cfg.model), str(source / "final_model"), cfg.data.tokenizer_path)
+            (source / "config.yaml").write_text(to_yaml(cfg))
+            weights = source / "final_model" / "fp32" / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[:len(data) // 2])
+        return [f"model.init_from={source}"], f"model.init_from='{source}': {weights}: the weights do not read"
     if case == "vocabulary":
         return [f"model.init_from={hub}", "model.vocab_size=30000"], \
             "model.vocab_size=30000 does not fit the source"
@@ -170,10 +186,12 @@ def _bad(tmp_path: Path, hub: Path, case: str) -> tuple[list[str], str]:
     return [f"model.init_from={tmp_path / 'absent'}"], "no such directory, and not an MLflow run id"
 
 
-@pytest.mark.parametrize("case", ["bert", "folder", "no tokenizer", "vocabulary", "resume", "missing"])
+@pytest.mark.parametrize("case", ["bert", "folder", "no tokenizer", "truncated", "truncated run", "vocabulary",
+                                  "resume", "missing"])
 def test_a_bad_source_is_exit_2_with_one_line_before_any_process_group(hub, tmp_path, capsys, no_process_group,
                                                                          case):
     args, expected = _bad(tmp_path, hub, case)
+    capsys.readouterr()  # what making the source printed
     assert cli.main(["train", "--config", RECIPE, *SMALL, f"run_dir={tmp_path / 'run'}", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
