@@ -426,8 +426,8 @@ def _apply_init_from(merged, given: set[str], read_source: Optional[SourceReader
         merged.model[name] = model[name]
     if "data.tokenizer_path" not in given:
         if tokenizer is None:
-            raise ValueError(f"model.init_from={ref!r}: the source has no tokenizer (spiece.model) to train with: "
-                             "set data.tokenizer_path to the one it was trained with")
+            raise ValueError(f"model.init_from={ref!r}: the source has no tokenizer (spiece.model or tokenizer.json) "
+                             "to train with: set data.tokenizer_path to the one it was trained with")
         merged.data.tokenizer_path = str(tokenizer)
 
 

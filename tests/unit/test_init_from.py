@@ -72,6 +72,49 @@ def test_a_tokenizer_directory_gives_transformers_ids_on_mixed_case_accented_tex
     assert load_tokenizer(str(SPIECE)).encode(MIXED_TEXT) != reference
 
 
+def _segments(row: torch.Tensor, labels: torch.Tensor) -> list[list[int]]:
+    """The text segments of a batch row as the pipeline made them before masking (labels restored)."""
+    from albert_dist.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+
+    ids = torch.where(labels != -100, labels, row).tolist()
+    segments, current = [], []
+    for token in ids:
+        if token == SEP_ID:
+            segments.append(current)
+            current = []
+        elif token not in (CLS_ID, PAD_ID):
+            current.append(token)
+    return [seg for seg in segments if seg]
+
+
+def test_a_transformers_5_directory_trains_with_its_own_tokenizer_json(hub, tmp_path):
+    """What transformers 5 saves (`AlbertTokenizer.from_pretrained(...).save_pretrained(dir)`: tokenizer.json, no
+    spiece.model) is a source to train from: its tokenizer as saved (uncased, accents stripped) gives the first
+    batch, every segment of which is a run of transformers' own ids for the document (issue 46 item 2: was exit 2,
+    "the source has no tokenizer (spiece.model)")."""
+    from albert_dist.data.loader import build_train_loader
+
+    source = tmp_path / "albert5"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(hub / name, source / name)
+    transformers.AlbertTokenizer.from_pretrained(hub).save_pretrained(source)
+    assert not (source / "spiece.model").exists() and (source / "tokenizer.json").is_file()
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text("\n".join([MIXED_TEXT] * 40) + "\n")
+    cfg = load_config(RECIPE, [f"model.init_from={source}", *SMALL, f"data.train=[{{paths: [{corpus}]}}]"])
+    assert cfg.data.tokenizer_path == str(source)
+    assert load_tokenizer(str(source)).encode(MIXED_TEXT) == load_tokenizer(str(hub)).encode(MIXED_TEXT)
+    reference = transformers.AutoTokenizer.from_pretrained(source)(" ".join([MIXED_TEXT] * 40))["input_ids"][1:-1]
+    assert reference[:len(reference) // 40] != load_tokenizer(str(SPIECE)).encode(MIXED_TEXT)  # the cased ids
+    batch = next(iter(build_train_loader(cfg.data, 4, 0, 1)))
+    text = " ".join(map(str, reference))
+    found = [seg for row, labels in zip(batch["input_ids"], batch["mlm_labels"]) for seg in _segments(row, labels)]
+    assert len(found) >= 8 and all(f" {' '.join(map(str, seg))} " in f" {text} " for seg in found), found
+    model = AlbertForPreTraining(cfg.model)
+    assert load_into(model, check(cfg)) == []
+
+
 def test_the_config_takes_the_source_architecture_and_tokenizer_unless_set_after_it(hub, tmp_path, monkeypatch):
     cfg = load_config(RECIPE, [f"model.init_from={hub}", "model.hidden_dropout_prob=0.1"])
     hf = transformers.AlbertConfig.from_pretrained(hub)
