@@ -209,27 +209,13 @@ def source_state(source: Source) -> tuple[dict[str, torch.Tensor], list[str]]:
         for alias, tensor in TIED_TO.items():  # the tied decoder may be stored under either name
             state.setdefault(tensor, state.get(alias))
         return {k: v for k, v in state.items() if v is not None}, []
-    import transformers
-    from transformers.utils import logging as hf_logging
+    from albert_dist.runs.weights import load_transformers
 
-    from albert_dist.model.hf import from_transformers
-
-    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # its "newly initialized" warning: we name the fresh heads ourselves
-    hf_logging.disable_progress_bar()
-    try:
-        hf, info = transformers.AlbertForPreTraining.from_pretrained(source.weights, attn_implementation="sdpa",
-                                                                      output_loading_info=True,
-                                                                      dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
-    missing = set(info.get("missing_keys", ())) - {"predictions.decoder.bias", "predictions.decoder.weight"}
+    state, missing_keys = load_transformers(source.weights)  # we name the fresh heads ourselves (load_into)
+    missing = set(missing_keys) - {"predictions.decoder.bias", "predictions.decoder.weight"}
     lost = sorted(k for k in missing if not k.startswith(HEADS))
     if lost:
         raise ValueError(f"model.init_from={source.ref!r}: the directory has no weights for {lost[:5]}")
-    state = from_transformers(hf).state_dict()
     return {k: v for k, v in state.items() if k not in missing}, sorted(missing)
 
 

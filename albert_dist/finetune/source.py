@@ -166,26 +166,16 @@ def from_transformers_dir(path: Path) -> ModelSource:
         raise SourceError(f"{path}/config.json: {exc}") from exc
 
     def load() -> dict[str, torch.Tensor]:
-        from albert_dist.model.hf import from_transformers
-        from transformers.utils import logging as hf_logging
+        from albert_dist.runs.weights import load_transformers
 
         # any ALBERT head loads: the pretraining heads a directory lacks (e.g. run_mlm's AlbertForMaskedLM has
         # no SOP head, nor a pooler) start fresh, as transformers' own AlbertForSequenceClassification does
-        verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()  # "Loading weights" would sit above finetune's own bar
-        try:
-            hf, info = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa",
-                                                                          output_loading_info=True)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bar:
-                hf_logging.enable_progress_bar()
-        fresh = sorted({k.rsplit(".", 1)[0] for k in info.get("missing_keys", ())})
+        state, missing = load_transformers(path)  # silenced: "Loading weights" would sit above finetune's bar
+        fresh = sorted({k.rsplit(".", 1)[0] for k in missing})
         if fresh:  # said once, since the pooler feeds the classifier: a fresh one is a different model
             log.warning("%s: no weights for %s in the directory; they start from random init", path,
                         ", ".join(fresh))
-        return from_transformers(hf).state_dict()
+        return state
 
     return ModelSource("hf", str(path), config, tokenizer, None, load, identity=f"path:{path.resolve()}")
 

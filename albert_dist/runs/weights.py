@@ -282,3 +282,29 @@ def stored_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
             raise ValueError(f"{file}: the weights do not read ({type(exc).__name__}: {why})") from None
         shapes.update({k.removeprefix("module."): v for k, v in found.items()})
     return shapes
+
+
+def load_transformers(path: str | Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """A transformers ALBERT directory's weights as an albert_dist `AlbertForPreTraining` state dict (fp32, CPU;
+    `albert_dist.model.hf.from_transformers`), and transformers' names of the parameters the directory has no
+    weights for (any ALBERT head loads: e.g. run_mlm's `AlbertForMaskedLM` has no SOP head nor pooler; those keep
+    transformers' initialisation in the state dict, and the caller decides what to do with them). transformers'
+    own "newly initialized" warning and progress bar are silenced. Raises as `from_pretrained` does.
+    """
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from albert_dist.model.hf import from_transformers
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        hf, info = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa",
+                                                                      output_loading_info=True,
+                                                                      dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+    return from_transformers(hf).state_dict(), sorted(info.get("missing_keys", ()))
