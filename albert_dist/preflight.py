@@ -47,7 +47,7 @@ from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.distributed.env import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock, auto_run_dir
 from albert_dist.init_from import check as check_init_from
-from albert_dist.init_source import InitSource
+from albert_dist.runs import Source
 from albert_dist.tracking.tracker import parse_run_ref
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class JobPlan:
     """Per `data.train` source, its pieces for this job's world_size x max(1, num_workers) slots
     (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
     planning again; None when they were not planned (`plan_job` alone: the loader plans them)."""
-    init_source: Optional[InitSource] = None
+    init_source: Optional[Source] = None
     """`model.init_from`'s source, checked (`albert_dist.init_from.check`); None without one."""
     run_dir: Optional[str] = None
     """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
@@ -100,7 +100,7 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
-    source = check_init_from(cfg, resume_from)
+    source = check_init_from(cfg, resume_from, say=env.rank == 0)
     plan = replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces,
                    init_source=source)
     check_memory(cfg, env.world_size, memory.device_memory(env.local_rank), log=env.rank == 0)

@@ -10,9 +10,10 @@ from typing import Any, Optional
 
 from albert_dist.data.sources.discover import resolve_path
 from albert_dist.distributed.collectives import all_gather_object, barrier, broadcast_object
-from albert_dist.export import export_final_model
 from albert_dist.model.sharing import model_param_counts
-from albert_dist.tracking.fetch import download_run_checkpoint
+from albert_dist.runs.mlflow import fetch_checkpoint
+from albert_dist.runs.source import FINAL_MODEL
+from albert_dist.runs.weights import export_final_model
 from albert_dist.tracking.params import hostname
 from albert_dist.tracking.secrets import scrub_text
 from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, RunMovedOn, parse_run_ref, read_run_id,
@@ -46,7 +47,9 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     result: tuple[Optional[str], Optional[str]] = (None, None)
     if rank == 0:
         try:
-            _, tag_dir = download_run_checkpoint(uri, run_id, str(ckpt_dir))
+            step, tag_dir = fetch_checkpoint(uri, run_id, str(ckpt_dir))
+            print(f"--resume-from {ref} -> {os.path.basename(tag_dir)}, newest complete checkpoint (step {step})",
+                  flush=True)
             result = (os.path.basename(tag_dir), None)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank
             result = (None, f"{type(exc).__name__}: {exc}")
@@ -54,7 +57,7 @@ def fetch_run_checkpoint(cfg: Any, ref: str, ckpt_dir: str | Path, rank: int, lo
     if error is not None:
         raise RuntimeError(f"--resume-from {ref}: {error}")
     if local_rank == 0 and rank != 0 and not (Path(ckpt_dir) / tag).is_dir():
-        download_run_checkpoint(uri, run_id, str(ckpt_dir))
+        fetch_checkpoint(uri, run_id, str(ckpt_dir))
     barrier()
     return run_id
 
@@ -131,13 +134,13 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
 
 def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
     """Rank 0, after the final checkpoint: export the consolidated fp32 and HF models to
-    ``<run_dir>/final_model`` (whether or not MLflow tracking is on) and, with ``tracking.log_final_model``,
+    ``<run_dir>/<FINAL_MODEL>`` (whether or not MLflow tracking is on) and, with ``tracking.log_final_model``,
     queue them as the run's ``model/fp32`` and ``model/hf`` artifacts (the local tracker keeps no artifacts).
 
-    Returns the written directories (`albert_dist.export.export_final_model`), or None when the export failed:
+    Returns the written directories (`albert_dist.runs.weights.export_final_model`), or None when the export failed:
     logged, and tagged ``final_model_error`` (the checkpoint itself stays the job's result).
     """
-    out = Path(run_dir) / "final_model"
+    out = Path(run_dir) / FINAL_MODEL
     try:
         written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), cfg.data.tokenizer_path)
     except Exception as exc:  # noqa: BLE001

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from albert_dist.config import load_config
+from albert_dist.init_from import read_source
+from albert_dist.runs.source import FINAL_MODEL
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
 from albert_dist.engine.checkpoint.save import CheckpointSaveError
@@ -80,7 +82,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         store = open_store(env)
         error: Optional[Exception] = None
         try:
-            cfg = load_config(config, overrides)
+            cfg = load_config(config, overrides, read_source)
             # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.preflight)
             plan, locks = preflight(cfg, env, resume_from, recipe_name=Path(config).stem)
             trainer = Trainer(cfg, plan, resume_from=resume_from, store=store, stop=stop)
@@ -96,7 +98,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
             trainer.export_final_model()
         if trainer.dist_env.rank == 0:
             logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
-                        trainer.run_dir.resolve(), ", final_model/" if code == EXIT_OK else "")
+                        trainer.run_dir.resolve(), f", {FINAL_MODEL}/" if code == EXIT_OK else "")
         return code
     except Exception as err:  # noqa: BLE001 - every error becomes the exit code, in one place
         return _exit_code(err, env, trainer)

@@ -591,8 +591,8 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------- finish
     def export_final_model(self) -> Optional[dict]:
-        """After the last step, on rank 0: the final checkpoint as `<run_dir>/final_model/` (consolidated fp32
-        and transformers directories, `albert_dist.export.export_final_model`), uploaded as the MLflow run's
+        """After the last step, on rank 0: the final checkpoint as the run's final model (consolidated fp32
+        and transformers directories, `albert_dist.runs.weights.export_final_model`), uploaded as the MLflow run's
         `model/` artifacts when tracking and `tracking.log_final_model` are on. Returns the written directories
         (None on other ranks, or when the export failed: logged, and tagged in MLflow; the checkpoint stays
         the job's result)."""

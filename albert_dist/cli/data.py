@@ -32,8 +32,9 @@ def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Op
     max_doc = args.max_document_bytes
     if args.config:
         from albert_dist.config import load_config
+        from albert_dist.init_from import read_source
 
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, read_source)
         local = [s for s in cfg.data.train if s.format != "hub"]
         hub = [s.paths[0] for s in cfg.data.train if s.format == "hub"]
         if hub:
@@ -180,9 +181,10 @@ def show_slots(args: argparse.Namespace) -> int:
     """
     from albert_dist.config import load_config
     from albert_dist.data.sources import store
+    from albert_dist.init_from import read_source
     from albert_dist.data.sources.pieces import job_sources
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, read_source)
     store.configure(cfg.data.store_retry_s)
     workers = cfg.data.num_workers if args.workers is None else args.workers
     plans = job_sources(cfg.data, args.ranks, workers)

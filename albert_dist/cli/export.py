@@ -1,6 +1,6 @@
-"""The front end of `albert-dist export` (the work: `albert_dist.export`, whose docstring says what it reads).
+"""The front end of `albert-dist export` (the work: `albert_dist.export`; what it reads: `albert_dist.runs`).
 
-    albert-dist export RUN_DIR|CHECKPOINT --output DIR [--config YAML] [--tokenizer spiece.model]
+    albert-dist export RUN_DIR|CHECKPOINT --output DIR [--step N] [--config YAML] [--tokenizer spiece.model]
                        [--fp32 FILE.safetensors|FILE.pt]
 
 Exit codes: 0, or 2 (one line) for a missing file, a missing config, a checkpoint that does not verify or a
@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoint (step_<N>), or a consolidated state dict (.safetensors, pickle, or a "
                              "directory holding one)")
     parser.add_argument("--output", required=True, help="directory to write (transformers save_pretrained)")
+    parser.add_argument("--step", type=int, default=None,
+                        help="a run's (or checkpoint directory's) checkpoint step_N; default: the newest verified "
+                             "checkpoint, or the final model when it holds the same step")
     parser.add_argument("--config", default=None,
                         help="model preset or training YAML (model: section); default: the config found beside "
                              "the checkpoint")
@@ -41,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from albert_dist.export import export_found
 
     try:
-        exported = export_found(args.checkpoint, args.output, args.config, args.tokenizer, args.fp32)
+        exported = export_found(args.checkpoint, args.output, args.config, args.tokenizer, args.fp32,
+                                args.step)
     except CheckpointError as err:  # the user named a broken or partial checkpoint: their input, one line
         raise ValueError(str(err)) from None
     print(f"exported {exported} to {args.output}")

@@ -32,9 +32,11 @@ def run(args: argparse.Namespace) -> int:
     resume = [] if args.resume is None else [f"checkpoint.resume={args.resume}"]
     if args.print_run_dir is not None:
         from albert_dist.config import load_config
+        from albert_dist.init_from import read_source
         from albert_dist.job.lock import auto_run_dir
 
-        run_dir = load_config(args.config, [*args.overrides, *resume]).run_dir  # a bad config: one line, exit 2
+        # a bad config: one line, exit 2
+        run_dir = load_config(args.config, [*args.overrides, *resume], read_source).run_dir
         if run_dir is not None:
             print(run_dir)
         elif args.print_run_dir == "auto":

@@ -15,7 +15,7 @@ import functools
 import re
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence, get_args, get_type_hints
+from typing import Any, Callable, Optional, Sequence, get_args, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
@@ -24,7 +24,12 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from albert_dist.config.schema import TrainConfig, to_container
 from albert_dist.data.sources.discover import resolve_location, resolve_path
 from albert_dist.engine.config import global_batch_size, resolve_accumulation
-from albert_dist.model.config import AlbertConfig
+from albert_dist.model.config import ARCHITECTURE, AlbertConfig
+
+#: What reads `model.init_from`'s source for the loader: (reference, tracking URI) -> (the source's `ARCHITECTURE`
+#: fields, its tokenizer or None); the app's `albert_dist.init_from.read_source` (`albert_dist.runs`, above this
+#: layer): the loader itself reads no run. Raises ValueError naming `model.init_from`.
+SourceReader = Callable[[str, Optional[str]], tuple[dict, Optional[str]]]
 
 
 #: Model presets for `model: {preset: NAME}` / `model.preset=NAME`: configs/model/NAME.yaml (flat AlbertConfig
@@ -276,14 +281,16 @@ def find_config_file(path: str | Path) -> Path:
     raise FileNotFoundError(f"config file not found: {given}{where}")
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+def load_config(path: str | Path | None, overrides: Sequence[str] = (),
+                read_source: Optional[SourceReader] = None) -> TrainConfig:
     """Load a recipe YAML (or only the defaults when `path` is None) plus dotted overrides, strictly.
 
     The one YAML loader of the package (recipes, a run's config.yaml, model presets via `model.preset`).
     `overrides` are `dotted.key=value` strings whose values are parsed as YAML (`engine.zero_stage=3`,
     `data.train=[...]`), applied in order. `model: {preset: NAME, ...}` in the recipe or `model.preset=NAME`
     (`model=NAME`) as an override takes the model section from configs/model/NAME.yaml (or a YAML path); fields
-    beside it and later overrides change the preset's values.
+    beside it and later overrides change the preset's values. With `model.init_from`, the model fields and the
+    tokenizer the layers leave unset come from `read_source` (the app's; `_apply_init_from`).
 
     Raises:
         ValueError: naming the file or the override and the dotted YAML path (`data.max_seq_length`, never a
@@ -299,7 +306,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Train
             raise ValueError(f"{path} is a model preset, not a recipe: use --config <recipe> "
                              f"model.preset={path.stem if path.resolve().parent == PRESET_DIR else path}")
         layers.append((str(path), recipe))
-    return resolve_paths(_load(layers + _override_layers(overrides)))
+    return resolve_paths(_load(layers + _override_layers(overrides), read_source))
 
 
 def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
@@ -395,31 +402,33 @@ def _given(layers: list[tuple[str, dict]]) -> set[str]:
     return given
 
 
-def _apply_init_from(merged, given: set[str]) -> None:
+def _apply_init_from(merged, given: set[str], read_source: Optional[SourceReader]) -> None:
     """With `model.init_from` set: the model fields and the tokenizer the layers left unset come from the source
-    (`albert_dist.init_source`), so the resolved config (config.yaml, MLflow params) holds what the run trains.
+    (`read_source`), so the resolved config (config.yaml, MLflow params) holds what the run trains.
     Whether what the layers did set fits the source's weights is the preflight's check
     (`albert_dist.init_from.check`). A config that sets all of them (a run's config.yaml) reads no source.
 
     Raises:
-        ValueError: the source cannot be read, or has no tokenizer when `data.tokenizer_path` is unset.
+        ValueError: the source cannot be read (or no `read_source` was given), or has no tokenizer when
+            `data.tokenizer_path` is unset.
     """
     ref = merged.model.init_from
     if ref is None:
         return
-    from albert_dist.init_source import ARCHITECTURE, resolve  # here: only init_from reads a source
-
     unset = [f for f in ARCHITECTURE if f"model.{f}" not in given]
     if not unset and "data.tokenizer_path" in given:
         return
-    found = resolve(ref, merged.tracking.tracking_uri)
+    if read_source is None:
+        raise ValueError(f"model.init_from={ref!r}: this command does not read a source: set the model fields "
+                         "and data.tokenizer_path the source has")
+    model, tokenizer = read_source(ref, merged.tracking.tracking_uri)
     for name in unset:
-        merged.model[name] = found.model[name]
+        merged.model[name] = model[name]
     if "data.tokenizer_path" not in given:
-        if found.tokenizer is None:
-            raise ValueError(f"model.init_from={ref!r}: the source has no tokenizer (spiece.model) to train with: "
-                             "set data.tokenizer_path to the one it was trained with")
-        merged.data.tokenizer_path = str(found.tokenizer)
+        if tokenizer is None:
+            raise ValueError(f"model.init_from={ref!r}: the source has no tokenizer (spiece.model or tokenizer.json) "
+                             "to train with: set data.tokenizer_path to the one it was trained with")
+        merged.data.tokenizer_path = str(tokenizer)
 
 
 @functools.lru_cache(maxsize=1)
@@ -429,14 +438,14 @@ def _schema():
     return OmegaConf.structured(TrainConfig)
 
 
-def _load(layers: list[tuple[str, dict]]) -> TrainConfig:
+def _load(layers: list[tuple[str, dict]], read_source: Optional[SourceReader] = None) -> TrainConfig:
     """Defaults <- each (source, mapping) layer in order (presets applied) -> the unset model fields and tokenizer
     from `model.init_from`'s source (`_apply_init_from`) -> a validated TrainConfig."""
     merged = copy.deepcopy(_schema())  # _merge changes it in place
     for source, layer in layers:
         merged = _apply_layer(merged, layer, source)
     try:
-        _apply_init_from(merged, _given(layers))
+        _apply_init_from(merged, _given(layers), read_source)
     except OmegaConfBaseException as err:  # a source's value the schema's type refuses
         raise ValueError(_blamed(f"model.init_from: {_describe(err)}", layers)) from err
     except ValueError as err:

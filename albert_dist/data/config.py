@@ -104,7 +104,8 @@ class DataConfig:
     """Validation corpora: the fixed validation set is their first ``eval_examples`` examples (file order)."""
     tokenizer_path: str = field(default="data/sample/spiece.model", metadata=on_resume(RESTART_STREAMS))
     """sentencepiece model with ALBERT's special ids, or a transformers tokenizer directory (spiece.model and the
-    tokenizer_config.json whose lower-casing / accent stripping is applied first; see albert_dist.data.tokenizer)."""
+    tokenizer_config.json whose lower-casing / accent stripping is applied first; or transformers 5's tokenizer.json,
+    used as saved; see albert_dist.data.tokenizer)."""
     max_seq_length: int = field(default=512, metadata=on_resume(RESTART_STREAMS))
     """Tokens per example including [CLS] and two [SEP]; every batch is padded to exactly this length."""
     short_seq_prob: float = field(default=0.1, metadata=on_resume(RESTART_STREAMS))

@@ -214,6 +214,9 @@ def check_special_ids(sp: spm.SentencePieceProcessor) -> None:
 
 #: Files of a transformers ALBERT tokenizer directory: the sentencepiece model and transformers' settings.
 SPIECE = "spiece.model"
+#: transformers 5's own save format of a tokenizer (`tokenizers`' JSON: normaliser, pre-tokeniser, Unigram model):
+#: what ``AlbertTokenizer.from_pretrained(...).save_pretrained(dir)`` writes, with no spiece.model beside it.
+TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
@@ -274,10 +277,70 @@ class PreprocessingSentencePiece(spm.SentencePieceProcessor):
     encode = Encode
 
 
+class TokenizersJSON:
+    """A transformers 5 tokenizer directory's ``tokenizer.json`` behind the part of sentencepiece's
+    `SentencePieceProcessor` the pipeline uses (`encode`, `piece_to_id`, `id_to_piece`, `get_piece_size`), so it
+    is loaded and used where a spiece.model is (`load_tokenizer`): its ids are the `tokenizers` library's for that
+    file (its normaliser, pre-tokeniser and Unigram model as saved), i.e. ``AutoTokenizer.from_pretrained(dir)``'s
+    without the special tokens transformers adds around them. Needs the `tokenizers` package (the `hf` extra).
+    """
+
+    def __init__(self, path: str | Path):
+        """Raises ValueError when `path` is not a `tokenizers` JSON (or the package is missing)."""
+        try:
+            from tokenizers import Tokenizer  # here: only a tokenizer.json needs it
+        except ImportError as err:
+            raise ValueError(f"tokenizer {str(path)!r} needs the tokenizers package (pip install -e .[hf]): "
+                             f"{err}") from None
+        self.path = str(path)
+        try:
+            self._tokenizer = Tokenizer.from_file(self.path)
+        except Exception as err:  # noqa: BLE001 - tokenizers raises its own Exception type: one line
+            raise ValueError(f"tokenizer {self.path!r} is not a tokenizers JSON: "
+                             f"{(str(err).strip().splitlines() or [type(err).__name__])[0]}") from None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+    def _one(self, text: str, pieces: bool) -> list:
+        found = self._tokenizer.encode(text, add_special_tokens=False)
+        return found.tokens if pieces else found.ids
+
+    def encode(self, input, out_type=int, **_) -> list:  # noqa: A002 - sentencepiece's argument names
+        """Ids (``out_type=int``) or pieces (``str``) of one text or of each text of a list, no special tokens;
+        one text at a time (tokenizers' batch encoding starts threads that a forked loader worker would warn
+        about)."""
+        pieces = out_type is str
+        return self._one(input, pieces) if isinstance(input, str) else [self._one(t, pieces) for t in input]
+
+    def piece_to_id(self, piece):
+        """The id of a piece (or of each of a list), <unk>'s for a piece not in the vocabulary."""
+        if isinstance(piece, str):
+            found = self._tokenizer.token_to_id(piece)
+            return UNK_ID if found is None else found
+        return [self.piece_to_id(p) for p in piece]
+
+    def id_to_piece(self, index: int) -> str:
+        """The piece of id `index`."""
+        return self._tokenizer.id_to_token(int(index))
+
+    def get_piece_size(self) -> int:
+        """The vocabulary size."""
+        return self._tokenizer.get_vocab_size()
+
+
 def tokenizer_file(path: str | Path) -> Path:
-    """The sentencepiece model of a tokenizer path: the file itself, or a directory's spiece.model."""
+    """The tokenizer file of a tokenizer path: the file itself, or a directory's spiece.model, else its
+    tokenizer.json (transformers 5's save format)."""
     path = Path(path)
-    return path / SPIECE if path.is_dir() else path
+    if not path.is_dir():
+        return path
+    if not (path / SPIECE).is_file() and (path / TOKENIZER_JSON).is_file():
+        return path / TOKENIZER_JSON
+    return path / SPIECE
 
 
 def copy_tokenizer(path: str | Path, out_dir: str | Path, model_max_length: Optional[int] = None) -> None:
@@ -286,6 +349,11 @@ def copy_tokenizer(path: str | Path, out_dir: str | Path, model_max_length: Opti
     source's ids), a sentencepiece file with `write_transformers_config`'s."""
     path, out_dir = Path(path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_file(path).name == TOKENIZER_JSON:  # transformers 5's format: its files as saved
+        for name in (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):
+            if (path / name).is_file():
+                shutil.copyfile(path / name, out_dir / name)
+        return
     shutil.copyfile(tokenizer_file(path), out_dir / SPIECE)
     if not path.is_dir():
         write_transformers_config(out_dir, model_max_length)
@@ -304,7 +372,9 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
 
     `path` is a sentencepiece model file (encoded with its own normaliser only), or a transformers tokenizer
     directory (spiece.model + tokenizer_config.json, e.g. a hub ALBERT's or an exported model's): then `encode`
-    applies its `TextPreprocessing` first (`PreprocessingSentencePiece`), as transformers does.
+    applies its `TextPreprocessing` first (`PreprocessingSentencePiece`), as transformers does; or a
+    ``tokenizer.json`` (a file, or a directory holding one and no spiece.model: transformers 5's save format),
+    used as saved through `TokenizersJSON`.
 
     Raises ValueError when the file is missing, is not a sentencepiece model (e.g. the ``spiece.vocab`` text
     file beside it: sentencepiece's own error is a RuntimeError "could not parse ModelProto") or the special
@@ -318,6 +388,10 @@ def load_tokenizer(path: str) -> spm.SentencePieceProcessor:
         # The config has usually resolved the path already; repeat it only when resolving changed it.
         shown = repr(path) if str(p) == str(path) else f"{path!r} (resolved to {str(p)!r})"
         raise ValueError(f"tokenizer {shown} is not a file")
+    if p.name == TOKENIZER_JSON or p.suffix == ".json":
+        tokenizer = TokenizersJSON(p)
+        check_special_ids(tokenizer)
+        return tokenizer
     try:
         sp = PreprocessingSentencePiece(model_file=str(p))
         sp.preprocessing = read_preprocessing(directory) if directory is not None else None

@@ -5,8 +5,9 @@
     albert-dist finetune MODEL --train-file train.csv --validation-file dev.csv --text-column text
                          [--text-pair-column t2] --label-column label [--task-type auto|classification|regression]
 
-MODEL is a run directory (its final_model/, or with --step N its checkpoint step_N), an MLflow run id (its
-newest checkpoint artifact, or step N), or a transformers ALBERT directory; --init random fine-tunes the same
+MODEL is a run directory or an MLflow run id (what `albert_dist.runs` says it means: its newest verified
+checkpoint, or its final model when that holds the same step; with --step N its checkpoint step_N), or a
+transformers ALBERT directory; --init random fine-tunes the same
 config from fresh weights (the floor every table needs). GLUE tasks (cola sst2 mrpc qqp stsb mnli qnli rte)
 are read from --data-dir (GLUE's TSV layout: the task's directory, or a directory holding one per task named
 <task>, glue-<task> or GLUE's own name, e.g. SST-2), else from the hub (nyu-mll/glue). Each (task, seed) is one

@@ -1,14 +1,11 @@
 """What `albert-dist finetune MODEL` fine-tunes: the encoder weights, model config, tokenizer, checkpoint step
 and pretraining run of a run directory, an MLflow run id, or a transformers ALBERT directory.
 
-* a run directory (its ``config.yaml``): ``final_model/fp32`` (the end-of-training model), else its newest
-  verified checkpoint; ``--step N``: the retained DeepSpeed checkpoint ``step_N``, consolidated
-  (`albert_dist.export.locate` / `load_state_dict`). Tokenizer: the run's ``data.tokenizer_path``. Pretraining
-  run: the one its ``mlflow_run.json`` names, in the store recorded there;
-* an MLflow run id (``<id>`` or ``runs:/<id>``): its newest complete checkpoint artifact (``--step N``: that one)
-  downloaded as ``--resume-from`` downloads it (`albert_dist.tracking.checkpoints.download_checkpoint`), the
-  config from the checkpoint's ``albert_dist.json``; without checkpoint artifacts, its ``model/fp32`` final model
-  (step: the run's max_steps param). The tokenizer from the run's config or its ``tokenizer/`` artifact;
+* a run directory (its ``config.yaml``) or an MLflow run id (``<id>`` or ``runs:/<id>``): what `albert_dist.runs`
+  says it means, the rule every command follows (its newest verified checkpoint, consolidated, or its final model
+  when that holds the same step; ``--step N``: checkpoint ``step_N``), printed as ``RUN -> step_N, why``.
+  Tokenizer: the run's ``data.tokenizer_path`` (an MLflow run's ``tokenizer/`` artifact when that is not on this
+  machine). Pretraining run: the one its ``mlflow_run.json`` names, in the store recorded there;
 * a transformers ALBERT directory (``config.json``, any ALBERT head or none): the encoder weights through
   `albert_dist.model.hf.from_transformers`, the tokenizer the directory's own.
 
@@ -101,55 +98,43 @@ def _run_tokenizer(tokenizer_path: Optional[Path], where: str) -> Any:
     return sentencepiece_tokenizer(tokenizer_path)
 
 
-def _latest_step(run_dir: Path, config: dict) -> Optional[int]:
-    """The step of the run's final model: its newest checkpoint (the one `export_final_model` consolidated),
-    else the config's max_steps (a final model exists only after max_steps were trained)."""
-    from albert_dist.engine.checkpoint.layout import step_of
+def _from_source(found: Any, kind: str, description: str, tokenizer_where: str, **extra: Any) -> ModelSource:
+    """A `ModelSource` of an `albert_dist.runs.Source` (a run's checkpoint or final model), its line printed."""
+    from albert_dist.config import model_config_of
+    from albert_dist.runs.weights import load_state_dict
 
-    ckpt_dir = Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
-    steps = [s for s in (step_of(p.name) for p in ckpt_dir.glob("step_*")) if s is not None] if ckpt_dir.is_dir() else []
-    if steps:
-        return max(steps)
-    max_steps = config.get("max_steps")
-    return int(max_steps) if isinstance(max_steps, int) else None
+    if found.model is None:
+        raise SourceError(f"{found.ref}: no model config found beside {found.weights}")
+    try:
+        config = model_config_of({"model": found.model}, found.config_source)
+    except ValueError as exc:
+        raise SourceError(str(exc)) from exc
+    print(found.took(), flush=True)
+    return ModelSource(kind, description, config, _run_tokenizer(found.tokenizer, tokenizer_where), found.step,
+                       lambda: load_state_dict(found.weights), **extra)
 
 
 def from_run_dir(run_dir: Path, step: Optional[int]) -> ModelSource:
-    """A run directory's final model (or checkpoint ``step_<step>``); see the module docstring.
+    """What a run directory means (`albert_dist.runs`: its newest verified checkpoint, or its final model when
+    that holds the same step; ``--step N``: checkpoint ``step_N``); see the module docstring.
 
     Raises:
         SourceError: no such checkpoint step (naming the retained ones), no final model nor checkpoint, no
             tokenizer, a config that is not a model config.
     """
-    from albert_dist.engine.checkpoint.layout import CheckpointError, step_of, tag_for
-    from albert_dist.export import read_run_config, load_state_dict, locate
+    from albert_dist.engine.checkpoint.layout import CheckpointError
+    from albert_dist.runs import find
     from albert_dist.tracking.tracker import read_state
 
-    config = read_run_config(run_dir) or {}
-    ckpt_dir = Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
     try:
-        if step is not None:
-            tag_dir = ckpt_dir / tag_for(step)
-            if not tag_dir.is_dir():
-                kept = sorted(s for s in (step_of(p.name) for p in ckpt_dir.glob("step_*")) if s is not None) \
-                    if ckpt_dir.is_dir() else []
-                raise SourceError(f"--step {step}: no checkpoint {tag_dir} (retained steps: {kept or 'none'})")
-            found, at = locate(tag_dir), step
-        elif (run_dir / "final_model" / "fp32").is_dir():
-            found, at = locate(run_dir / "final_model" / "fp32"), _latest_step(run_dir, config)
-        else:
-            found = locate(run_dir)
-            at = step_of(found.checkpoint.name)
+        found = find(run_dir, str(run_dir), step)
     except (FileNotFoundError, CheckpointError) as exc:
         raise SourceError(str(exc)) from exc
-    if found.model is None:
-        raise SourceError(f"{run_dir}: no model config found beside {found.checkpoint}")
     state = read_state(run_dir)
-    where = found.checkpoint.relative_to(run_dir) if found.checkpoint.is_relative_to(run_dir) else found.checkpoint
-    return ModelSource("run", f"{run_dir} ({where})", found.model, _run_tokenizer(found.tokenizer, str(run_dir)), at,
-                       lambda: load_state_dict(found.checkpoint), run_dir=run_dir,
-                       parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"),
-                       identity=f"mlflow:{state['run_id']}" if state.get("run_id") else f"path:{run_dir.resolve()}")
+    where = found.weights.relative_to(run_dir) if found.weights.is_relative_to(run_dir) else found.weights
+    return _from_source(found, "run", f"{run_dir} ({where})", str(run_dir), run_dir=run_dir,
+                        parent_run_id=state.get("run_id"), tracking_uri=state.get("tracking_uri"),
+                        identity=f"mlflow:{state['run_id']}" if state.get("run_id") else f"path:{run_dir.resolve()}")
 
 
 def from_transformers_dir(path: Path) -> ModelSource:
@@ -181,38 +166,28 @@ def from_transformers_dir(path: Path) -> ModelSource:
         raise SourceError(f"{path}/config.json: {exc}") from exc
 
     def load() -> dict[str, torch.Tensor]:
-        from albert_dist.model.hf import from_transformers
-        from transformers.utils import logging as hf_logging
+        from albert_dist.runs.weights import load_transformers
 
         # any ALBERT head loads: the pretraining heads a directory lacks (e.g. run_mlm's AlbertForMaskedLM has
         # no SOP head, nor a pooler) start fresh, as transformers' own AlbertForSequenceClassification does
-        verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()  # "Loading weights" would sit above finetune's own bar
-        try:
-            hf, info = transformers.AlbertForPreTraining.from_pretrained(path, attn_implementation="sdpa",
-                                                                          output_loading_info=True)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            if bar:
-                hf_logging.enable_progress_bar()
-        fresh = sorted({k.rsplit(".", 1)[0] for k in info.get("missing_keys", ())})
+        state, missing = load_transformers(path)  # silenced: "Loading weights" would sit above finetune's bar
+        fresh = sorted({k.rsplit(".", 1)[0] for k in missing})
         if fresh:  # said once, since the pooler feeds the classifier: a fresh one is a different model
             log.warning("%s: no weights for %s in the directory; they start from random init", path,
                         ", ".join(fresh))
-        return from_transformers(hf).state_dict()
+        return state
 
     return ModelSource("hf", str(path), config, tokenizer, None, load, identity=f"path:{path.resolve()}")
 
 
 def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:
-    """A checkpoint artifact of an MLflow run, downloaded into ``cache_dir/checkpoints``.
+    """What MLflow run `ref` means (`albert_dist.runs.mlflow.fetch`: the run directory's rule over its artifacts),
+    downloaded into `cache_dir`.
 
     Raises:
-        SourceError: the run or its checkpoint cannot be fetched, or no tokenizer can be found.
+        SourceError: the run or its weights cannot be fetched, or no tokenizer can be found.
     """
-    from albert_dist.export import load_state_dict, locate
-    from albert_dist.tracking.fetch import RunReadError, download_run_tokenizer, download_run_weights
+    from albert_dist.runs.mlflow import fetch
     from albert_dist.tracking.tracker import parse_run_ref, require_existing_store, resolve_tracking_uri
 
     run_id = parse_run_ref(ref)
@@ -222,27 +197,14 @@ def from_mlflow_run(ref: str, step: Optional[int], tracking_uri: Optional[str], 
     except ValueError as exc:
         raise SourceError(str(exc)) from exc
     try:
-        weights = download_run_weights(uri, run_id, cache_dir, step)
+        found = fetch(ref, run_id, uri, step, cache_dir)
     except (FileNotFoundError, RuntimeError) as exc:  # RuntimeError: RunReadError too
         hint = ("; is this the store the pretraining job logged to? (--tracking-uri or MLFLOW_TRACKING_URI)"
                 if getattr(exc, "run_not_found", False) else "")
         raise SourceError(f"MLflow run {run_id} ({uri}): {exc}{hint}") from exc
-    at, what, tag_dir = weights.step, weights.what, weights.path
-    found = locate(tag_dir)
-    if found.model is None:
-        raise SourceError(f"MLflow run {run_id}: the {what} carries no config")
-    tokenizer_path = found.tokenizer if found.tokenizer is not None and Path(found.tokenizer).exists() else None
-    if tokenizer_path is None:  # another machine's path: the run's logged copy (albert_dist.run_tracking)
-        try:
-            tokenizer_path = download_run_tokenizer(uri, run_id, cache_dir)
-        except RunReadError as exc:
-            log.warning("MLflow run %s: tokenizer artifact not readable: %s", run_id, exc)
-    run_dir = Path(weights.run_dir) if weights.run_dir else None
-    return ModelSource("mlflow", f"runs:/{run_id} ({what})", found.model,
-                       _run_tokenizer(tokenizer_path, f"MLflow run {run_id}"), at,
-                       lambda: load_state_dict(tag_dir),
-                       run_dir=run_dir if run_dir is not None and run_dir.is_dir() else None,
-                       parent_run_id=run_id, tracking_uri=uri, identity=f"mlflow:{run_id}")
+    what = f"checkpoint step {found.step}" if found.kind == "checkpoint" else "final model"
+    return _from_source(found, "mlflow", f"runs:/{run_id} ({what})", f"MLflow run {run_id}",
+                        run_dir=found.run_dir, parent_run_id=run_id, tracking_uri=uri, identity=f"mlflow:{run_id}")
 
 
 def resolve(model: str, step: Optional[int], tracking_uri: Optional[str], cache_dir: Path) -> ModelSource:

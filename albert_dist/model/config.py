@@ -1,7 +1,7 @@
 """`AlbertConfig`: the model hyper-parameters, with transformers' field names plus the sharing mode."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Optional, get_args
 
 from albert_dist.on_resume import APPLIES, on_resume
@@ -72,9 +72,10 @@ class AlbertConfig:
     """Recompute every executed block in backward (non-reentrant torch.utils.checkpoint)."""
     init_from: Optional[str] = field(default=None, metadata=on_resume(
         APPLIES, "loads its checkpoint's weights: init_from only chooses where a new run starts"))
-    """A new run's starting weights: a transformers ALBERT directory, a run directory (its final model or newest
-    checkpoint), a checkpoint (``<run>/checkpoints/step_N``) or an MLflow run id (albert_dist.init_source); its
-    architecture and tokenizer unless the recipe sets them. None: random initialisation."""
+    """A new run's starting weights: a transformers ALBERT directory, a run directory (its newest verified
+    checkpoint, or its final model when that holds the same step), a checkpoint (``<run>/checkpoints/step_N``) or
+    an MLflow run id (albert_dist.runs); its architecture and tokenizer unless the recipe sets them. None: random
+    initialisation."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_hidden_groups",
@@ -113,3 +114,8 @@ class AlbertConfig:
     def num_executed_blocks(self) -> int:
         """Executed depth L x inner_group_num (the blocks a forward pass runs)."""
         return self.num_hidden_layers * self.inner_group_num
+
+
+#: AlbertConfig fields a `model.init_from` source's config gives a new run (the architecture); `init_from` and
+#: `gradient_checkpointing` (how this run trains) are the recipe's.
+ARCHITECTURE = tuple(f.name for f in fields(AlbertConfig) if f.name not in ("init_from", "gradient_checkpointing"))

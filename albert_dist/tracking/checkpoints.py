@@ -19,7 +19,6 @@ Assumes the checkpoint directory is on a file system shared by the ranks (the us
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ import shutil
 import tempfile
 from typing import Any, Optional
 
-from albert_dist.engine.checkpoint.layout import list_files, read_latest, step_of, tag_for, write_latest
+from albert_dist.engine.checkpoint.layout import list_files, step_of, tag_for, write_latest
 from albert_dist.tracking.retry import retrying
 from albert_dist.tracking.secrets import scrub_file
 
@@ -213,49 +212,3 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
 #: Where a run's end-of-training model lies in its artifacts (`albert_dist.run_tracking.log_final_model`:
 #: ``fp32/`` model.safetensors + model.yaml, ``hf/`` the transformers directory with the tokenizer).
 FINAL_MODEL_ARTIFACT_DIR = "model"
-
-
-def download_model(client: Any, run_id: str, dest: str) -> str:
-    """Download what a new run can start from (`model.init_from`) of MLflow run `run_id` into `dest`, once (a
-    second call, e.g. another rank's, finds it there): the final model (``<dest>/model``: ``fp32/`` and ``hf/``)
-    when the run logged one, else its newest complete checkpoint (``<dest>/checkpoints/step_<N>``) and its
-    ``tokenizer/`` artifact (``<dest>/tokenizer``). Each is downloaded into a temporary directory and renamed,
-    so a reader never sees half of one.
-
-    Returns the local path: the final model's directory or the checkpoint's tag directory.
-
-    Raises:
-        FileNotFoundError: the run has neither a final model nor a complete checkpoint.
-    """
-    final = os.path.join(dest, FINAL_MODEL_ARTIFACT_DIR)
-    if os.path.isfile(os.path.join(final, "fp32", "model.safetensors")):
-        return final
-    names = {f.path for f in client.list_artifacts(run_id, f"{FINAL_MODEL_ARTIFACT_DIR}/fp32")}
-    os.makedirs(dest, exist_ok=True)
-    if f"{FINAL_MODEL_ARTIFACT_DIR}/fp32/model.safetensors" in names:
-        tmp = tempfile.mkdtemp(prefix=".mlflow_download_", dir=dest)
-        try:
-            client.download_artifacts(run_id, FINAL_MODEL_ARTIFACT_DIR, tmp)
-            try:
-                os.rename(os.path.join(tmp, FINAL_MODEL_ARTIFACT_DIR), final)
-            except OSError:  # another process renamed its copy first
-                if not os.path.isdir(final):
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
-    fetched = read_latest(os.path.join(dest, "checkpoints"))
-    try:
-        tag_dir = (os.path.join(dest, "checkpoints", fetched) if fetched else
-                   download_checkpoint(client, run_id, os.path.join(dest, "checkpoints"))[1])
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{exc}, and no final model ({FINAL_MODEL_ARTIFACT_DIR}/fp32/)") from None
-    if not os.path.isdir(os.path.join(dest, "tokenizer")) and client.list_artifacts(run_id, "tokenizer"):
-        tmp = tempfile.mkdtemp(prefix=".mlflow_download_", dir=dest)
-        try:
-            client.download_artifacts(run_id, "tokenizer", tmp)
-            with contextlib.suppress(OSError):  # another process renamed its copy first
-                os.rename(os.path.join(tmp, "tokenizer"), os.path.join(dest, "tokenizer"))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return tag_dir

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from albert_dist.tracking.checkpoints import FINAL_MODEL_ARTIFACT_DIR, download_checkpoint, download_model
+from albert_dist.tracking.checkpoints import FINAL_MODEL_ARTIFACT_DIR, complete_checkpoints, download_checkpoint
 
 #: The final model's fp32 weights (model.safetensors + model.yaml) in a run's artifacts.
 FINAL_FP32_ARTIFACT = f"{FINAL_MODEL_ARTIFACT_DIR}/fp32"
@@ -46,77 +46,99 @@ def _read_errors() -> Iterator[None]:
 
 
 def download_run_checkpoint(uri: str, run_id: str, save_dir: str, step: Optional[int] = None) -> tuple[int, str]:
-    """`albert_dist.tracking.checkpoints.download_checkpoint` of run `run_id` in the store at `uri` (`--resume-from`):
-    ``(step, tag_dir)``. Raises as it does, and MLflow's own exceptions as MLflow raises them."""
-    return download_checkpoint(_client(uri), run_id, save_dir, step)
-
-
-def download_run_model(uri: str, run_id: str, dest: str) -> Path:
-    """`albert_dist.tracking.checkpoints.download_model` of run `run_id` in the store at `uri` (`model.init_from`):
-    the final model's directory or the checkpoint's tag directory.
+    """`albert_dist.tracking.checkpoints.download_checkpoint` of run `run_id` in the store at `uri`
+    (`albert_dist.runs.mlflow`: `--resume-from` and a run's weights): ``(step, tag_dir)``.
 
     Raises:
-        RunReadError: MLflow cannot read the run or its artifacts. FileNotFoundError: as `download_model`.
+        as `download_checkpoint`; RunReadError: MLflow cannot read the run or its artifacts.
     """
     with _read_errors():
-        return Path(download_model(_client(uri), run_id, dest))
+        return download_checkpoint(_client(uri), run_id, save_dir, step)
 
 
 @dataclass(frozen=True)
-class RunWeights:
-    """A run's weights on disk (`download_run_weights`)."""
+class RunHoldings:
+    """What an MLflow run holds of weights (`run_holdings`), read without downloading them."""
 
-    step: Optional[int]
-    """The step they were trained to (the final model's: the run's ``max_steps`` param; None without it)."""
-    what: str
-    """"checkpoint step <N>" or "final model"."""
-    path: Path
-    """The checkpoint's tag directory, or the final model's ``fp32/`` directory."""
+    checkpoints: tuple[int, ...]
+    """Steps of its complete checkpoint artifacts, newest first."""
+    has_final: bool
+    """Whether it logged a final model (``model/fp32/model.safetensors``)."""
+    final_step: Optional[int]
+    """The step its final model records (``model/fp32/step.json``); None when unrecorded or none."""
+    max_steps: Optional[int]
+    """The run's ``max_steps`` param (the step an unrecorded final model was meant to end at); None without it."""
     run_dir: Optional[str]
     """The run's ``run_dir`` tag (the pretraining job's run directory on its machine), None when untagged."""
 
 
-def download_run_weights(uri: str, run_id: str, cache_dir: Path, step: Optional[int] = None) -> RunWeights:
-    """Run `run_id`'s checkpoint at `step` (None: the newest complete one) into ``cache_dir/checkpoints``; with
-    `step` None and no checkpoint artifact (``tracking.log_checkpoints`` off, or pruned), its final model's
-    ``fp32/`` artifact into `cache_dir`.
+def run_holdings(uri: str, run_id: str) -> RunHoldings:
+    """Which weights MLflow run `run_id` holds (its complete checkpoints, its final model and the step it records).
 
     Raises:
-        RunReadError: MLflow cannot read the run or its artifacts. FileNotFoundError: no checkpoint at `step`, or
-            neither a checkpoint nor a final model. RuntimeError: as `download_checkpoint`.
+        RunReadError: MLflow cannot read the run or its artifacts.
     """
+    import json
+    import tempfile
+
     client = _client(uri)
     with _read_errors():
         run = client.get_run(run_id)
+        steps = tuple(s for s, _ in complete_checkpoints(client, run_id))
+        names = {f.path for f in client.list_artifacts(run_id, FINAL_FP32_ARTIFACT)}
+        has_final = f"{FINAL_FP32_ARTIFACT}/model.safetensors" in names
+        final_step = None
+        if f"{FINAL_FP32_ARTIFACT}/step.json" in names:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = client.download_artifacts(run_id, f"{FINAL_FP32_ARTIFACT}/step.json", tmp)
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    final_step = int(json.loads(Path(path).read_text())["step"])
+    max_steps = run.data.params.get("max_steps")
+    return RunHoldings(steps, has_final, final_step, int(max_steps) if max_steps and max_steps.isdigit() else None,
+                       run.data.tags.get("run_dir") or None)
+
+
+def download_run_final_model(uri: str, run_id: str, dest: str) -> Path:
+    """Run `run_id`'s final model (its ``model/`` artifacts: ``fp32/`` and ``hf/``) as the directory `dest`, once
+    (a second call, e.g. another rank's, finds it there): downloaded into a temporary directory and renamed, so a
+    reader never sees half of one.
+
+    Raises:
+        RunReadError: MLflow cannot read the run or its artifacts.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    if os.path.isfile(os.path.join(dest, "fp32", "model.safetensors")):
+        return Path(dest)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".mlflow_download_", dir=os.path.dirname(dest))
+    try:
+        with _read_errors():
+            _client(uri).download_artifacts(run_id, FINAL_MODEL_ARTIFACT_DIR, tmp)
         try:
-            at, tag_dir = download_checkpoint(client, run_id, str(cache_dir / "checkpoints"), step)
-            what = f"checkpoint step {at}"
-        except FileNotFoundError:
-            if step is not None:
+            os.rename(os.path.join(tmp, FINAL_MODEL_ARTIFACT_DIR), dest)
+        except OSError:  # another process renamed its copy first
+            if not os.path.isdir(dest):
                 raise
-            tag_dir = _download_final_model(client, run_id, cache_dir)
-            max_steps = run.data.params.get("max_steps")
-            at, what = (int(max_steps) if max_steps and max_steps.isdigit() else None), "final model"
-    return RunWeights(at, what, Path(tag_dir), run.data.tags.get("run_dir") or None)
-
-
-def _download_final_model(client: Any, run_id: str, cache_dir: Path) -> Path:
-    """The run's ``model/fp32`` artifact (`albert_dist.run_tracking.log_final_model`: model.safetensors +
-    model.yaml) downloaded into `cache_dir`; `FileNotFoundError` when the run has none."""
-    if not any(f.path == f"{FINAL_FP32_ARTIFACT}/model.safetensors"
-               for f in client.list_artifacts(run_id, FINAL_FP32_ARTIFACT)):
-        raise FileNotFoundError(f"no complete checkpoint under checkpoints/ and no {FINAL_FP32_ARTIFACT}/ artifact")
-    return Path(client.download_artifacts(run_id, FINAL_FP32_ARTIFACT, str(cache_dir)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Path(dest)
 
 
 def download_run_tokenizer(uri: str, run_id: str, cache_dir: Path) -> Optional[Path]:
-    """The first file of run `run_id`'s ``tokenizer/`` artifact (`albert_dist.run_tracking`) downloaded into
-    `cache_dir`; None when the run logged none. Raises `RunReadError` when MLflow cannot list or read it."""
+    """Run `run_id`'s ``tokenizer/`` artifact (`albert_dist.run_tracking`) downloaded into ``cache_dir/tokenizer``:
+    its one file (a sentencepiece model), or the directory when it holds several (a tokenizer directory); None when
+    the run logged none. Raises `RunReadError` when MLflow cannot list or read it."""
     client = _client(uri)
     with _read_errors():
-        files = [f.path for f in client.list_artifacts(run_id, "tokenizer")]
-        return Path(client.download_artifacts(run_id, files[0], str(cache_dir))) if files else None
+        if not client.list_artifacts(run_id, "tokenizer"):
+            return None
+        local = Path(client.download_artifacts(run_id, "tokenizer", str(cache_dir)))
+    files = sorted(local.iterdir())
+    return files[0] if len(files) == 1 else local
 
 
-__all__ = ["RunReadError", "RunWeights", "download_run_checkpoint", "download_run_model", "download_run_tokenizer",
-           "download_run_weights"]
+__all__ = ["RunHoldings", "RunReadError", "download_run_checkpoint", "download_run_final_model",
+           "download_run_tokenizer", "run_holdings"]

@@ -207,7 +207,7 @@ def score(hf_model, scoring: dict[str, Any], batch_size: int = 64) -> dict[str, 
 def score_checkpoint(cfg, ckpt_dir: str, tag: str, scoring: dict[str, Any]) -> dict[str, float]:
     """Score a trainer checkpoint through its HF export (consolidated fp32 -> transformers)."""
     from albert_dist.model.hf import to_transformers
-    from albert_dist.export import consolidate_fp32, load_consolidated
+    from albert_dist.runs.weights import consolidate_fp32, load_consolidated
 
     return score(to_transformers(load_consolidated(cfg.model, consolidate_fp32(ckpt_dir, tag))), scoring)
 

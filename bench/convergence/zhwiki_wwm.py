@@ -8,8 +8,8 @@ scored on both held-out sets (word-masked and character-masked) with the unigram
 Needs the prepared corpus (configs/pretrain/albert-tiny-zhwiki.yaml says how). Each run goes through
 launch/pretrain_local.sh (2 CPU ranks); a variant whose run directory already holds ``final_model`` is not
 trained again. Scores: MLM accuracy over the set's masked positions (``AlbertForPreTraining.logits``, argmax),
-computed here in one process from ``final_model/fp32/model.safetensors`` (``albert_dist.export.load_model``); the sets are the recipe's fixed
-validation set (``albert_dist.data.validation.build_validation_set``) built with each segmentation setting.
+computed here in one process from ``final_model/fp32/model.safetensors`` (``albert_dist.runs.weights.load_model``);
+the sets are the recipe's fixed validation set (``albert_dist.data.validation.build_validation_set``) built with each segmentation setting.
 Writes ``<--runs>/zhwiki-wwm.json`` (``--json bench/convergence/runs/zhwiki-wwm.json``: the committed record)
 and prints a markdown table.
 """
@@ -50,7 +50,7 @@ def score(run_dirs: dict[str, Path]) -> dict:
     from albert_dist.config import load_config
     from albert_dist.data.tokenizer import load_tokenizer
     from albert_dist.data.validation import build_validation_set, token_counts, unigram_baseline
-    from albert_dist.export import load_model
+    from albert_dist.runs.weights import load_model
 
     torch.set_num_threads(1)
     cfg = load_config(RECIPE)

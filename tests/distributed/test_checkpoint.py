@@ -315,7 +315,7 @@ def test_zero3_three_groups_consolidated_as_safetensors_and_pickle_export_to_tra
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.cli import main
     from albert_dist.config import load_model_config
-    from albert_dist.export import load_state_dict
+    from albert_dist.runs.weights import load_state_dict
 
     run_dir, dump = tmp_path / "run", tmp_path / "live.pt"
     run_ok(2, config, run_dir, ["--dump", str(dump), "--dump-at-end"],

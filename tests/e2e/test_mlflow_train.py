@@ -146,7 +146,7 @@ def test_final_model_from_mlflow_loads_in_transformers_with_our_logits(resumed_r
 
     # the consolidated fp32 model (DeepSpeed's zero_to_fp32 over both ranks' partitions) equals the full
     # module weights each ZeRO-2 rank keeps in its model-states file: every group and the tied decoder intact
-    from albert_dist.export import load_model
+    from albert_dist.runs.weights import load_model
 
     ours = load_model(fp32_dir / "model.safetensors", load_model_config(fp32_dir / "model.yaml"))
     module = torch.load(ckpt_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]

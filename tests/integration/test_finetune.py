@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from albert_dist.cli import main as cli_main
-from albert_dist.export import load_state_dict
+from albert_dist.runs.weights import load_state_dict
 from fixtures.finetune_run import (STEPS_DONE, WORDS_PER_CLASS, make_run_dir, make_tokenizer, write_sst2,
                                    write_stsb)
 

@@ -59,6 +59,7 @@ def test_model_without_tokenizer(world, capsys):
     config = yaml.safe_load((no_tok / "config.yaml").read_text())
     config["data"] = {}
     (no_tok / "config.yaml").write_text(yaml.safe_dump(config))
+    shutil.rmtree(no_tok / "final_model" / "hf")  # its exported copy would be taken (albert_dist.runs)
     assert "names no tokenizer (data.tokenizer_path)" in _bad(capsys, str(no_tok), "--task", "sst2", "--data-dir",
                                                               str(root / "sst2"))
 

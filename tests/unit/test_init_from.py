@@ -1,4 +1,4 @@
-"""`model.init_from` (albert_dist.init_source, albert_dist.init_from): a new run from a transformers ALBERT, a run
+"""`model.init_from` (albert_dist.runs, albert_dist.init_from): a new run from a transformers ALBERT, a run
 directory or an MLflow run, checked against transformers as the reference: the source's tokenizer gives
 transformers' ids, the first batch's logits are the source model's, untying keeps the outputs, and bad sources
 are exit 2 with one line before any process group."""
@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from albert_dist import cli
-from albert_dist.config import load_config, to_yaml
+from albert_dist.config import load_config as load_recipe, to_yaml
 from albert_dist.data.tokenizer import copy_tokenizer, load_tokenizer
-from albert_dist.init_from import check, load_into
-from albert_dist.init_source import resolve
+from albert_dist.init_from import check, load_into, read_source, resolve
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.unroll import source_names
@@ -33,6 +32,11 @@ SMALL = ["data.max_seq_length=64", "data.num_workers=0", "data.validation=[]", "
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     return make_hub_albert(tmp_path_factory.mktemp("hub") / "albert")
+
+
+def load_config(path, overrides=()):
+    """The training job's load: `model.init_from`'s source read by the app's reader (albert_dist.train)."""
+    return load_recipe(path, overrides, read_source)
 
 
 def _hf(path: Path):
@@ -68,6 +72,49 @@ def test_a_tokenizer_directory_gives_transformers_ids_on_mixed_case_accented_tex
     assert load_tokenizer(str(SPIECE)).encode(MIXED_TEXT) != reference
 
 
+def _segments(row: torch.Tensor, labels: torch.Tensor) -> list[list[int]]:
+    """The text segments of a batch row as the pipeline made them before masking (labels restored)."""
+    from albert_dist.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+
+    ids = torch.where(labels != -100, labels, row).tolist()
+    segments, current = [], []
+    for token in ids:
+        if token == SEP_ID:
+            segments.append(current)
+            current = []
+        elif token not in (CLS_ID, PAD_ID):
+            current.append(token)
+    return [seg for seg in segments if seg]
+
+
+def test_a_transformers_5_directory_trains_with_its_own_tokenizer_json(hub, tmp_path):
+    """What transformers 5 saves (`AlbertTokenizer.from_pretrained(...).save_pretrained(dir)`: tokenizer.json, no
+    spiece.model) is a source to train from: its tokenizer as saved (uncased, accents stripped) gives the first
+    batch, every segment of which is a run of transformers' own ids for the document (issue 46 item 2: was exit 2,
+    "the source has no tokenizer (spiece.model)")."""
+    from albert_dist.data.loader import build_train_loader
+
+    source = tmp_path / "albert5"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(hub / name, source / name)
+    transformers.AlbertTokenizer.from_pretrained(hub).save_pretrained(source)
+    assert not (source / "spiece.model").exists() and (source / "tokenizer.json").is_file()
+    corpus = tmp_path / "mixed.txt"
+    corpus.write_text("\n".join([MIXED_TEXT] * 40) + "\n")
+    cfg = load_config(RECIPE, [f"model.init_from={source}", *SMALL, f"data.train=[{{paths: [{corpus}]}}]"])
+    assert cfg.data.tokenizer_path == str(source)
+    assert load_tokenizer(str(source)).encode(MIXED_TEXT) == load_tokenizer(str(hub)).encode(MIXED_TEXT)
+    reference = transformers.AutoTokenizer.from_pretrained(source)(" ".join([MIXED_TEXT] * 40))["input_ids"][1:-1]
+    assert reference[:len(reference) // 40] != load_tokenizer(str(SPIECE)).encode(MIXED_TEXT)  # the cased ids
+    batch = next(iter(build_train_loader(cfg.data, 4, 0, 1)))
+    text = " ".join(map(str, reference))
+    found = [seg for row, labels in zip(batch["input_ids"], batch["mlm_labels"]) for seg in _segments(row, labels)]
+    assert len(found) >= 8 and all(f" {' '.join(map(str, seg))} " in f" {text} " for seg in found), found
+    model = AlbertForPreTraining(cfg.model)
+    assert load_into(model, check(cfg)) == []
+
+
 def test_the_config_takes_the_source_architecture_and_tokenizer_unless_set_after_it(hub, tmp_path, monkeypatch):
     cfg = load_config(RECIPE, [f"model.init_from={hub}", "model.hidden_dropout_prob=0.1"])
     hf = transformers.AlbertConfig.from_pretrained(hub)
@@ -78,7 +125,7 @@ def test_the_config_takes_the_source_architecture_and_tokenizer_unless_set_after
     assert cfg.data.tokenizer_path == str(hub)  # the recipe's data/sample/spiece.model came before init_from
     # the run's config.yaml holds everything: reloading it reads no source (gone, or an MLflow download)
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
-    monkeypatch.setattr("albert_dist.init_source.resolve", lambda *a: pytest.fail("source read"))
+    monkeypatch.setattr("albert_dist.init_from.resolve", lambda *a: pytest.fail("source read"))
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 
 
@@ -158,6 +205,22 @@ def _bad(tmp_path: Path, hub: Path, case: str) -> tuple[list[str], str]:
         for name in ("config.json", "model.safetensors"):
             shutil.copyfile(hub / name, source / name)
         return [f"model.init_from={source}"], "the source has no tokenizer"
+    if case in ("truncated", "truncated run"):  # a copy cut short: half of model.safetensors
+        if case == "truncated":
+            source = tmp_path / "cut"
+            shutil.copytree(hub, source)
+            weights = source / "model.safetensors"
+        else:
+            from albert_dist.runs.weights import write_final_model
+
+            source = tmp_path / "run-cut"
+            cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
+            write_final_model(AlbertForPreTraining(cfg.model), str(source / "final_model"), cfg.data.tokenizer_path)
+            (source / "config.yaml").write_text(to_yaml(cfg))
+            weights = source / "final_model" / "fp32" / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[:len(data) // 2])
+        return [f"model.init_from={source}"], f"model.init_from='{source}': {weights}: the weights do not read"
     if case == "vocabulary":
         return [f"model.init_from={hub}", "model.vocab_size=30000"], \
             "model.vocab_size=30000 does not fit the source"
@@ -166,10 +229,12 @@ def _bad(tmp_path: Path, hub: Path, case: str) -> tuple[list[str], str]:
     return [f"model.init_from={tmp_path / 'absent'}"], "no such directory, and not an MLflow run id"
 
 
-@pytest.mark.parametrize("case", ["bert", "folder", "no tokenizer", "vocabulary", "resume", "missing"])
+@pytest.mark.parametrize("case", ["bert", "folder", "no tokenizer", "truncated", "truncated run", "vocabulary",
+                                  "resume", "missing"])
 def test_a_bad_source_is_exit_2_with_one_line_before_any_process_group(hub, tmp_path, capsys, no_process_group,
                                                                          case):
     args, expected = _bad(tmp_path, hub, case)
+    capsys.readouterr()  # what making the source printed
     assert cli.main(["train", "--config", RECIPE, *SMALL, f"run_dir={tmp_path / 'run'}", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
@@ -182,7 +247,7 @@ def test_a_run_directory_and_an_mlflow_run_give_the_same_start_and_keep_the_toke
     export tokenizes as the source does."""
     from mlflow import MlflowClient
 
-    from albert_dist.export import write_final_model
+    from albert_dist.runs.weights import write_final_model
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
@@ -212,7 +277,7 @@ def test_a_run_directory_and_an_mlflow_run_give_the_same_start_and_keep_the_toke
         model = AlbertForPreTraining(again.model)
         assert load_into(model, found) == []
         started.append(model.state_dict())
-    assert found.kind == "mlflow" and found.run_id == run_id
+    assert found.kind == "state_dict" and found.run_id == run_id  # the final model, downloaded
     for state in started:
         assert state.keys() == source.state_dict().keys()
         assert all(torch.equal(state[k], v) for k, v in source.state_dict().items())

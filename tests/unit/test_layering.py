@@ -1,6 +1,6 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
 not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < distributed <
-model < data < engine < tracking < app, and inside the app down APP_ORDER (init_source < config < export <
+model < data < engine < tracking < app, and inside the app down APP_ORDER (config < runs < export <
 run_tracking < init_from < preflight < trainer < train < finetune < cli); MLflow is imported in tracking/ only.
 What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
@@ -102,7 +102,7 @@ def layer_of(module: str) -> str:
 
 #: The app layer, bottom to top: an app module may import the ones before it (and its own package), never one
 #: after it. A new top-level module (or package) must be placed here.
-APP_ORDER = ("albert_dist.init_source", "albert_dist.config", "albert_dist.export", "albert_dist.run_tracking",
+APP_ORDER = ("albert_dist.config", "albert_dist.runs", "albert_dist.export", "albert_dist.run_tracking",
              "albert_dist.init_from", "albert_dist.preflight",
              "albert_dist.trainer", "albert_dist.train", "albert_dist.finetune",
              "albert_dist.cli")

@@ -76,11 +76,12 @@ def test_export_finds_the_config_and_tokenizer_beside_a_runs_final_model(tmp_pat
     """A run's final_model/fp32/ exports with no --config and no --tokenizer: model.yaml beside it, the
     tokenizer named by the run's config.yaml; without anything beside it, --config is asked for."""
     import dataclasses
+    import shutil
 
     import yaml
 
     from albert_dist.config import load_config, to_yaml
-    from albert_dist.export import save_state_dict
+    from albert_dist.runs.weights import save_state_dict
 
     run = tmp_path / "run"
     fp32 = run / "final_model" / "fp32"
@@ -105,5 +106,11 @@ def test_export_finds_the_config_and_tokenizer_beside_a_runs_final_model(tmp_pat
     save_state_dict(model.state_dict(), alone)
     assert cli([str(alone), "--output", str(tmp_path / "hf2")]) == 2
     assert "no config beside it" in capsys.readouterr().err
-    assert cli([str(run), "--output", str(tmp_path / "hf3")]) == 2  # a run without checkpoints: nothing to export
-    assert f"{run}: a run directory without a checkpoint in {run / 'checkpoints'}" in capsys.readouterr().err
+    # a run without checkpoints: its final model (albert_dist.runs' rule, as model.init_from and finetune read it)
+    assert cli([str(run), "--output", str(tmp_path / "hf3")]) == 0
+    took = f"{run} -> final model (step {cfg.max_steps}), the final model, no checkpoint left"
+    assert took in capsys.readouterr().out
+    shutil.rmtree(run / "final_model")
+    assert cli([str(run), "--output", str(tmp_path / "hf4")]) == 2  # nothing left to export
+    assert f"{run}: a run directory without a final model and without a checkpoint in {run / 'checkpoints'}" in \
+        capsys.readouterr().err

@@ -126,9 +126,12 @@ def verify(tag_dir: str | Path) -> Optional[str]:
     return None
 
 
-def step_dirs(ckpt_dir: Path) -> list[tuple[int, str]]:
-    """(step, tag) of every step_<N> directory, newest first."""
+def step_dirs(ckpt_dir: Path, universal: bool = False) -> list[tuple[int, str]]:
+    """(step, tag) of every step_<N> directory, newest first; with `universal`, their ``step_<N>_universal``
+    copies too (as (N, name)). The one lister of a checkpoint directory's step directories."""
     if not ckpt_dir.is_dir():
         return []
-    found = [(step_of(p.name), p.name) for p in ckpt_dir.iterdir() if p.is_dir()]
+    suffix = "_universal"
+    found = [(step_of(p.name[: -len(suffix)] if universal and p.name.endswith(suffix) else p.name), p.name)
+             for p in ckpt_dir.iterdir() if p.is_dir()]
     return sorted(((s, t) for s, t in found if s is not None), reverse=True)

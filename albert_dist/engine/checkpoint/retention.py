@@ -47,13 +47,10 @@ def prune(ckpt_dir: str | Path, keep_last: int, protect: Optional[str] = None,
     if healthy and step_of(healthy) is not None:
         keep.add(step_of(healthy))
     removed = []
-    for entry in sorted(ckpt_dir.iterdir()):
-        name = entry.name
-        base = name[: -len("_universal")] if name.endswith("_universal") else name
-        step = step_of(base)
-        if step is None or not entry.is_dir() or step in keep:
+    for step, name in sorted(step_dirs(ckpt_dir, universal=True), key=lambda found: found[1]):
+        if step in keep:
             continue
-        shutil.rmtree(entry, ignore_errors=True)
+        shutil.rmtree(ckpt_dir / name, ignore_errors=True)
         removed.append(name)
     if removed:
         logger.info("retention (keep_last=%d): removed %s", keep_last, ", ".join(removed))
