@@ -65,6 +65,7 @@ from albert_dist.model.flops import pretraining_flops_per_sequence
 from albert_dist.preflight import JobPlan, load_plan_for
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
+from albert_dist.tracking.goodput import CHECKPOINT_SAVE, DATA_WAIT, EVALUATION, GoodputRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class Trainer:
         self._fetch_s = 0.0  # the last `_fetch_step`'s wait for data, seconds
         self._unavailable: Optional[store.StoreUnavailable] = None
         self._host_group: Any = None  # the stop flag's process group (`setup`, `_agree_stop`)
+        self.goodput = GoodputRecorder()  # rank 0's goodput events (`train`, `close`); records nothing until started
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -262,6 +264,9 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         rank = self.dist_env.rank
         acc = self._acc = MetricAccumulator(self.device)
+        if rank == 0:  # the run's goodput events: this attempt starts here (albert_dist.tracking.goodput)
+            self.goodput = GoodputRecorder(self.run_dir)
+            self.goodput.start(self.step, self.checkpoints.load_s)
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._saved_interval = []
@@ -293,6 +298,7 @@ class Trainer:
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
                     if every(self.step, cfg.log_interval_steps, last):
+                        self.goodput.mark("interval", self.step)
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
@@ -340,6 +346,7 @@ class Trainer:
         started = time.perf_counter()
         batches = [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
         self._fetch_s = time.perf_counter() - started
+        self.goodput.add(DATA_WAIT, self._fetch_s)
         return batches
 
     def _prefetch(self, agree: bool = True) -> bool:
@@ -425,6 +432,7 @@ class Trainer:
         baseline once. None when data.validation is empty."""
         if not self.cfg.data.validation:
             return None
+        started = time.perf_counter()
         if self._evaluator is None:
             self._evaluator = Evaluator(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
                                         self.dist_env.rank, self.dist_env.world_size, self.device)
@@ -436,6 +444,7 @@ class Trainer:
                 val = self._evaluator.evaluate(self.engine)
         finally:
             self.engine.train()
+        self.goodput.add(EVALUATION, time.perf_counter() - started)
         if self.dist_env.rank == 0:
             self.tracker.log_metrics(val, self.step)
             logger.info(console.val_line(self.step, self.cfg.max_steps, val[names.VAL_LOSS],
@@ -456,6 +465,8 @@ class Trainer:
         tag = self.checkpoints.maybe_save(self.engine, self.step, data_state, last=last, stop=stop,
                                           metrics_state=None if self._acc is None else self._acc.local_state)
         if tag is not None and self.dist_env.rank == 0:
+            self.goodput.add(CHECKPOINT_SAVE, time.perf_counter() - start)
+            self.goodput.mark("save", self.step)
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
@@ -480,6 +491,7 @@ class Trainer:
         # iterator whose construction raised (a worker failing to load its saved state) is nobody's to shut down.
         stop_loader_workers(self._loader_iterators())
         self._train_iter = None
+        self._end_goodput(status)
         try:
             self.tracker.close(status)
         finally:
@@ -489,6 +501,17 @@ class Trainer:
             finally:
                 if self._own_stop:
                     self._stop.restore()
+
+    def _end_goodput(self, status: str) -> None:
+        """Rank 0: the goodput ``end`` event, then the run's goodput so far printed and sent to the tracker
+        (``goodput/*``); never raises (it runs on every exit path)."""
+        try:
+            report = self.goodput.end(self.step, status)
+            if report is not None:
+                logger.info("%s", report.text())
+                self.tracker.log_metrics(report.metrics(), self.step)
+        except Exception as err:  # noqa: BLE001 - accounting must not change how a job ends
+            logger.warning("goodput: %s: %s", type(err).__name__, err)
 
     def _loader_iterators(self) -> list:
         loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -40,6 +41,7 @@ class CheckpointManager:
         self.config, self.config_hash, self.seed = config, config_hash, seed
         self.plan = plan or LoadPlan()
         self.last_saved: Optional[int] = None
+        self.load_s = 0.0  # seconds `resume` spent loading the checkpoint and the saved data streams (goodput)
 
     def resume(self, build_engine: Callable[[dict], Any], build_loader: LoaderFactory,
                fetch: Optional[Callable[[Path], LoadPlan]] = None) -> Resumed:
@@ -76,6 +78,7 @@ class CheckpointManager:
             loader = build_loader(self.rank, self.world_size)
             seed_all(seed_for(self.seed, self.rank, 0))
             return Resumed(engine, loader, 0, None, [])
+        started = time.perf_counter()
         state = TrainState()
         state.load_state_dict(load_checkpoint(engine, point, universal=self.plan.universal))
         if not point.config and state.config_hash != self.config_hash and self.rank == 0:  # no snapshot to compare
@@ -84,6 +87,7 @@ class CheckpointManager:
         self.last_saved = state.step
         saved = None if self.plan.drift.streams_restart else state.data_states
         loader = build_resumed_loader(build_loader, saved, self.world_size, self.rank)
+        self.load_s = time.perf_counter() - started
         if state.world_size == self.world_size:
             set_rng_state(state.rng_states[self.rank])
         else:
