@@ -35,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from albert_dist.exit_codes import EXIT_HUNG
 
@@ -72,9 +72,10 @@ class GoodputRecorder:
     saves; `mark("interval" | "save", step)` after them; `end(step, status)` when the job closes.
     """
 
-    def __init__(self, run_dir: Optional[str | Path] = None):
+    def __init__(self, run_dir: Optional[str | Path] = None, clock: Callable[[], float] = time.perf_counter):
         self.path = None if run_dir is None else Path(run_dir) / EVENTS_FILE
-        self._last = time.perf_counter()
+        self._clock = clock  # monotonic seconds: the events' elapsed_s
+        self._last = clock()
         self._step = 0
         self._phases: dict[str, float] = {}
         self.started = False
@@ -96,7 +97,7 @@ class GoodputRecorder:
         except ValueError:
             launch_t = None
         begin = launch_t if launch_t is not None and launch_t <= now else process_start_time()
-        self._last, self._step, self._phases, self.started = time.perf_counter(), step, {}, True
+        self._last, self._step, self._phases, self.started = self._clock(), step, {}, True
         self._write({"event": "start", "t": now, "step": step, "begin_t": now if begin is None else begin,
                      "launch_t": launch_t, "load_s": float(load_s), "pid": os.getpid()})
 
@@ -109,7 +110,7 @@ class GoodputRecorder:
         """Append `event` at `step` with the time since the previous event and its phases."""
         if not self.started:
             return
-        now = time.perf_counter()
+        now = self._clock()
         self._write({"event": event, "t": time.time(), "step": step, "from_step": self._step,
                      "elapsed_s": now - self._last, "phases": self._phases, **extra})
         self._last, self._step, self._phases = now, step, {}
