@@ -170,6 +170,9 @@ crash_requeue() {
         sed -n 's/^srun: error: \([^:]*\): task [0-9]*: .*/\1/p' | head -n 1 || true)
     log "exit $status: requeueing job $SLURM_JOB_ID (crash requeue $((count + 1)) of at most $MAX_CRASH_REQUEUES;" \
         "restart $((RESTARTS + 1)))"
+    # Slurm refuses ExcNodeList while the job runs, and a requeue SIGTERMs this shell (SIGKILL after KillWait, 30 s
+    # by default): ignore the TERM for the few scontrol calls that exclude the node from the requeued job.
+    trap '' TERM
     scontrol requeue "$SLURM_JOB_ID"
     [[ -n $node ]] && exclude_node "$node"
     return 0
