@@ -148,7 +148,9 @@ class Attempt:
     def as_dict(self) -> dict:
         return {"begin": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.begin_t)), "wall_s": self.wall_s,
                 "start_step": self.start_step, "end_step": self.end_step, "status": self.status,
-                "progressed": self.progressed, "recomputed_steps": self.recomputed_steps}
+                "progressed": self.progressed, "recomputed_steps": self.recomputed_steps,
+                "badput_s": {c: s for c, s in self.parts.items() if c != "productive"},
+                "productive_s": self.parts.get("productive", 0.0)}
 
 
 @dataclass
