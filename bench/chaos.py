@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_restarts=sum(f == "kill9" for f, _ in faults))
         report = json.loads(subprocess.run([sys.executable, "-m", "albert_dist.cli", "goodput", str(work / "chaos"),
                                             "--json"], capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+        report["run_dir"] = "<work directory>/chaos"  # deleted unless --keep: no machine path in the record
         weights = compare_weights(*(work / d / "final_model" / "fp32" / "model.safetensors"
                                     for d in ("chaos", "reference")))
         record = {"steps": args.steps, "ranks": args.ranks, "faults": injected, "reference_wall_s": reference_s,

@@ -183,7 +183,7 @@ crash_requeue() {
 #   SLURM_JOB_NUM_NODES usable nodes (idle, mixed, allocated or completing) outside the new list; else say why not.
 exclude_node() {
     local node=$1 excluded usable
-    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
+    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2 || true)
     [[ $excluded == "(null)" ]] && excluded=""
     excluded=$(scontrol show hostnames "${excluded:+$excluded,}$node" | sort -u | paste -sd, -)
     usable=$(sinfo -h -N ${SLURM_JOB_PARTITION:+-p "$SLURM_JOB_PARTITION"} -t idle,mix,alloc,comp -o %N 2>/dev/null | sort -u |

@@ -20,9 +20,10 @@ Accounting (`goodput`), attempt by attempt (an attempt opens at its ``start``; a
 ``start`` carries is an attempt that died in start-up): start-up = ``start.t - begin_t - load_s``; each later
 event's ``elapsed_s`` less its phases is step time when steps advanced since the previous event (productive, or
 ``recomputed`` for the share of steps an earlier attempt had already recorded, in proportion), else ``other``
-(e.g. the final model's export). After the last event: ``other`` when it was ``end``; else the time to the launch
-script's ``exit`` is ``hung`` after `EXIT_HUNG` (the watchdog's time to detection) and ``lost`` otherwise (a kill:
-what the attempt did after its last event is unknown). Without an ``exit`` (no launch script) a killed attempt
+(e.g. the final model's export; ``lost`` in the ``end`` of a FAILED job: the time it took to notice the failure).
+After the last event: ``other`` when it was the ``end`` of a job that did not fail; else the time to the launch
+script's ``exit`` is ``hung`` after `EXIT_HUNG` (the watchdog's time to detection) and ``lost`` otherwise (a kill, a
+crash: what the attempt did after its last event is unknown, or was its failure). Without an ``exit`` (no launch script) a killed attempt
 ends at its last event. Steps are known to a log interval: a kill between two events counts the steps after the
 last one as ``lost`` time, and their recomputation as productive. ``wall_s`` is the sum over attempts, so
 ``productive_s + sum(badput_s.values()) == wall_s``; time a requeued job waits in the queue is not in it.
@@ -287,11 +288,12 @@ def goodput(run_dir: str | Path) -> GoodputReport:
                 add(current, "productive", rest * (hi - lo - again) / (hi - lo))
                 current.recomputed_steps += again
                 current.end_step = max(current.end_step, hi)
-            else:
-                add(current, "other", rest)
+            else:  # no step: an export or a shutdown, or a failed job's time to notice the failure
+                failed = kind == "end" and event.get("status") == "FAILED"
+                add(current, "lost" if failed else "other", rest)
             state["last_t"] = float(event["t"])
             if kind == "end":
-                state["ended"] = True
+                state["ended"] = event.get("status") != "FAILED"
                 current.status = event.get("status")
         elif kind == "exit":
             if current is not None and _same_launch(state.get("launch_t"), event.get("launch_t")):

@@ -66,6 +66,17 @@ def test_a_hang_counts_the_time_to_detection_and_a_start_up_death_is_an_attempt_
     assert report.wall_s == pytest.approx(341.0 + 20.0)
 
 
+def test_a_failed_end_is_lost_time_up_to_the_exit(tmp_path):
+    """Rank 0 saw its peer die (a collective failed) 6 s after its last event and closed the job FAILED; the launcher
+    exited 2 s later: 8 s lost, nothing in `other`."""
+    events = KILLED_THEN_FINISHED[:4] + [_mark("end", 1047.0, 14, 14, 6.0) | {"status": "FAILED"},
+                                         {"event": "exit", "t": 1049.0, "launch_t": 1000.0, "status": 1}]
+    _write(tmp_path / "run", events)
+    report = goodput(tmp_path / "run")
+    assert report.badput_s["lost"] == pytest.approx(8.0) and report.badput_s["other"] == 0.0
+    assert report.wall_s == pytest.approx(49.0) and report.attempts[0].status == 1
+
+
 def test_without_a_launch_script_a_killed_attempt_ends_at_its_last_event_and_a_torn_line_is_skipped(tmp_path):
     run = tmp_path / "run"
     _write(run, [{k: v for k, v in e.items() if k != "launch_t"} for e in KILLED_THEN_FINISHED[:4]]
