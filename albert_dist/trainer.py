@@ -75,6 +75,7 @@ from albert_dist.model.flops import pretraining_flops_per_sequence
 from albert_dist.preflight import JobPlan, load_plan_for
 from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
+from albert_dist.tracking.goodput import CHECKPOINT_SAVE, DATA_WAIT, EVALUATION, GoodputRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class Trainer:
         self.divergence: Optional[DivergenceMonitor] = None  # the loop's divergence flags (`train`)
         self.rollbacks = 0  # divergence rollbacks of this job (`_check_divergence`)
         self._poison = set(injected_steps())  # the testing switch's steps, each poisoned once (engine/divergence.py)
+        self.goodput = GoodputRecorder()  # rank 0's goodput events (`train`, `close`); records nothing until started
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -282,6 +284,9 @@ class Trainer:
         cfg, engine = self.cfg, self.engine
         rank = self.dist_env.rank
         acc = self._acc = MetricAccumulator(self.device)
+        if rank == 0:  # the run's goodput events: this attempt starts here (albert_dist.tracking.goodput)
+            self.goodput = GoodputRecorder(self.run_dir)
+            self.goodput.start(self.step, self.checkpoints.load_s)
         # A checkpoint written between log steps: the first record covers the same steps as without the restart
         acc.restore(self._saved_interval, rank, self.dist_env.world_size)
         self._skipped_seen = int(engine.skipped_steps)  # DeepSpeed restores it from a checkpoint
@@ -321,6 +326,7 @@ class Trainer:
                     strag.end_step(self._fetch_s)
                     self.divergence.add_step(self.step, result.outputs, engine.skipped_steps)  # no host sync
                     if every(self.step, cfg.log_interval_steps, last):
+                        self.goodput.mark("interval", self.step)
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
@@ -445,6 +451,7 @@ class Trainer:
         started = time.perf_counter()
         batches = [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
         self._fetch_s = time.perf_counter() - started
+        self.goodput.add(DATA_WAIT, self._fetch_s)
         return batches
 
     def _prefetch(self, agree: bool = True) -> float:
@@ -547,6 +554,7 @@ class Trainer:
         baseline once. None when data.validation is empty."""
         if not self.cfg.data.validation:
             return None
+        started = time.perf_counter()
         if self._evaluator is None:
             self._evaluator = Evaluator(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
                                         self.dist_env.rank, self.dist_env.world_size, self.device)
@@ -558,6 +566,7 @@ class Trainer:
                 val = self._evaluator.evaluate(self.engine)
         finally:
             self.engine.train()
+        self.goodput.add(EVALUATION, time.perf_counter() - started)
         if self.dist_env.rank == 0:
             self.tracker.log_metrics(val, self.step)
             logger.info(console.val_line(self.step, self.cfg.max_steps, val[names.VAL_LOSS],
@@ -581,6 +590,8 @@ class Trainer:
                                           metrics_state=None if self._acc is None else self._interval_state,
                                           stop_cause=stop_cause)
         if tag is not None and self.dist_env.rank == 0:
+            self.goodput.add(CHECKPOINT_SAVE, time.perf_counter() - start)
+            self.goodput.mark("save", self.step)
             logger.info("checkpoint %s written in %.1f s", self.ckpt_dir / tag, time.perf_counter() - start)
             self.tracker.log_checkpoint(str(self.ckpt_dir / tag), self.step)
         return tag
@@ -609,6 +620,7 @@ class Trainer:
         # iterator whose construction raised (a worker failing to load its saved state) is nobody's to shut down.
         stop_loader_workers(self._loader_iterators())
         self._train_iter = None
+        self._end_goodput(status)
         try:
             self.tracker.close(status)
         finally:
@@ -618,6 +630,17 @@ class Trainer:
             finally:
                 if self._own_stop:
                     self._stop.restore()
+
+    def _end_goodput(self, status: str) -> None:
+        """Rank 0: the goodput ``end`` event, then the run's goodput so far printed and sent to the tracker
+        (``goodput/*``); never raises (it runs on every exit path)."""
+        try:
+            report = self.goodput.end(self.step, status)
+            if report is not None:
+                logger.info("%s", report.text())
+                self.tracker.log_metrics(report.metrics(), self.step)
+        except Exception as err:  # noqa: BLE001 - accounting must not change how a job ends
+            logger.warning("goodput: %s: %s", type(err).__name__, err)
 
     def _loader_iterators(self) -> list:
         loader, it = getattr(self, "train_loader", None), getattr(self, "_train_iter", None)

@@ -2,6 +2,7 @@
 # Pretrain albert-tiny on the bundled WikiText-2 sample with the deepspeed launcher on this machine
 # (`make pretrain`). Usage:
 #   launch/pretrain_local.sh [NUM_RANKS=2] [RECIPE=configs/pretrain/albert-tiny-wikitext.yaml] [key=value ...]
+#       [--max-restarts N]
 #   (e.g. `launch/pretrain_local.sh 2 max_steps=50`; a recipe is recognised by its .yaml suffix)
 # On a GPU machine NUM_RANKS GPUs are used (nccl); without GPUs DeepSpeed's CPU accelerator starts NUM_RANKS
 # CPU processes (gloo), each with one torch thread unless OMP_NUM_THREADS says otherwise.
@@ -15,6 +16,10 @@
 # which, from the checkpoint's stop_cause; the command to continue is printed), 78 a training file or object is gone
 # (after a checkpoint for an object-store source), 77 training diverged (no final model; checkpoints/latest names
 # the newest healthy checkpoint), 130 (128 + N) interrupted, nothing saved at the stop.
+# --max-restarts N (default 0): after a crash or a rank killed (exit 1) or a hang (76), start again in place with
+# `--resume auto`, at most N times, unless the attempt recorded no step past the one it started from
+# (`albert-dist goodput RUN_DIR --json`: a crash in start-up would only repeat). Each attempt's launch and exit are
+# recorded in RUN_DIR/goodput.jsonl; the run's goodput is printed at the end.
 set -euo pipefail
 # Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
 # background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
@@ -25,6 +30,24 @@ if [[ $(trap -p INT) == *"''"* && -z ${ALBERT_DIST_SIGINT_RESET:-} ]] && command
 fi
 unset ALBERT_DIST_SIGINT_RESET
 cd "$(dirname "$0")/.."
+
+# --max-restarts N, anywhere on the command line (taken out of the arguments the ranks get)
+MAX_RESTARTS=0
+ARGS=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --max-restarts) MAX_RESTARTS=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+    --max-restarts=*) MAX_RESTARTS=${1#*=}; shift ;;
+    *) ARGS+=("$1"); shift ;;
+    esac
+done
+set -- ${ARGS[@]+"${ARGS[@]}"}
+if ! [[ ${MAX_RESTARTS} =~ ^[0-9]+$ ]]; then
+    echo "$0: --max-restarts=${MAX_RESTARTS}: expected a whole number of restarts >= 0" >&2
+    exit 2
+fi
+RESTARTED=${ALBERT_RESTARTED:-0} # restarts done by this script so far (set when it starts itself again)
+unset ALBERT_RESTARTED
 
 # Both positionals are optional and recognised by their form (as in launch/torchrun.sh), so
 # `launch/pretrain_local.sh 2 max_steps=50` keeps the default recipe instead of taking the override as one.
@@ -93,6 +116,8 @@ mapfile -t BEFORE < <(newest_checkpoint)
 SIGNAL=""
 trap 'SIGNAL=SIGINT' INT
 trap 'SIGNAL=SIGTERM' TERM
+ALBERT_LAUNCH_TIME=$(date +%s.%N) # this attempt's start, for the run's goodput (albert_dist.tracking.goodput)
+export ALBERT_LAUNCH_TIME
 deepspeed --num_gpus "${NUM_RANKS}" --master_port "${PORT}" --no_local_rank --module albert_dist.cli \
     train --config "${RECIPE}" "run_dir=${RUN_DIR}" "$@" &
 LAUNCHER=$!
@@ -158,6 +183,23 @@ elif ((status > 128)); then
         "e.g. the kernel's OOM killer (see dmesg) or a kill -9; the launcher exited ${status})"
     status=1
 fi
+# The attempt's end in the run's goodput events; not after exit 2 (another job may hold the run directory)
+if [[ ${status} -ne 2 && -d ${RUN_DIR} ]]; then
+    printf '{"event": "exit", "t": %s, "launch_t": %s, "status": %d, "by": "launch/pretrain_local.sh"}\n' \
+        "$(date +%s.%N)" "${ALBERT_LAUNCH_TIME}" "${status}" >>"${RUN_DIR}/goodput.jsonl"
+fi
+# --max-restarts: a crash, a killed rank or a hang starts the run again in place, from its newest checkpoint
+if [[ ${status} -eq 1 || ${status} -eq 76 ]] && ((MAX_RESTARTS > 0)) && [[ -z ${SIGNAL} ]]; then
+    if python -m albert_dist.cli goodput "${RUN_DIR}" --json 2>/dev/null |
+        python -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["attempts"][-1]["progressed"] else 1)'; then
+        RESUME=()
+        [[ " $* " != *" --resume auto "* && " $* " != *" --resume=auto "* ]] && RESUME=(--resume auto)
+        echo "(exit ${status}: restart $((RESTARTED + 1)) in place with --resume auto, $((MAX_RESTARTS - 1)) more allowed)"
+        RUN_DIR=${RUN_DIR} ALBERT_RESTARTED=$((RESTARTED + 1)) exec bash "$0" --max-restarts $((MAX_RESTARTS - 1)) \
+            "${NUM_RANKS}" "${RECIPE}" "$@" ${RESUME[@]+"${RESUME[@]}"}
+    fi
+    echo "(exit ${status}: not restarted: the attempt recorded no step past the one it started from)"
+fi
 # A config error leaves the run directory this script reserved empty: remove it (rmdir removes only an empty one)
 [[ ${status} -eq 2 && -n ${RESERVED} ]] && rmdir "${RUN_DIR}" 2>/dev/null
 OUT="$(realpath -m "${RUN_DIR}")"
@@ -221,6 +263,9 @@ case "${status}" in
     ;;
 esac
 if [ "${status}" -eq 2 ]; then exit 2; fi
+if [[ -f ${RUN_DIR}/goodput.jsonl ]]; then # the run's goodput across every attempt (albert-dist goodput RUN_DIR)
+    python -m albert_dist.cli goodput "${RUN_DIR}" 2>/dev/null | sed 's/^/  /' || true
+fi
 echo "  config.yaml, ds_config.json: the resolved config and the DeepSpeed config"
 echo "  metrics.jsonl: one JSON record per logged step (train/*, perf/*, mem/* and val/* metrics)"
 echo "  checkpoints/: DeepSpeed checkpoints, 'latest' names the newest complete one"

@@ -4,8 +4,9 @@
 #
 # Defines: the job's settings (CONFIG, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, `resolve_run_dir`
 # (RUN_DIR), and `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
-# checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, and maps
-# a rank killed by a signal to EXIT_CRASHED (README: exit codes).
+# checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, maps
+# a rank killed by a signal to EXIT_CRASHED (README: exit codes), and requeues a crashed or hung job
+# (`crash_requeue`: bounded, never an attempt that made no progress, the failed node excluded where possible).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped (a signal, or a store unavailable) after a checkpoint
 EXIT_INPUT_VANISHED=78 # albert_dist.exit_codes.EXIT_INPUT_VANISHED: a training file is gone; never requeued
@@ -14,8 +15,19 @@ CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
 MAX_REQUEUES=${ALBERT_MAX_REQUEUES:-20}
+MAX_CRASH_REQUEUES=${ALBERT_MAX_CRASH_REQUEUES:-3}
+EXIT_CRASHED=1 # albert_dist.exit_codes: a crash or a rank killed by a signal; requeued by crash_requeue
+EXIT_HUNG=76   # the hang watchdog ended the job; requeued by crash_requeue
+# Not requeued: 2 (config), 74 (save failed), 77 (diverged), 78 (input vanished): a rerun would fail the same way.
+# This attempt's start, for the run's goodput (albert_dist.tracking.goodput reads it on rank 0)
+ALBERT_LAUNCH_TIME=$(date +%s.%N)
+export ALBERT_LAUNCH_TIME
 
 log() { echo "[$(basename "${SLURM_JOB_NAME:-job}") $(date -u +%H:%M:%S)] $*"; }
+if ! [[ ${MAX_CRASH_REQUEUES} =~ ^[0-9]+$ ]]; then
+    log "ALBERT_MAX_CRASH_REQUEUES=${MAX_CRASH_REQUEUES}: expected a whole number >= 0"
+    exit 2
+fi
 
 # A task that exits non-zero (a crash, a config error, a rank killed by the OOM killer) ends the whole step:
 # srun kills the other tasks (SIGTERM, SIGKILL after KillWait) instead of leaving them in a collective (NCCL
@@ -70,6 +82,8 @@ run_preemptible() {
     _preempted=0
     _train_pid=
     _stop_command=$stop_command
+    _out_file=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
+    _out_from=$(stat -c %s "$_out_file" 2>/dev/null || echo 0) # this attempt's part of the job's output
     trap '_preempted=1; log "SIGUSR1: asking every rank to checkpoint and stop"; [[ -n $_train_pid ]] && eval "$_stop_command" || true' USR1
     "$@" &
     _train_pid=$!
@@ -82,6 +96,7 @@ run_preemptible() {
     rc=0
     wait "$_train_pid" || rc=$? # the command's own exit status (srun: the highest of its tasks)
     log "training exited with status $rc"
+    record_exit "$rc"
     # 75: the ranks checkpointed and stopped. 138 (128 + SIGUSR1): the signal came before the trainer had
     # installed its handler (start-up), so the ranks died of it with nothing to save since the last
     # checkpoint; the requeued run resumes from that one.
@@ -116,7 +131,80 @@ run_preemptible() {
         log "a rank was killed by signal $signum (SIG$(kill -l "$signum" 2>/dev/null || echo '?')): the kernel's" \
             "OOM killer (see dmesg), a kill -9, or srun ending a rank stuck after another failed (the first error" \
             "above is the cause); exit 1 (srun exited $rc)"
+        rc=$EXIT_CRASHED
+    fi
+    if [[ $rc == "$EXIT_CRASHED" || $rc == "$EXIT_HUNG" ]] && crash_requeue "$rc"; then
+        return 0
+    fi
+    [[ -f $RUN_DIR/goodput.jsonl ]] && log "$("$PYTHON" -m albert_dist.cli goodput "$RUN_DIR" 2>/dev/null || true)"
+    return "$rc"
+}
+
+# record_exit STATUS
+#   The attempt's end in the run's goodput events (<run dir>/goodput.jsonl, albert_dist.tracking.goodput), with
+#   srun's STATUS as the job reports it (a signal's 128 + N as 1). Not after 2: the ranks refused the job, and
+#   another job may hold the run directory.
+record_exit() {
+    local status=$1
+    ((status > 128 && status != 130 && status != 138)) && status=$EXIT_CRASHED
+    [[ $status == 2 || ! -d $RUN_DIR ]] && return 0
+    printf '{"event": "exit", "t": %s, "launch_t": %s, "status": %d, "by": "slurm", "job": "%s", "restart": %d}\n' \
+        "$(date +%s.%N)" "$ALBERT_LAUNCH_TIME" "$status" "$SLURM_JOB_ID" "$RESTARTS" >>"$RUN_DIR/goodput.jsonl"
+}
+
+# crash_requeue STATUS
+#   After a crash, a rank killed by a signal (EXIT_CRASHED) or a hang (EXIT_HUNG): requeue the job (its next run
+#   resumes from the newest checkpoint) and return 0; return 1, with a line saying why, when
+#   ALBERT_MAX_CRASH_REQUEUES crash requeues of this job were made already (counted in <run dir>/.crash_requeues,
+#   "<job id> <count>", which survives the requeues), ALBERT_MAX_REQUEUES restarts in all, or when the attempt
+#   recorded no step past the one it started from (`albert-dist goodput RUN_DIR --json`: a crash in start-up would
+#   only repeat). The node of the first task srun reported failing is excluded from the requeued job
+#   (`scontrol update ExcNodeList`) when the partition keeps enough other usable nodes for the job.
+crash_requeue() {
+    local status=$1 count=0 file=$RUN_DIR/.crash_requeues
+    if [[ -f $file && $(cut -d' ' -f1 "$file") == "$SLURM_JOB_ID" ]]; then count=$(cut -d' ' -f2 "$file"); fi
+    if ((count >= MAX_CRASH_REQUEUES)); then
+        log "exit $status: not requeueing: $count crash requeue(s) of job $SLURM_JOB_ID already (ALBERT_MAX_CRASH_REQUEUES)"
         return 1
     fi
-    return "$rc"
+    if ((RESTARTS >= MAX_REQUEUES)); then
+        log "exit $status: not requeueing: restarted $RESTARTS times already (ALBERT_MAX_REQUEUES)"
+        return 1
+    fi
+    if ! "$PYTHON" -m albert_dist.cli goodput "$RUN_DIR" --json 2>/dev/null |
+        "$PYTHON" -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["attempts"][-1]["progressed"] else 1)'; then
+        log "exit $status: not requeueing: the attempt recorded no step past the one it started from"
+        return 1
+    fi
+    echo "$SLURM_JOB_ID $((count + 1))" >"$file"
+    local node
+    node=$(tail -c +"$((_out_from + 1))" "$_out_file" 2>/dev/null |
+        sed -n 's/^srun: error: \([^:]*\): task [0-9]*: .*/\1/p' | head -n 1 || true)
+    log "exit $status: requeueing job $SLURM_JOB_ID (crash requeue $((count + 1)) of at most $MAX_CRASH_REQUEUES;" \
+        "restart $((RESTARTS + 1)))"
+    # Slurm refuses ExcNodeList while the job runs, and a requeue SIGTERMs this shell (SIGKILL after KillWait, 30 s
+    # by default): ignore the TERM for the few scontrol calls that exclude the node from the requeued job.
+    trap '' TERM
+    scontrol requeue "$SLURM_JOB_ID"
+    [[ -n $node ]] && exclude_node "$node"
+    return 0
+}
+
+# exclude_node NODE
+#   Add NODE to the (requeued, pending) job's ExcNodeList when the job's partition still has at least
+#   SLURM_JOB_NUM_NODES usable nodes (idle, mixed, allocated or completing) outside the new list; else say why not.
+exclude_node() {
+    local node=$1 excluded usable
+    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2 || true)
+    [[ $excluded == "(null)" ]] && excluded=""
+    excluded=$(scontrol show hostnames "${excluded:+$excluded,}$node" | sort -u | paste -sd, -)
+    usable=$(sinfo -h -N ${SLURM_JOB_PARTITION:+-p "$SLURM_JOB_PARTITION"} -t idle,mix,alloc,comp -o %N 2>/dev/null | sort -u |
+        grep -cvxF -f <(tr , '\n' <<<"$excluded") || true)
+    if ((usable >= ${SLURM_JOB_NUM_NODES:-1})); then
+        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded" &&
+            log "node $node (the first failed task's) excluded from the requeued job: ExcNodeList=$excluded"
+    else
+        log "node $node (the first failed task's) kept: the partition has $usable usable node(s) besides" \
+            "ExcNodeList=$excluded, the job needs ${SLURM_JOB_NUM_NODES:-1}"
+    fi
 }

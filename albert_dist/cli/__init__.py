@@ -7,6 +7,7 @@
     albert-dist finetune   <run dir, run id or HF dir> --task sst2 stsb --data-dir DIR [--init random]
     albert-dist compare    <run ids or run dirs> | --experiment NAME
     albert-dist tracking   sync RUN_DIR                             (send what a job could not send to MLflow)
+    albert-dist goodput    RUN_DIR [--json]                         (wall time: productive, badput by cause)
     albert-dist dist                                                (print this task's rank discovery)
 
 One argparse parser with a sub-parser per command. A front end (``albert_dist.cli.<command>``) exposes
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune": ("albert_dist.cli.finetune", "fine-tune and score a checkpoint on GLUE-style tasks (seeds, MLflow child runs)"),
     "compare": ("albert_dist.cli.compare", "compare MLflow runs: differing params, final/best metrics, curves"),
     "tracking": ("albert_dist.cli.tracking", "tracking sync RUN_DIR: send a job's unsent metrics and uploads to MLflow"),
+    "goodput": ("albert_dist.cli.goodput", "goodput RUN_DIR: a run's wall time across restarts, productive and lost by cause"),
     "dist": ("albert_dist.cli.dist", "print this task's rank discovery as one DIST {...} line (a job-script check)"),
 }
 

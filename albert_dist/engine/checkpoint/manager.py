@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -49,6 +50,7 @@ class CheckpointManager:
         # step N+1, so a checkpoint is healthy once a read past its step found nothing (`confirm`).
         self.healthy: Optional[str] = None  # the newest such tag: retention always keeps it
         self._unconfirmed: list[int] = []  # steps this job saved since
+        self.load_s = 0.0  # seconds `resume` spent loading the checkpoint and the saved data streams (goodput)
 
     def resume(self, build_engine: Callable[[dict], Any], build_loader: LoaderFactory,
                fetch: Optional[Callable[[Path], LoadPlan]] = None) -> Resumed:
@@ -85,6 +87,7 @@ class CheckpointManager:
             loader = build_loader(self.rank, self.world_size)
             seed_all(seed_for(self.seed, self.rank, 0))
             return Resumed(engine, loader, 0, None, [])
+        started = time.perf_counter()
         state = TrainState()
         state.load_state_dict(load_checkpoint(engine, point, universal=self.plan.universal))
         if not point.config and state.config_hash != self.config_hash and self.rank == 0:  # no snapshot to compare
@@ -95,6 +98,7 @@ class CheckpointManager:
             self.healthy = point.tag  # measured healthy by the job that wrote it, or at least its newest
         saved = None if self.plan.drift.streams_restart else state.data_states
         loader = build_resumed_loader(build_loader, saved, self.world_size, self.rank)
+        self.load_s = time.perf_counter() - started
         if state.world_size == self.world_size:
             set_rng_state(state.rng_states[self.rank])
         else:
