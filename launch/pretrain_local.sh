@@ -11,8 +11,9 @@
 # and <name>-2 (as `albert-dist train` without run_dir=). Both are relative to the checkout, where this script runs.
 # Exit codes (README): 0 trained to max_steps (the run's newest checkpoint says so: the launcher's 0 alone is not
 # trusted), 1 crash or a rank killed, 2 bad config / run directory in use, 74 checkpoint not written, 75 stopped
-# by a signal after a checkpoint (the command to continue is printed), 130 (128 + N) interrupted, nothing saved
-# at the stop.
+# by a signal after a checkpoint (the command to continue is printed), 76 a rank stopped making progress (the hang
+# watchdog's line is repeated, the command to continue printed), 130 (128 + N) interrupted, nothing saved at the
+# stop.
 set -euo pipefail
 # Started with SIGINT ignored (`setsid launch/pretrain_local.sh ... &` from a script: a non-interactive shell's
 # background job), bash could not trap it, so this script would not know a `kill -INT -PGID` had come. Run again
@@ -58,7 +59,7 @@ RESERVED=""
 [[ ${RESOLVED} == *$'\n'new ]] && RESERVED=1
 # --no_local_rank: the rank comes from LOCAL_RANK/RANK in the environment, so argv stays `train ...`.
 # --master_port 0 is not accepted by the launcher; pick a free port instead of its fixed default 29500.
-PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.group import free_port; print(free_port())')}"
+PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_port; print(free_port())')}"
 # Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the whole group (`kill -- -PGID`) reaches
 # every process: each rank finishes its step, the ranks checkpoint it and exit 75 (a second Ctrl-C aborts them
 # at once). DeepSpeed's launch.py also SIGTERMs the ranks and SIGKILLs what is left after 30 s, then exits 1,
@@ -86,7 +87,19 @@ meta = json.loads((ckpt / tag / "albert_dist.json").read_text())
 print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""), sep="\n")
 PY
 }
+# The line of a hang report the ranks' watchdog wrote during this launch (<run dir>/watchdog/<job>/hang.json,
+# albert_dist.job.watchdog): the launcher's own status then is the live ranks' 76, or a stopped rank's SIGKILL.
+hang_line() {
+    python - "${RUN_DIR}" "${STARTED}" 2>/dev/null <<'PY' || true
+import json, sys
+from pathlib import Path
+found = [p for p in Path(sys.argv[1]).glob("watchdog/*/hang.json") if p.stat().st_mtime >= float(sys.argv[2])]
+if found:
+    print(json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text())["line"])
+PY
+}
 mapfile -t BEFORE < <(newest_checkpoint)
+STARTED=$(date +%s)
 SIGNAL=""
 trap 'SIGNAL=SIGINT' INT
 trap 'SIGNAL=SIGTERM' TERM
@@ -121,8 +134,13 @@ finished() { # the newest checkpoint is at the run's max_steps
 }
 # the signal: the one this shell trapped, else SIGINT (the documented "interrupted" code, 130)
 interrupted_status() { if [[ -n ${SIGNAL} ]]; then echo $((128 + $(kill -l "${SIGNAL#SIG}"))); else echo 130; fi; }
+HANG=$(hang_line)
 if [[ ${status} -eq 2 || ${status} -eq 74 ]]; then
     : # the trainer's own codes: did not start / a checkpoint could not be written
+elif [[ -n ${HANG} ]]; then
+    # the watchdog ended the live ranks (76); launch.py then ended a stopped one (SIGKILL 30 s after SIGTERM)
+    echo "(${HANG}; the launcher exited ${status})"
+    status=76
 elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
@@ -173,6 +191,11 @@ case "${status}" in
     echo "outputs in ${OUT}"
     ;;
 2) echo "pretraining did not start: the configuration or an input is wrong, or another job holds the run directory (exit 2, message above)" ;;
+76)
+    echo "pretraining hung: a rank stopped making progress (exit 76; the line above names it, stacks in ${OUT}/watchdog/); continue from its last complete checkpoint (${NEWEST}) with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
 13[0-9] | 14[0-3])
     if [[ -n ${AFTER[0]:-} ]]; then
         echo "pretraining interrupted, unsaved at the stop (exit ${status}); continue from its last complete checkpoint (${NEWEST}) with:"

@@ -4,10 +4,12 @@
 #
 # Defines: the job's settings (CONFIG, PYTHON, RESTARTS), the CPU/GPU environment, MASTER_ADDR, `resolve_run_dir`
 # (RUN_DIR), and `run_preemptible`, which runs the training step in the background, turns the batch shell's SIGUSR1 into a
-# checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED, and maps
-# a rank killed by a signal to EXIT_CRASHED (README: exit codes).
+# checkpoint-and-stop request for the ranks, requeues the job when the ranks exit with EXIT_PREEMPTED or
+# EXIT_HUNG (bounded), and maps a rank killed by a signal to EXIT_CRASHED (README: exit codes).
 
 EXIT_PREEMPTED=75 # albert_dist.exit_codes.EXIT_PREEMPTED: stopped by a signal after a checkpoint
+EXIT_HUNG=76      # albert_dist.exit_codes.EXIT_HUNG: the hang watchdog ended the job (a rank stopped making progress)
+MAX_HANG_REQUEUES=${ALBERT_MAX_HANG_REQUEUES:-3} # hangs of one run directory requeued at most this many times
 CONFIG=${ALBERT_CONFIG:-configs/pretrain/albert-tiny-wikitext.yaml}
 PYTHON=${PYTHON:-python3}
 RESTARTS=${SLURM_RESTART_COUNT:-0}
@@ -55,6 +57,13 @@ resolve_run_dir() {
         --print-run-dir "runs/slurm-$SLURM_JOB_ID") || { log "the job's config does not load (above): exit 2"; exit 2; }
 }
 
+# hang_reports [SINCE]
+#   The hang reports the ranks' watchdog wrote in RUN_DIR (<run dir>/watchdog/<job>/hang.json,
+#   albert_dist.job.watchdog), one path a line: all of them, or those written after epoch second SINCE.
+hang_reports() {
+    find "${RUN_DIR:-.}/watchdog" -name hang.json ${1:+-newermt "@$1"} 2>/dev/null || true
+}
+
 # run_preemptible STOP_COMMAND -- COMMAND...
 #   Runs COMMAND in the background (bash runs a trap only between foreground commands, so a foreground srun
 #   would hold the signal until training ends). On SIGUSR1 to this shell (`--signal=B:USR1@T` before the time
@@ -68,6 +77,8 @@ run_preemptible() {
     _preempted=0
     _train_pid=
     _stop_command=$stop_command
+    local started
+    started=$(date +%s)
     trap '_preempted=1; log "SIGUSR1: asking every rank to checkpoint and stop"; [[ -n $_train_pid ]] && eval "$_stop_command" || true' USR1
     "$@" &
     _train_pid=$!
@@ -89,6 +100,24 @@ run_preemptible() {
             return "$rc"
         fi
         log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
+        scontrol requeue "$SLURM_JOB_ID"
+        return 0
+    fi
+    # A hang: the live ranks exit 76 and srun SIGKILLs a stopped one after KillWait, so srun's status may be 137;
+    # the watchdog's report in the run directory tells. Requeued (--resume auto), at most MAX_HANG_REQUEUES per run.
+    local report
+    report=$(hang_reports "$started" | tail -n 1)
+    if [[ $rc == "$EXIT_HUNG" || -n $report ]]; then
+        [[ -n $report ]] && log "$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["line"])' "$report" 2>/dev/null)"
+        local hangs
+        hangs=$(hang_reports | wc -l)
+        if ((hangs > MAX_HANG_REQUEUES || RESTARTS >= MAX_REQUEUES)); then
+            log "the hang watchdog ended the job (exit $EXIT_HUNG; srun exited $rc); not requeueing: $hangs hang(s) in" \
+                "$RUN_DIR (ALBERT_MAX_HANG_REQUEUES=$MAX_HANG_REQUEUES), $RESTARTS restart(s) (ALBERT_MAX_REQUEUES)"
+            return "$EXIT_HUNG"
+        fi
+        log "the hang watchdog ended the job (exit $EXIT_HUNG; srun exited $rc); requeueing job $SLURM_JOB_ID" \
+            "(hang $hangs of at most $MAX_HANG_REQUEUES; --resume auto continues from the newest checkpoint)"
         scontrol requeue "$SLURM_JOB_ID"
         return 0
     fi

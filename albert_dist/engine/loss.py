@@ -14,7 +14,7 @@ the gradient reduction averages over the data-parallel ranks).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,8 @@ class StepResult(NamedTuple):
     none and it could not be computed)."""
 
 
-def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0) -> StepResult:
+def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0,
+                   on_phase: Optional[Callable[[str], None]] = None) -> StepResult:
     """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
@@ -72,8 +73,12 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     Returns the detached outputs and the step's pre-clipping gradient norm (`engine.get_global_grad_norm()`;
     at fp32 ZeRO-0 the float64 norm of `albert_dist.engine.grad_norm`, from the exact clipping the trainer
     installs or, with clipping off, computed here just before the last `engine.step()`).
+    `on_phase` (the hang watchdog's mark, `albert_dist.job.watchdog`) hears "forward_backward" first and
+    "optimizer_step" before the last `engine.step()` (where DeepSpeed reduces and steps).
     Raises `ValueError` when the number of batches differs from the engine's accumulation steps.
     """
+    mark = on_phase or (lambda phase: None)
+    mark("forward_backward")
     ga = engine.gradient_accumulation_steps()
     if len(batches) != ga:
         raise ValueError(f"{len(batches)} micro-batches for an engine with gradient_accumulation_steps={ga}")
@@ -86,6 +91,8 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
         engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
         if i == ga - 1 and exact_norm_applies(engine) and not engine.gradient_clipping() > 0:
             own_norm = global_grad_norm(engine.module.parameters())  # before step() zeroes the gradients
+        if i == ga - 1:
+            mark("optimizer_step")
         engine.step()
         outputs.append(type(out)(*(t.detach() for t in out)))  # metrics only: keep no autograd graph alive
     reported = own_norm if own_norm is not None else engine.get_global_grad_norm()
