@@ -6,10 +6,12 @@ plain attribute write, no I/O, no collective) and each finished step (`step_done
 
 * publishes this rank's report (rank, host, pid, step, phase, when the phase began, its allowance, the time now) as
   ``<run_dir>/watchdog/<job>/rank<r>.json`` (written whole and renamed: a reader never sees half a file);
-* fires when this rank has stayed in one phase longer than the phase's allowance (`Allowances`), or when another
-  rank fired (its ``hang.json`` is there). In synchronous training a rank that stops holds every other rank in the
-  step's next collective, so every live rank sees its own progress stop and fires on its own: no rank needs another
-  to decide, and a stopped rank cannot keep the others from deciding.
+* fires when this rank has stayed in one phase longer than the phase's allowance (`Allowances`), when the rank it
+  watches (its successor, (rank + 1) % world: one report read per period) has stopped reporting for longer than
+  the step timeout (`silent_too_long`: a stopped rank is found even while the others wait in a long phase, a
+  save), or when another rank fired (its ``hang.json`` is there). In synchronous training a rank that stops holds
+  every other rank in the step's next collective, so every live rank sees its own progress stop and fires on its
+  own: no rank needs another's answer, and a stopped rank cannot keep the others from deciding.
 
 Firing: every live rank writes all its threads' Python stacks (`faulthandler`) to ``stacks.rank<r>.txt`` beside the
 reports; the lowest rank still reporting reads every report once and logs the one line naming the ranks (and
@@ -24,9 +26,10 @@ non-zero, and SIGKILL a stopped one 30 s later).
 Why files in the run directory and not the rendezvous store (`albert_dist.distributed.rendezvous`): the store is
 served by rank 0's process, so a SIGSTOP'd rank 0 would block every other rank's store call (for the store's
 timeout) and with it their watchdogs and their exit; a file write or read blocks on nobody. The run directory is
-already on a filesystem every rank writes (checkpoints), and the cost is one small write per rank per `poll_s` (5 s
-at the default timeouts); the reports are read only once, when a rank fires. Liveness ("stopped reporting") is
-judged from the report's wall-clock time: hosts' clocks must agree to a few seconds (NTP), far below the timeouts.
+already on a filesystem every rank writes (checkpoints), and the cost is one small write and one small read (the
+successor's report) per rank per `poll_s` (5 s at the default timeouts); every report is read only when a rank
+fires. The successor's silence is timed on the watcher's own clock; the line's "stopped reporting" compares the
+reports' wall-clock times, so hosts' clocks must agree to a few seconds (NTP), far below the timeouts.
 """
 from __future__ import annotations
 
@@ -112,8 +115,9 @@ class Allowances:
 
     @property
     def silent_after_s(self) -> float:
-        """A rank whose report is older than this has stopped reporting (4 periods, + 2 s for clocks)."""
-        return 4 * self.poll_s + 2.0
+        """A rank whose report is older than this has stopped reporting (4 periods + 2 s for clocks, at most the
+        step timeout)."""
+        return min(4 * self.poll_s + 2.0, self.step_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class Report:
     since: float
     allowance_s: float
     time: float
+    started: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -148,15 +153,27 @@ def overdue(phase: str, entered_s: float, now_s: float, allowances: Allowances, 
     return phase != "done" and now_s - entered_s > allowances.for_phase(phase, started)
 
 
+def silent_too_long(last_change_s: float, now_s: float, neighbour: Optional[Report],
+                    allowances: Allowances) -> bool:
+    """True when the rank this one watches (its successor) stopped reporting: its report, last seen changing at
+    `last_change_s` (this rank's monotonic clock: no clock of another host is compared), has not changed for longer
+    than `step_timeout_s` once it had finished a step (`init_timeout_s` before, or never reported). A rank in a long
+    save still reports (its watchdog thread writes), so silence, unlike a long phase, needs no phase allowance."""
+    if neighbour is not None and neighbour.phase == "done":
+        return False
+    limit = allowances.step_timeout_s if neighbour is not None and neighbour.started else allowances.init_timeout_s
+    return now_s - last_change_s > limit
+
+
 def name_stalled(reports: Mapping[int, Optional[Report]], world_size: int, now: float,
-                 silent_after_s: float) -> tuple[list[int], bool]:
+                 silent_after_s: float, also_silent: tuple[int, ...] = ()) -> tuple[list[int], bool]:
     """Which ranks to name for a hang, from every rank's last report (None: never reported) at wall time `now`:
     (ranks, silent). The ranks that stopped reporting (no report, or one older than `silent_after_s`) when there
     are any (silent = True); else (every rank still reports, e.g. one stuck in its data loader while the others
     wait for it) the ranks furthest behind: the lowest (step, phase in `PHASES` order) (silent = False). Ranks that
-    finished ("done") are never named."""
+    finished ("done") are never named; `also_silent`: ranks known silent otherwise (a watcher saw it on its clock)."""
     live = {r: rep for r, rep in reports.items() if r < world_size}
-    silent = [r for r in range(world_size) if live.get(r) is None
+    silent = [r for r in range(world_size) if live.get(r) is None or r in also_silent
               or (live[r].phase != "done" and now - live[r].time > silent_after_s)]
     if silent:
         return silent, True
@@ -234,6 +251,10 @@ class Watchdog:
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._exit, self._grace_s = exit or hard_exit, grace_s
+        # the successor's last report text, when this rank saw it change (monotonic), and the report
+        self._watched: tuple[Optional[str], float, Optional[Report]] = (None, time.monotonic(), None)
+        self._exceeded: Optional[float] = None  # the timeout that made it fire
+        self._silent_watched = False  # it fired because its successor stopped reporting
 
     # ------------------------------------------------------------------------------------- the main thread's side
     def mark(self, phase: str) -> None:
@@ -274,7 +295,8 @@ class Watchdog:
     def report(self) -> Report:
         phase = self.phase
         return Report(rank=self.rank, host=self.host, pid=self.pid, job=self.job, step=self.step, phase=phase,
-                      since=self._since, allowance_s=self.allowances.for_phase(phase, self.started), time=time.time())
+                      since=self._since, allowance_s=self.allowances.for_phase(phase, self.started), time=time.time(),
+                      started=self.started)
 
     def _publish(self) -> None:
         tmp = self.folder / f".rank{self.rank}.json.tmp"
@@ -285,10 +307,34 @@ class Watchdog:
             logger.debug("watchdog report not written: %s", err)
 
     def check(self, now: Optional[float] = None) -> bool:
-        """True when this rank must fire now: past its phase's allowance, or another rank fired."""
+        """True when this rank must fire now: past its phase's allowance, its successor silent too long (one report
+        read per period: a stopped rank is found even while the others are in a long phase), or another rank
+        fired."""
         now = time.monotonic() if now is None else now
-        return (overdue(self.phase, self._entered, now, self.allowances, self.started)
-                or (self.folder / "hang.json").exists())
+        if overdue(self.phase, self._entered, now, self.allowances, self.started):
+            self._exceeded = self.allowances.for_phase(self.phase, self.started)
+            return True
+        if self._watch(now):
+            self._silent_watched, neighbour = True, self._watched[2]
+            self._exceeded = (self.allowances.step_timeout_s if neighbour is not None and neighbour.started
+                              else self.allowances.init_timeout_s)
+            return True
+        return (self.folder / "hang.json").exists()
+
+    def _watch(self, now: float) -> bool:
+        """Read the successor's report ((rank + 1) % world: every rank is watched by one other); True when it has
+        been silent too long (`silent_too_long`)."""
+        if self.world_size < 2:
+            return False
+        try:
+            text = (self.folder / f"rank{(self.rank + 1) % self.world_size}.json").read_text()
+            report = Report.from_json(text)
+            report = report if report.job == self.job else None
+        except (OSError, ValueError, TypeError):
+            text, report = None, None
+        if report is not None and text != self._watched[0]:
+            self._watched = (text, now, report)
+        return silent_too_long(self._watched[1], now, self._watched[2], self.allowances)
 
     def _run(self) -> None:
         while not self._stopping.wait(self.allowances.poll_s):
@@ -300,7 +346,8 @@ class Watchdog:
     def _fire(self) -> None:
         if self._stopping.is_set():
             return
-        phase, allowance = self.phase, self.allowances.for_phase(self.phase, self.started)
+        phase = self.phase
+        allowance = self._exceeded or self.allowances.for_phase(phase, self.started)
         stacks = self.folder / f"stacks.rank{self.rank}.txt"
         try:
             with open(stacks, "w") as fh:
@@ -313,7 +360,9 @@ class Watchdog:
         now = time.time()
         reports = read_reports(self.folder, self.world_size, self.job)
         reports[self.rank] = self.report()
-        named, silent = name_stalled(reports, self.world_size, now, self.allowances.silent_after_s)
+        watched = (self.rank + 1) % self.world_size
+        named, silent = name_stalled(reports, self.world_size, now, self.allowances.silent_after_s,
+                                     (watched,) if self._silent_watched else ())
         line = hang_line(reports, named, silent, self.world_size, now, allowance)
         reporter = min((r for r in range(self.world_size) if r not in named or not silent), default=self.rank)
         self.line = f"{line}; stacks of every live rank in {self.folder}; exit {EXIT_HUNG}"
@@ -378,4 +427,5 @@ def hard_exit(code: int) -> None:
 
 
 __all__ = ["Allowances", "BACKSTOP_S", "EXIT_GRACE_S", "JobHung", "LONG_PHASES", "PHASES", "Report", "Watchdog",
-           "fired", "flight_recorder_env", "hang_line", "hard_exit", "name_stalled", "overdue", "read_reports"]
+           "fired", "flight_recorder_env", "hang_line", "hard_exit", "name_stalled", "overdue", "read_reports",
+           "silent_too_long"]

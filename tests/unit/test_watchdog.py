@@ -15,7 +15,7 @@ from albert_dist import cli
 from albert_dist.config import load_config
 from albert_dist.exit_codes import EXIT_HUNG
 from albert_dist.job.watchdog import (BACKSTOP_S, Allowances, JobHung, Report, Watchdog, flight_recorder_env,
-                                      hang_line, name_stalled, overdue, read_reports)
+                                      hang_line, name_stalled, overdue, read_reports, silent_too_long)
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "configs/pretrain/albert-tiny-wikitext.yaml")
@@ -50,9 +50,19 @@ def test_overdue_only_past_the_phase_allowance():
     assert not overdue("done", 0.0, 1e9, a, started=True)
 
 
-def _report(rank, step, phase, at, since=None, host="h"):
+def _report(rank, step, phase, at, since=None, host="h", started=True):
     return Report(rank=rank, host=f"{host}{rank}", pid=100 + rank, job="j", step=step, phase=phase,
-                  since=at if since is None else since, allowance_s=300.0, time=at)
+                  since=at if since is None else since, allowance_s=300.0, time=at, started=started)
+
+
+def test_a_watched_rank_is_silent_past_the_step_timeout_whatever_its_phase_allowed():
+    a = Allowances(900, 300)
+    saving = _report(1, 9, "checkpoint_save", 0.0)  # its phase allows 900 s, but a saving rank still reports
+    assert not silent_too_long(0.0, 300.0, saving, a) and silent_too_long(0.0, 300.5, saving, a)
+    starting = _report(1, 0, "startup", 0.0, started=False)
+    assert not silent_too_long(0.0, 899.0, starting, a) and silent_too_long(0.0, 900.5, starting, a)
+    assert not silent_too_long(0.0, 899.0, None, a) and silent_too_long(0.0, 900.5, None, a)  # never reported
+    assert not silent_too_long(0.0, 1e6, _report(1, 9, "done", 0.0), a)
 
 
 def test_the_ranks_that_stopped_reporting_are_named_with_host_step_and_phase():
@@ -152,6 +162,30 @@ def test_a_main_thread_that_comes_back_takes_the_normal_path_and_no_hard_exit(tm
     time.sleep(1.3)
     assert exits == []
     wd.stop()
+
+
+def test_a_rank_in_a_long_phase_fires_when_the_rank_it_watches_stops_reporting(tmp_path):
+    """Rank 0 waits in a save (its own allowance: init_timeout_s, 60 s here) while rank 1, stopped, left one
+    report that never changes: rank 0 fires after step_timeout_s (0.5 s), naming rank 1."""
+    exits: list[int] = []
+    folder = tmp_path / "watchdog" / "job1"
+    folder.mkdir(parents=True)
+    frozen = Report(rank=1, host="n1", pid=4242, job="job1", step=9, phase="forward_backward", since=time.time(),
+                    allowance_s=0.5, time=time.time(), started=True)
+    (folder / "rank1.json").write_text(frozen.to_json())
+    wd = Watchdog(tmp_path, "job1", 0, 2, Allowances(60, 0.5), exit=exits.append, grace_s=0.2).start()
+    started = time.monotonic()
+    try:
+        wd.step_done(9)
+        wd.mark("checkpoint_save")
+        assert wd.fired.wait(10)
+        took = time.monotonic() - started
+    finally:
+        wd.stop()
+    assert 0.5 < took < 4, took
+    hang = json.loads((folder / "hang.json").read_text())
+    assert hang["named"] == [1] and hang["silent"] and "rank 1 (host n1, pid 4242) at step 9, phase forward_backward" \
+        in hang["line"] and "no progress for over 0.5 s" in hang["line"]
 
 
 def test_another_ranks_hang_report_makes_this_rank_fire_too(tmp_path):
