@@ -19,6 +19,10 @@ training source in an object store stops the job the same way when a rank's load
 (`albert_dist.data.sources.store.StoreUnavailable`, after ``data.store_retry_s``): such a job fetches the next step's
 batches before the agreement (the loader's state taken before them is what the checkpoint saves), so the rank
 that has none stops with the others instead of leaving them in the step's collectives.
+
+Hangs: the loop marks each phase (data, forward_backward, optimizer_step, logging, evaluation, checkpoint_save,
+stop_agreement) for the hang watchdog `setup()` starts (`albert_dist.job.watchdog`: a rank stopped past
+``engine.step_timeout_s`` ends the job with exit 76, named); the collectives time out after it, as a backstop.
 """
 from __future__ import annotations
 
@@ -100,7 +104,8 @@ class Trainer:
     process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
-    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
+    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`), `watchdog`
+    (the hang watchdog, stopped when `train()` finishes or in `close()`).
     """
 
     def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,38 @@ def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_cod
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
     assert says in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("earlier_hangs, command_exit, expected, says", [
+    (0, 137, 0, "requeueing job 1 (hang 1 of at most 3"),  # srun: the stopped rank's SIGKILL outranks the 76
+    (0, 76, 0, "requeueing job 1 (hang 1 of at most 3"),
+    (3, 137, 76, "not requeueing: 4 hang(s) in"),
+])
+def test_run_preemptible_requeues_a_hang_a_bounded_number_of_times(tmp_path, earlier_hangs, command_exit, expected,
+                                                                  says):
+    """The ranks' watchdog wrote its report (<run dir>/watchdog/<job>/hang.json) and the live ranks exited 76; srun
+    then SIGKILLed the stopped rank (its status 137). Not a crash: the line is repeated, the job requeued (its
+    `--resume auto` continues), at most ALBERT_MAX_HANG_REQUEUES hangs of the run directory, then exit 76."""
+    run, bin_dir = tmp_path / "run", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/scontrol.log\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    for k in range(earlier_hangs):  # reports of earlier jobs of the run, written before this one started
+        (run / "watchdog" / f"old{k}").mkdir(parents=True)
+        (run / "watchdog" / f"old{k}" / "hang.json").write_text('{"line": "an old hang"}')
+        os.utime(run / "watchdog" / f"old{k}" / "hang.json", (time.time() - 3600,) * 2)
+    line = "hang: no progress for over 300 s; 1 of 2 rank(s) stopped reporting: rank 1 (host n2, pid 7) at step 40"
+    command = tmp_path / "train.sh"  # the training step: the watchdog's report, then srun's status
+    command.write_text(f"mkdir -p {run}/watchdog/new\necho '{{\"line\": \"{line}\"}}' > {run}/watchdog/new/hang.json\n"
+                       f"exit {command_exit}\n")
+    script = (f"MASTER_ADDR=127.0.0.1 SLURM_JOB_ID=1 RUN_DIR={run} PYTHON={sys.executable}; source slurm/common.sh; "
+              f"run_preemptible true -- bash {command}; echo \"rc=$?\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
+    assert line in proc.stdout and says in proc.stdout, proc.stdout
+    requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
+    assert requeued == ("requeue 1\n" if expected == 0 else ""), requeued
 
 
 # A stand-in `srun` records each call's argv (one file per call, one word a line); a training call writes the run's
