@@ -89,3 +89,32 @@ def test_a_sigstopped_rank_is_named_stacks_written_exit_76_then_resume_auto_cont
     log0 = Path(resumed.logs[0].name).read_bytes()[offset:].decode(errors="replace")
     assert re.search(rf"resumed from \S+/{newest} at step {newest_step}\b", log0), log0[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{newest_step + 2}"
+
+
+def test_a_sigstopped_rank_0_which_serves_the_rendezvous_store_blocks_neither_the_watchdog_nor_the_exit(tmp_path):
+    """Rank 0 serves the job's TCPStore: stopped, it would block any store call of the others. The watchdog uses
+    files, so rank 1 still names it and exits 76 within the bound."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    job = Job(2, config, run_dir, ["--run"], [f"engine.step_timeout_s={STEP_TIMEOUT_S:g}", "max_steps=100000",
+                                              "checkpoint.save_interval_steps=0"])
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            report = _report(run_dir, 0)
+            if report is not None and report["step"] >= 3:
+                break
+            assert all(p.poll() is None for p in job.procs), job.log_tail()
+            time.sleep(0.05)
+        os.kill(job.procs[0].pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        code = job.procs[1].wait(timeout=BOUND_S)
+        elapsed = time.time() - stopped_at
+    finally:
+        job.kill()
+    log1 = Path(job.logs[1].name).read_text(errors="replace")
+    assert code == EXIT_HUNG and elapsed <= BOUND_S, f"rank 1 exited {code} after {elapsed:.0f} s\n{job.log_tail()}"
+    assert re.search(rf"ERROR .*hang: no progress .* stopped reporting: rank 0 \(host {re.escape(socket.gethostname())}, "
+                     rf"pid {job.procs[0].pid}\) at step \d+, phase \w+", log1), log1[-3000:]
+    assert list(run_dir.glob("watchdog/*/stacks.rank1.txt"))
