@@ -357,6 +357,7 @@ class Watchdog:
                 faulthandler.dump_traceback(file=fh, all_threads=True)
         except OSError as err:
             logger.error("watchdog: stacks not written to %s: %s", stacks, err)
+        dump_flight_recorder(self.folder / f"nccl_trace_rank_{self.rank}")
         now = time.time()
         reports = read_reports(self.folder, self.world_size, self.job)
         reports[self.rank] = self.report()
@@ -388,6 +389,32 @@ class Watchdog:
 
 
 _CURRENT: Optional[Watchdog] = None
+
+
+def dump_flight_recorder(path: Path, timeout_s: float = 10.0) -> bool:
+    """On a job whose process group is nccl: PyTorch's NCCL flight recorder (`flight_recorder_env`) written to `path`
+    now (the watchdog fires before any collective times out, so NCCL's own dump on timeout would never come);
+    True when written. Nothing on gloo or without a process group. Bounded: the dump runs in a helper thread that is
+    abandoned after `timeout_s`, so a recorder stuck behind the hang cannot keep the rank from exiting."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"):
+            return False
+        from torch._C._distributed_c10d import _dump_nccl_trace  # CUDA builds only
+    except Exception:  # noqa: BLE001 - a CPU build, no group: nothing to dump
+        return False
+    done = threading.Event()
+
+    def dump() -> None:
+        try:
+            path.write_bytes(_dump_nccl_trace())
+            done.set()
+        except Exception as err:  # noqa: BLE001 - a dump is a bonus, never a reason not to exit
+            logger.warning("watchdog: NCCL flight recorder not dumped to %s: %s", path, err)
+
+    threading.Thread(target=dump, name="flight-recorder-dump", daemon=True).start()
+    return done.wait(timeout_s)
 
 
 def fired() -> Optional[str]:
@@ -427,5 +454,5 @@ def hard_exit(code: int) -> None:
 
 
 __all__ = ["Allowances", "BACKSTOP_S", "EXIT_GRACE_S", "JobHung", "LONG_PHASES", "PHASES", "Report", "Watchdog",
-           "fired", "flight_recorder_env", "hang_line", "hard_exit", "name_stalled", "overdue", "read_reports",
+           "dump_flight_recorder", "fired", "flight_recorder_env", "hang_line", "hard_exit", "name_stalled", "overdue", "read_reports",
            "silent_too_long"]

@@ -14,7 +14,8 @@ import pytest
 from albert_dist import cli
 from albert_dist.config import load_config
 from albert_dist.exit_codes import EXIT_HUNG
-from albert_dist.job.watchdog import (BACKSTOP_S, Allowances, JobHung, Report, Watchdog, flight_recorder_env,
+from albert_dist.job.watchdog import (BACKSTOP_S, Allowances, JobHung, Report, Watchdog, dump_flight_recorder,
+                                      flight_recorder_env,
                                       hang_line, name_stalled, overdue, read_reports, silent_too_long)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,6 +208,10 @@ def test_the_flight_recorder_is_switched_on_for_nccl_only_and_keeps_what_the_use
     assert flight_recorder_env("gloo", "/runs/r/watchdog/nccl_trace_rank_", environ={}) == {}
     user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_"}
     assert flight_recorder_env("nccl", "/runs/r/x_", environ=user) == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def test_no_flight_recorder_dump_without_an_nccl_group(tmp_path):
+    assert dump_flight_recorder(tmp_path / "nccl_trace_rank_0") is False and not list(tmp_path.iterdir())
 
 
 def test_the_timeouts_are_config_fields_with_defaults():
