@@ -7,7 +7,9 @@ The launch scripts (`launch/pretrain_local.sh`, `slurm/common.sh`) map what thei
 killed by a signal (DeepSpeed's launch.py: 256 - N, e.g. 247 after a kill -9; srun: 128 + N) to EXIT_CRASHED,
 naming the signal, and report an interrupt without a checkpoint at the stop as 128 + N (130 after Ctrl-C).
 `launch/pretrain_local.sh` reports EXIT_OK only when the run's newest checkpoint is at max_steps (DeepSpeed's
-runner exits 0 when launch.py dies of a signal), and EXIT_PREEMPTED whenever the ranks wrote a stop checkpoint.
+runner exits 0 when launch.py dies of a signal), EXIT_PREEMPTED whenever the ranks wrote a stop checkpoint, and
+EXIT_HUNG whenever the ranks' hang watchdog wrote its report during the run (the launcher's SIGKILL of the stopped
+rank is then no crash; `albert_dist.job.watchdog`).
 """
 
 EXIT_OK = 0

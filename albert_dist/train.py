@@ -21,6 +21,8 @@ config/input error or run directory in use, 74 a checkpoint could not be written
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
 training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
+76 a rank stopped making progress (`albert_dist.job.watchdog`: its line names the rank; an error of a collective
+after it fired is the hang's too),
 77 training diverged and the policy stopped it (`albert_dist.engine.divergence`: one line on rank 0 naming the step
 and the newest healthy checkpoint; no final model; the MLflow run ends FAILED),
 78 a training file or object of the plan is gone (`InputVanished`: one line; after a checkpoint when the source is
@@ -45,8 +47,10 @@ from albert_dist.distributed.rendezvous import PreflightRefused, agree, open_sto
 from albert_dist.job.console import configure_logging
 from albert_dist.job.lock import RunDirLock
 from albert_dist.job.stop import StopFlag, end_rank, exit_deadline, peer_failure
-from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_DIVERGED, EXIT_INPUT_VANISHED, EXIT_OK,
-                                   EXIT_PREEMPTED, EXIT_SAVE_FAILED, InputVanished, TryAgainLater, error_line)
+from albert_dist.job import watchdog
+from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_DIVERGED, EXIT_HUNG, EXIT_INPUT_VANISHED,
+                                   EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, InputVanished, TryAgainLater,
+                                   error_line)
 from albert_dist.preflight import preflight
 from albert_dist.trainer import Trainer
 from albert_dist.tracking.tracker import RunMovedOn
@@ -121,6 +125,11 @@ def _exit_code(err: Exception, env: Optional[DistEnv], trainer: Optional[Trainer
     discovered), `trainer` the job's (None before it was built)."""
     # Every error after the process group started: this rank ends within a bound whatever its cleanup waits on
     # (albert_dist.job.stop.exit_deadline); its peers' collectives then fail, and they end the same way.
+    if isinstance(err, watchdog.JobHung) or watchdog.fired() is not None:  # its line is logged: no traceback
+        exit_deadline(EXIT_HUNG)
+        logger.warning("ended by the hang watchdog (%s: %s); exit %d", type(err).__name__,
+                       (str(err).strip().splitlines() or [""])[0][:200], EXIT_HUNG)
+        return EXIT_HUNG
     if isinstance(err, TryAgainLater):  # a store down outside the training loader (preflight, validation): one line
         if trainer is None or not trainer.started:
             print(error_line("albert-dist train", err), file=sys.stderr)
@@ -184,5 +193,6 @@ def end_process(code: int) -> None:
         end_rank(code)
 
 
-__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "EXIT_DIVERGED",
+__all__ = ["main", "EXIT_OK", "EXIT_CRASHED", "EXIT_CONFIG_ERROR", "EXIT_SAVE_FAILED", "EXIT_PREEMPTED", "EXIT_HUNG",
+           "EXIT_DIVERGED",
            "end_process"]

@@ -24,6 +24,10 @@ plan found gone there (`albert_dist.exit_codes.InputVanished`) stops it the same
 Divergence (`albert_dist.engine.divergence`): every step adds its loss to flags kept on the device; they are read at
 log steps and before every save (`_check_divergence`), so no checkpoint holds flagged weights. Flagged: roll back to
 the newest healthy checkpoint and go on past the data since it, or raise `TrainingDiverged` (exit 77).
+
+Hangs: the loop marks each phase (data, forward_backward, optimizer_step, logging, evaluation, checkpoint_save,
+stop_agreement) for the hang watchdog `setup()` starts (`albert_dist.job.watchdog`: a rank stopped past
+``engine.step_timeout_s`` ends the job with exit 76, named); the collectives time out after it, as a backstop.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import json
 import logging
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,6 +73,7 @@ from albert_dist.engine.optim import build_optimizer, build_scheduler
 from albert_dist.engine.stragglers import StragglerMonitor
 from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
+from albert_dist.job.watchdog import FOLDER as WATCHDOG_FOLDER, Allowances, Watchdog
 from albert_dist.exit_codes import EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED, InputVanished
 from albert_dist.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
@@ -84,6 +90,13 @@ STORE_STOP_FLAG = 128.0
 #: ... whose loader found a file or object of its plan gone (`InputVanished`): above the store's, so that the job
 #: ends with EXIT_INPUT_VANISHED (not requeued) whatever the other ranks saw.
 VANISHED_STOP_FLAG = 256.0
+#: The rendezvous store's key of the run directory rank 0's preflight named (`Trainer._run_dir_before_group`).
+_RUN_DIR_KEY = "albert_dist/run_dir"
+
+
+def _in_object_store(cfg: TrainConfig) -> bool:
+    """A training source in an object store: its loader may retry for ``data.store_retry_s``."""
+    return any(store.is_url(p) for src in cfg.data.train for p in src.paths)
 
 
 def every(step: int, n: int, last: bool = False) -> bool:
@@ -105,7 +118,8 @@ class Trainer:
     process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
-    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`).
+    `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`), `watchdog`
+    (the hang watchdog, stopped when `train()` finishes or in `close()`).
     """
 
     def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,
@@ -142,6 +156,9 @@ class Trainer:
         self.rollbacks = 0  # divergence rollbacks of this job (`_check_divergence`)
         self._poison = set(injected_steps())  # the testing switch's steps, each poisoned once (engine/divergence.py)
         self.goodput = GoodputRecorder()  # rank 0's goodput events (`train`, `close`); records nothing until started
+        self.watchdog: Optional[Watchdog] = None  # the hang watchdog (`setup` starts it, `train` stops it)
+        self.allowances = Allowances(cfg.engine.init_timeout_s, cfg.engine.step_timeout_s,
+                                     cfg.data.store_retry_s if _in_object_store(cfg) else 0.0)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -151,11 +168,21 @@ class Trainer:
         cfg = self.cfg
         # First: a stop signal during start-up is then a stop after the first step, not a traceback per rank.
         self._stop.install()
-        self.dist_env = init_distributed(store=self.store)
+        # The hang watchdog's timeouts bound the collectives too, with a margin: it fires first (docs/faults.md)
+        timeout_s = self.allowances.collective_timeout_s
+        if self.store is not None:
+            self.store.set_timeout(timedelta(seconds=timeout_s))
+        run_dir = self._run_dir_before_group()  # where NCCL's flight recorder dumps (None: known after the group)
+        if run_dir is not None:
+            (Path(run_dir) / WATCHDOG_FOLDER).mkdir(parents=True, exist_ok=True)
+        self.dist_env = init_distributed(store=self.store, timeout_s=timeout_s, flight_recorder_prefix=None
+                                         if run_dir is None else str(Path(run_dir) / WATCHDOG_FOLDER / "nccl_trace_rank_"))
         self.started = True
-        self._host_group = host_group()  # the stop flag's (`_agree_stop`)
+        self._host_group = host_group(timeout_s)  # the stop flag's (`_agree_stop`)
         rank, world = self.dist_env.rank, self.dist_env.world_size
-        self.run_dir = Path(self._agree_run_dir())
+        self.run_dir = Path(run_dir if run_dir is not None else self._agree_run_dir())
+        job = broadcast_object(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) if rank == 0 else None)
+        self.watchdog = Watchdog(self.run_dir, job, rank, world, self.allowances).start()
         self.ckpt_dir = Path(cfg.checkpoint.directory(str(self.run_dir)))
         self.checkpoints = CheckpointManager(cfg.checkpoint, self.ckpt_dir, rank=rank, world_size=world,
                                                   config=self.config, config_hash=self.config_hash,
@@ -254,6 +281,22 @@ class Trainer:
         loader.worker_init_fn = IgnoreStopSignals(loader.worker_init_fn)
         return loader
 
+    def _run_dir_before_group(self) -> Optional[str]:
+        """The run directory when every rank can know it before the process group: cfg.run_dir, or rank 0's
+        preflight's (`JobPlan.run_dir`) through the rendezvous store; None without a store (`_agree_run_dir`)."""
+        if self.cfg.run_dir is not None:
+            return self.cfg.run_dir
+        if self.store is None:
+            return None if self.dist_env.world_size > 1 else self._named_run_dir
+        if self.dist_env.rank == 0:
+            self.store.set(_RUN_DIR_KEY, str(self._named_run_dir))
+        return self.store.get(_RUN_DIR_KEY).decode()
+
+    def _mark(self, phase: str) -> None:
+        """The hang watchdog's phase mark (`albert_dist.job.watchdog.Watchdog.mark`; raises its `JobHung`)."""
+        if self.watchdog is not None:
+            self.watchdog.mark(phase)
+
     def _agree_run_dir(self) -> str:
         """cfg.run_dir, or the directory rank 0's preflight named and locked (`JobPlan.run_dir`), broadcast: the
         ranks' clocks differ, so each naming its own would not agree."""
@@ -300,7 +343,7 @@ class Trainer:
                    disable=not console.progress_bar_enabled(cfg.progress_bar, rank, sys.stderr))
         self._pace = (time.perf_counter(), self.step)  # ETA: this process's mean pace, evaluations included
         # An object-store source: the next step's batches come before the stop agreement (module docstring)
-        prefetch = any(store.is_url(p) for src in cfg.data.train for p in src.paths)
+        prefetch = _in_object_store(cfg)
         if prefetch and self.step < cfg.max_steps and self._prefetch():  # no step since the checkpoint loaded
             bar.close()
             return self._stop_for_store(self._store_flag, saved=False)
@@ -317,16 +360,19 @@ class Trainer:
                     strag.start_compute()
                     poison = self.step + 1 in self._poison  # the testing switch (engine/divergence.py)
                     self._poison.discard(self.step + 1)
-                    result = optimizer_step(engine, batches, sop_weight, poison=poison)
+                    result = optimizer_step(engine, batches, sop_weight, poison=poison, on_phase=self._mark)
                     for out, batch in zip(result.outputs, batches):
                         acc.add_micro_step(out, batch["attention_mask"], batch["input_ids"].shape)
                     self.step += 1
+                    if self.watchdog is not None:
+                        self.watchdog.step_done(self.step)
                     last = self.step == cfg.max_steps
                     acc.add_step(result.grad_norm)
                     strag.end_step(self._fetch_s)
                     self.divergence.add_step(self.step, result.outputs, engine.skipped_steps)  # no host sync
                     if every(self.step, cfg.log_interval_steps, last):
                         self.goodput.mark("interval", self.step)
+                        self._mark("logging")
                         record = self._log_train(acc, lr, sop_weight)
                         bar.set_postfix(loss=f"{record[names.TRAIN_LOSS]:.3f}", refresh=False)
                     bar.update(1)  # after the postfix, so the bar shows this step's loss, not the previous one's
@@ -367,6 +413,8 @@ class Trainer:
             bar.close()
             strag.close()
         self.save(last=True)  # max_steps already reached when resuming from a non-final checkpoint
+        if self.watchdog is not None:
+            self.watchdog.stop()
         return EXIT_OK
 
     def _agree_stop(self, extra: float = 0.0) -> float:
@@ -377,6 +425,7 @@ class Trainer:
         and the read of the reduced value would drain the device's queue after every step. Every rank calls this
         after the same step, so all see the same flag and stop together. (Agreeing only every k steps would keep
         a device collective, drain every k-th step and stop up to k-1 steps late.)"""
+        self._mark("stop_agreement")
         flag = torch.tensor([max(int(self._stop.signum), int(extra))], dtype=torch.int32)
         if is_multi_rank():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group)
@@ -448,6 +497,7 @@ class Trainer:
     def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
         """The next step's micro-batches on the device; raises `store.StoreUnavailable` (`next_batch`). The host
         time it waited for them is ``_fetch_s`` (the step's data wait)."""
+        self._mark("data")
         started = time.perf_counter()
         batches = [self._to_device(next_batch(self._train_iter)) for _ in range(self.ga_steps)]
         self._fetch_s = time.perf_counter() - started
@@ -555,6 +605,7 @@ class Trainer:
         if not self.cfg.data.validation:
             return None
         started = time.perf_counter()
+        self._mark("evaluation")
         if self._evaluator is None:
             self._evaluator = Evaluator(self.cfg.data, self.cfg.engine.train_micro_batch_size_per_gpu,
                                         self.dist_env.rank, self.dist_env.world_size, self.device)
@@ -582,6 +633,7 @@ class Trainer:
         if not every(self.step, self.cfg.checkpoint.save_interval_steps, last):
             return None
         self._check_divergence(True, roll_back=False)  # never a checkpoint of unread steps: TrainingDiverged if flagged
+        self._mark("checkpoint_save")
         start = time.perf_counter()
         # the loader's state before the batches fetched ahead for the next step, when there are such (`_prefetch`)
         data_state = (self.train_loader.state_dict if self._loader_state is None
@@ -618,6 +670,8 @@ class Trainer:
         # Explicitly: the workers ignore SIGTERM (see IgnoreStopSignals), so multiprocessing's exit-time
         # terminate() could not stop them if the iterator were left for the interpreter to clean up; and an
         # iterator whose construction raised (a worker failing to load its saved state) is nobody's to shut down.
+        if self.watchdog is not None:
+            self.watchdog.stop()
         stop_loader_workers(self._loader_iterators())
         self._train_iter = None
         self._end_goodput(status)

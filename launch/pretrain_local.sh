@@ -15,7 +15,8 @@
 # by a signal after a checkpoint, or by an object store that stayed unavailable (data.store_retry_s; the line says
 # which, from the checkpoint's stop_cause; the command to continue is printed), 78 a training file or object is gone
 # (after a checkpoint for an object-store source), 77 training diverged (no final model; checkpoints/latest names
-# the newest healthy checkpoint), 130 (128 + N) interrupted, nothing saved at the stop.
+# the newest healthy checkpoint), 76 a rank stopped making progress (the hang watchdog's line is repeated, the
+# command to continue printed), 130 (128 + N) interrupted, nothing saved at the stop.
 # --max-restarts N (default 0): after a crash or a rank killed (exit 1) or a hang (76), start again in place with
 # `--resume auto`, at most N times, unless the attempt recorded no step past the one it started from
 # (`albert-dist goodput RUN_DIR --json`: a crash in start-up would only repeat). Each attempt's launch and exit are
@@ -112,7 +113,19 @@ print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("confi
       meta.get("stop_cause", ""), sep="\n")
 PY
 }
+# The line of a hang report the ranks' watchdog wrote during this launch (<run dir>/watchdog/<job>/hang.json,
+# albert_dist.job.watchdog): the launcher's own status then is the live ranks' 76, or a stopped rank's SIGKILL.
+hang_line() {
+    python - "${RUN_DIR}" "${STARTED}" 2>/dev/null <<'PY' || true
+import json, sys
+from pathlib import Path
+found = [p for p in Path(sys.argv[1]).glob("watchdog/*/hang.json") if p.stat().st_mtime >= float(sys.argv[2])]
+if found:
+    print(json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text())["line"])
+PY
+}
 mapfile -t BEFORE < <(newest_checkpoint)
+STARTED=$(date +%s)
 SIGNAL=""
 trap 'SIGNAL=SIGINT' INT
 trap 'SIGNAL=SIGTERM' TERM
@@ -149,9 +162,14 @@ finished() { # the newest checkpoint is at the run's max_steps
 }
 # the signal: the one this shell trapped, else SIGINT (the documented "interrupted" code, 130)
 interrupted_status() { if [[ -n ${SIGNAL} ]]; then echo $((128 + $(kill -l "${SIGNAL#SIG}"))); else echo 130; fi; }
+HANG=$(hang_line)
 if [[ ${status} -eq 2 || ${status} -eq 74 || ${status} -eq 77 || ${status} -eq 78 ]]; then
     : # the trainer's own codes: did not start / a checkpoint could not be written / diverged / an input file is gone
     # (its stop checkpoint is not a signal's)
+elif [[ -n ${HANG} ]]; then
+    # the watchdog ended the live ranks (76); launch.py then ended a stopped one (SIGKILL 30 s after SIGTERM)
+    echo "(${HANG}; the launcher exited ${status})"
+    status=76
 elif [[ -n ${NEW_CHECKPOINT} && ${AFTER[1]:-} == stop ]]; then
     # the ranks stopped on a signal and checkpointed: 75 whether or not this shell saw the signal, whatever the
     # launcher said (1 from launch.py's own signal handler, 0 from the runner when launch.py died of one)
@@ -240,6 +258,11 @@ case "${status}" in
 77)
     echo "pretraining diverged (exit 77, the line above names the step): no final model; checkpoints/latest names the" \
         "newest healthy checkpoint (${NEWEST}); change what made it diverge (optimizer.lr, ...), then continue with:"
+    echo "  ${CONTINUE_CMD}"
+    echo "outputs in ${OUT}"
+    ;;
+76)
+    echo "pretraining hung: a rank stopped making progress (exit 76; the line above names it, stacks in ${OUT}/watchdog/); continue from its last complete checkpoint (${NEWEST}) with:"
     echo "  ${CONTINUE_CMD}"
     echo "outputs in ${OUT}"
     ;;

@@ -69,6 +69,13 @@ resolve_run_dir() {
         --print-run-dir "runs/slurm-$SLURM_JOB_ID") || { log "the job's config does not load (above): exit 2"; exit 2; }
 }
 
+# hang_reports [SINCE]
+#   The hang reports the ranks' watchdog wrote in RUN_DIR (<run dir>/watchdog/<job>/hang.json,
+#   albert_dist.job.watchdog), one path a line: all of them, or those written after epoch second SINCE.
+hang_reports() {
+    find "${RUN_DIR:-.}/watchdog" -name hang.json ${1:+-newermt "@$1"} 2>/dev/null || true
+}
+
 # run_preemptible STOP_COMMAND -- COMMAND...
 #   Runs COMMAND in the background (bash runs a trap only between foreground commands, so a foreground srun
 #   would hold the signal until training ends). On SIGUSR1 to this shell (`--signal=B:USR1@T` before the time
@@ -84,6 +91,8 @@ run_preemptible() {
     _stop_command=$stop_command
     _out_file=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
     _out_from=$(stat -c %s "$_out_file" 2>/dev/null || echo 0) # this attempt's part of the job's output
+    local started
+    started=$(date +%s)
     trap '_preempted=1; log "SIGUSR1: asking every rank to checkpoint and stop"; [[ -n $_train_pid ]] && eval "$_stop_command" || true' USR1
     "$@" &
     _train_pid=$!
@@ -118,6 +127,15 @@ run_preemptible() {
         log "training diverged (exit $EXIT_DIVERGED; rank 0's line above names the step and the healthy checkpoint):" \
             "not requeued, the same data and settings would diverge again (docs/faults.md)"
         return "$rc"
+    fi
+    # A hang: the live ranks exit 76 and srun SIGKILLs a stopped one after KillWait, so srun's status may be 137;
+    # the watchdog's report in the run directory tells. Requeued as a crash is (`crash_requeue`: bounded).
+    local report
+    report=$(hang_reports "$started" | tail -n 1)
+    if [[ $rc == "$EXIT_HUNG" || -n $report ]]; then
+        [[ -n $report ]] && log "$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["line"])' "$report" 2>/dev/null)"
+        log "the hang watchdog ended the job (exit $EXIT_HUNG; srun exited $rc)"
+        rc=$EXIT_HUNG
     fi
     # srun reports a task killed by signal N as 128 + N (DeepSpeed's launch.py as 256 - N): not an exit code of
     # albert-dist train. A second SIGINT (`scancel --signal=INT` twice) is an interrupt without a checkpoint at

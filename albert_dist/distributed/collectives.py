@@ -1,7 +1,7 @@
 """Collectives of small Python objects and host tensors over the process group, each a no-op on one rank."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 def is_multi_rank() -> bool:
@@ -48,13 +48,14 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def host_group() -> Any:
+def host_group(timeout_s: Optional[float] = None) -> Any:
     """The process group for collectives of small host (CPU) tensors, such as the stop flag each step: None (the
     default group) when that is gloo already (CPU jobs), else a gloo group of every rank, made here.
 
     Why: the same collective through NCCL needs the tensor on the device, and reading its result back drains the
     device's queue every time. Collective when it makes a group (`torch.distributed.new_group`): every rank calls
-    it at the same point, after the process group is up.
+    it at the same point, after the process group is up. `timeout_s`: the made group's collective timeout
+    (None: torch's default for gloo, 30 min).
     """
     if not is_multi_rank():
         return None
@@ -62,7 +63,9 @@ def host_group() -> Any:
 
     if tdist.get_backend() == "gloo":
         return None
-    return tdist.new_group(backend="gloo")
+    from datetime import timedelta
+
+    return tdist.new_group(backend="gloo", timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 
 def barrier() -> None:

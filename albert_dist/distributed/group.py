@@ -8,11 +8,13 @@ from typing import Any, Optional
 
 from albert_dist.distributed.env import DistEnv, bind_device, clear_stale_build_lock, default_torch_extensions_dir, \
     discover, export_env
+from albert_dist.job.watchdog import flight_recorder_env
 
 log = logging.getLogger(__name__)
 
 
-def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
+def init_distributed(timeout_s: float = 1800.0, store: Any = None,
+                     flight_recorder_prefix: Optional[str] = None) -> DistEnv:
     """Discover this process's place, export it as env:// variables and start the process group.
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
@@ -25,6 +27,9 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
         timeout_s: seconds a collective (and the rendezvous) may wait before failing, instead of hanging.
         store: the job's rendezvous store, already open (`albert_dist.distributed.rendezvous.open_store`: the
             preflight verdict went through it); the process group starts over it instead of env://.
+        flight_recorder_prefix: on nccl, PyTorch's NCCL flight recorder is switched on before the group starts,
+            dumping on a collective's timeout to ``<prefix><rank>`` (`albert_dist.job.watchdog.flight_recorder_env`;
+            variables the user set are kept); nothing on gloo.
 
     Raises:
         ValueError: from :func:`discover`, or ``timeout_s <= 0``.
@@ -48,6 +53,8 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None) -> DistEnv:
         clear_stale_build_lock(extensions_dir)
     device = bind_device(dist_env, accel)
     if not tdist.is_initialized():
+        if flight_recorder_prefix is not None:
+            os.environ.update(flight_recorder_env(accel.communication_backend_name(), flight_recorder_prefix))
         if store is not None:  # DeepSpeed then wraps the group it finds
             tdist.init_process_group(accel.communication_backend_name(), store=store, rank=dist_env.rank,
                                      world_size=dist_env.world_size, timeout=timedelta(seconds=timeout_s))

@@ -132,6 +132,12 @@ class EngineConfig:
     """What `compile` compiles: "model" (DeepSpeed's engine.compile(): the whole forward with embeddings, heads
     and losses; ZeRO 0-2) or "block" (the executed-block function, once: two graphs serve every block whatever
     the depth; ZeRO 0-3). CPU figures for both in docs/benchmarks.md."""
+    init_timeout_s: float = field(default=900.0, metadata=on_resume(QUIET))
+    """Seconds a rank may go without progress from its start to its first finished optimiser step (process
+    group, resume, first batch, compile) before the hang watchdog ends the job with exit 76 (docs/faults.md)."""
+    step_timeout_s: float = field(default=300.0, metadata=on_resume(QUIET))
+    """Seconds a rank may stay in one phase of a step (data, forward/backward, optimiser step) after its first
+    step before the hang watchdog ends the job with exit 76; saves and evaluations get longer (docs/faults.md)."""
 
     @property
     def accumulation_dtype(self) -> str:
@@ -197,6 +203,10 @@ class EngineConfig:
             raise ValueError("engine.compile_scope=model does not work with engine.zero_stage=3 (ZeRO-3's "
                              "parameter hooks make torch.compile recompile for every submodule); use "
                              "engine.compile_scope=block, or zero_stage <= 2")
+        for name in ("init_timeout_s", "step_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"engine.{name} must be a number of seconds > 0, got {value!r}")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

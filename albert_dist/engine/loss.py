@@ -14,7 +14,7 @@ the gradient reduction averages over the data-parallel ranks).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -64,7 +64,7 @@ class StepResult(NamedTuple):
 
 
 def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_weight: float = 1.0,
-                   poison: bool = False) -> StepResult:
+                   poison: bool = False, on_phase: Optional[Callable[[str], None]] = None) -> StepResult:
     """One optimiser step on a DeepSpeed engine: forward, `engine.backward`, `engine.step` per micro-batch.
 
     `batches`: this rank's `engine.gradient_accumulation_steps()` micro-batches on the engine's device (the
@@ -75,8 +75,12 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
     installs or, with clipping off, computed here just before the last `engine.step()`).
     `poison`: this rank's MLM loss sum of the first micro-step is made NaN before its backward pass, so the step's
     loss and gradients are non-finite (the testing switch of `albert_dist.engine.divergence`, a poisoned step).
+    `on_phase` (the hang watchdog's mark, `albert_dist.job.watchdog`) hears "forward_backward" first and
+    "optimizer_step" before the last `engine.step()` (where DeepSpeed reduces and steps).
     Raises `ValueError` when the number of batches differs from the engine's accumulation steps.
     """
+    mark = on_phase or (lambda phase: None)
+    mark("forward_backward")
     ga = engine.gradient_accumulation_steps()
     if len(batches) != ga:
         raise ValueError(f"{len(batches)} micro-batches for an engine with gradient_accumulation_steps={ga}")
@@ -91,6 +95,8 @@ def optimizer_step(engine: Any, batches: Sequence[dict[str, torch.Tensor]], sop_
         engine.backward(micro_step_loss(out, counts, ga * world, sop_weight))
         if i == ga - 1 and exact_norm_applies(engine) and not engine.gradient_clipping() > 0:
             own_norm = global_grad_norm(engine.module.parameters())  # before step() zeroes the gradients
+        if i == ga - 1:
+            mark("optimizer_step")
         engine.step()
         outputs.append(type(out)(*(t.detach() for t in out)))  # metrics only: keep no autograd graph alive
     reported = own_norm if own_norm is not None else engine.get_global_grad_norm()

@@ -344,3 +344,37 @@ def test_a_config_error_leaves_no_empty_automatic_run_directory(tmp_path):
                 env={"RUN_DIR": None, "MASTER_PORT": "29999"})
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert list((checkout / "runs").iterdir()) == []
+
+
+HANG_LINE = ("hang: no progress for over 300 s; 1 of 2 rank(s) stopped reporting: rank 1 (host node7, pid 4242) at "
+             "step 12, phase data for 301 s, last report 301 s ago")
+
+
+def _hang_report(run: Path, job: str = "20261206T000000Z") -> str:
+    """Shell commands writing what the hang watchdog leaves (albert_dist.job.watchdog): <run>/watchdog/<job>/hang.json."""
+    return f"mkdir -p {run}/watchdog/{job}; echo '{{\"line\": \"{HANG_LINE}\"}}' > {run}/watchdog/{job}/hang.json"
+
+
+@pytest.mark.parametrize("launcher_exit", [76, 247])
+def test_a_hang_is_exit_76_with_the_watchdogs_line_and_the_command_to_continue(tmp_path, launcher_exit):
+    """The live ranks exit 76 (EXIT_HUNG) and launch.py SIGKILLs the stopped one: the launcher says 76, or the
+    killed rank's 247. Either way the watchdog's report of this launch decides: exit 76, its line, the command to
+    continue (it was "pretraining failed (exit 76)", or a crash naming SIGKILL)."""
+    run = tmp_path / "run"
+    proc = _run(tmp_path, "2", exit_code=launcher_exit,
+                before_exit=f"{_checkpoint(run, 'step_10', 'interval')}; {_hang_report(run)}")
+    assert proc.returncode == 76, (proc.returncode, proc.stdout, proc.stderr)
+    assert f"({HANG_LINE}; the launcher exited {launcher_exit})" in proc.stdout
+    assert "pretraining hung: a rank stopped making progress (exit 76" in proc.stdout
+    assert "continue from its last complete checkpoint (step_10)" in proc.stdout
+    assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
+
+
+def test_a_hang_report_of_an_earlier_launch_does_not_make_a_crash_a_hang(tmp_path):
+    run = tmp_path / "run"
+    subprocess.run(["bash", "-c", _hang_report(run, "20200101T000000Z")], check=True)
+    old = time.time() - 3600
+    os.utime(run / "watchdog" / "20200101T000000Z" / "hang.json", (old, old))
+    proc = _run(tmp_path, "2", exit_code=247, before_exit=_checkpoint(run, "step_5", "interval"))
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert HANG_LINE not in proc.stdout

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -114,6 +116,40 @@ def test_run_preemptible_maps_a_rank_killed_by_a_signal_to_a_documented_exit_cod
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
     assert says in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("count, command_exit, expected, says", [
+    (None, 137, 0, "crash requeue 1 of at most 3"),  # srun: the stopped rank's SIGKILL outranks the 76
+    (None, 76, 0, "crash requeue 1 of at most 3"),
+    ("1 3", 137, 76, "not requeueing: 3 crash requeue(s) of job 1 already"),
+])
+def test_run_preemptible_requeues_a_hang_a_bounded_number_of_times(tmp_path, count, command_exit, expected, says):
+    """The ranks' watchdog wrote its report (<run dir>/watchdog/<job>/hang.json) and the live ranks exited 76; srun
+    then SIGKILLed the stopped rank (its status 137). Not a crash: the line is repeated, exit 76, and the job is
+    requeued as a crash is (`crash_requeue`: its `--resume auto` continues), at most ALBERT_MAX_CRASH_REQUEUES times
+    (the count file `<job id> <count>`), then exit 76."""
+    run, bin_dir = tmp_path / "run", tmp_path / "bin"
+    bin_dir.mkdir()
+    run.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/scontrol.log\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    events = [{"event": "start", "t": 1010.0, "step": 10, "begin_t": 1000.0, "launch_t": 1000.0, "load_s": 1.0},
+              {"event": "interval", "t": 1020.0, "step": 13, "from_step": 10, "elapsed_s": 10.0, "phases": {}}]
+    (run / "goodput.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))  # the attempt progressed
+    if count is not None:
+        (run / ".crash_requeues").write_text(count)
+    line = "hang: no progress for over 300 s; 1 of 2 rank(s) stopped reporting: rank 1 (host n2, pid 7) at step 40"
+    command = tmp_path / "train.sh"  # the training step: the watchdog's report, then srun's status
+    command.write_text(f"mkdir -p {run}/watchdog/new\necho '{{\"line\": \"{line}\"}}' > {run}/watchdog/new/hang.json\n"
+                       f"exit {command_exit}\n")
+    script = (f"MASTER_ADDR=127.0.0.1 SLURM_JOB_ID=1 RUN_DIR={run} PYTHON={sys.executable}; source slurm/common.sh; "
+              f"ALBERT_LAUNCH_TIME=1000.0; run_preemptible true -- bash {command}; echo \"rc=$?\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
+    assert line in proc.stdout and says in proc.stdout, proc.stdout
+    requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
+    assert ("requeue 1" in requeued.splitlines()) == (expected == 0), requeued
 
 
 # A stand-in `srun` records each call's argv (one file per call, one word a line); a training call writes the run's
