@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
             "sigstop_to_hang_line_s": round(hang_record["time"] - stopped_at, 1) if hang_record else None,
             "sigstop_to_script_exit_s": round(ended_at - stopped_at, 1), "script_exit_code": code,
             "stopped_rank_left_alive": left_alive, "hang_line": hang_record.get("line"),
-            "script_summary": [l for l in out.splitlines() if l.startswith(("(hang", "pretraining"))],
+            # the scratch folder as <work>: a results record holds no machine path (tools/self_contained.py)
+            "script_summary": [l.replace(tmp, "<work>") for l in out.splitlines()
+                               if l.startswith(("(hang", "pretraining"))],
             "load_average": os.getloadavg(),
         }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
