@@ -53,7 +53,7 @@ class TryAgainLater(Exception):
 class InputVanished(Exception):
     """A corpus file the job planned with (an object in a store, a local shard) is gone while it trains: a command
     prints its one line (the file, what the plan expected of it, how to go on) and exits `EXIT_INPUT_VANISHED`;
-    a training job checkpoints the step it reached first where it can (`albert_dist.trainer`). Neither a
+    a training job checkpoints the step it reached first where it can (`albert_dist.apps.pretrain.trainer`). Neither a
     ValueError (not a config error: the input was there when the job was checked) nor an OSError (a reader takes
     an OSError for a damaged piece and skips it: a vanished file must not be skipped silently)."""
 

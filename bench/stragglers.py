@@ -46,12 +46,12 @@ def _worker(mode: str, out: str, config: str, overrides: list[str]) -> int:
 
     import deepspeed.ops
 
-    from albert_dist import trainer as trainer_module
+    from albert_dist.apps.pretrain import trainer as trainer_module
     from albert_dist.config import load_config
     from albert_dist.distributed.env import discover
     from albert_dist.engine.stragglers import StragglerMonitor
     from albert_dist.job.console import configure_logging
-    from albert_dist.preflight import plan_job
+    from albert_dist.apps.pretrain.preflight import plan_job
 
     torch.set_num_threads(1)
     ends: list[float] = []

@@ -32,7 +32,7 @@ def _sources_from_args(args: argparse.Namespace) -> tuple[list[SourceConfig], Op
     max_doc = args.max_document_bytes
     if args.config:
         from albert_dist.config import load_config
-        from albert_dist.init_from import read_source
+        from albert_dist.apps.pretrain.init_from import read_source
 
         cfg = load_config(args.config, args.overrides, read_source)
         local = [s for s in cfg.data.train if s.format != "hub"]
@@ -181,7 +181,7 @@ def show_slots(args: argparse.Namespace) -> int:
     """
     from albert_dist.config import load_config
     from albert_dist.data.sources import store
-    from albert_dist.init_from import read_source
+    from albert_dist.apps.pretrain.init_from import read_source
     from albert_dist.data.sources.pieces import job_sources
 
     cfg = load_config(args.config, args.overrides, read_source)

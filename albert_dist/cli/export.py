@@ -1,4 +1,4 @@
-"""The front end of `albert-dist export` (the work: `albert_dist.export`; what it reads: `albert_dist.runs`).
+"""The front end of `albert-dist export` (the work: `albert_dist.apps.export`; what it reads: `albert_dist.runs`).
 
     albert-dist export RUN_DIR|CHECKPOINT --output DIR [--step N] [--config YAML] [--tokenizer spiece.model]
                        [--fp32 FILE.safetensors|FILE.pt]
@@ -34,14 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export (`albert_dist.export.export_found`); 0.
+    """Export (`albert_dist.apps.export.export_found`); 0.
 
     Raises:
         ValueError: a missing config, a mismatch, or a checkpoint that does not verify (exit 2).
         OSError: a missing file (exit 2).
     """
     from albert_dist.engine.checkpoint.layout import CheckpointError
-    from albert_dist.export import export_found
+    from albert_dist.apps.export import export_found
 
     try:
         exported = export_found(args.checkpoint, args.output, args.config, args.tokenizer, args.fp32,

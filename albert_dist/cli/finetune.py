@@ -1,4 +1,4 @@
-"""The front end of `albert-dist finetune` (the work: `albert_dist.finetune`).
+"""The front end of `albert-dist finetune` (the work: `albert_dist.apps.finetune`).
 
     albert-dist finetune RUN_DIR|RUN_ID|HF_DIR --task sst2 stsb --data-dir DIR [--step N] [--init random] ...
 
@@ -10,10 +10,10 @@ import argparse
 import dataclasses
 import sys
 
-from albert_dist.finetune.options import FinetuneOptions
-from albert_dist.finetune.run import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE,
+from albert_dist.apps.finetune.options import FinetuneOptions
+from albert_dist.apps.finetune.run import (DEFAULT_BATCH_OTHER, DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE,
                                       DEFAULT_WARMUP_RATIO, RESULTS_FILE)
-from albert_dist.finetune.run import __doc__ as finetune_doc
+from albert_dist.apps.finetune.run import __doc__ as finetune_doc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,11 +75,11 @@ def options(args: argparse.Namespace) -> FinetuneOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`albert_dist.finetune.run.finetune` of the flags; its exit code, or `EXIT_INTERRUPTED` with one line after
+    """`albert_dist.apps.finetune.run.finetune` of the flags; its exit code, or `EXIT_INTERRUPTED` with one line after
     Ctrl-C naming the tasks that finished and their downstream.json (the one being written is whole or not there). Bad input raises `ValueError`/`OSError`, which `albert_dist.cli.main` prints as the one error line
     (exit 2)."""
     try:
-        from albert_dist.finetune.run import finetune
+        from albert_dist.apps.finetune.run import finetune
 
         return finetune(options(args))
     except KeyboardInterrupt as exc:

@@ -1,4 +1,4 @@
-"""The front end of `albert-dist train` (the app's main: `albert_dist.train.main`, which owns its exit codes).
+"""The front end of `albert-dist train` (the app's main: `albert_dist.apps.pretrain.main.main`, which owns its exit codes).
 
     albert-dist train --config configs/pretrain/<recipe>.yaml [dotted.key=value ...] [--resume auto|PATH]
                       [--resume-from RUN_ID|runs:/RUN_ID] [--print-run-dir auto|DIR]
@@ -27,12 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train (`albert_dist.train.main`), or with ``--print-run-dir`` print the job's run directory; the exit code
+    """Train (`albert_dist.apps.pretrain.main.main`), or with ``--print-run-dir`` print the job's run directory; the exit code
     (`albert_dist.exit_codes`)."""
     resume = [] if args.resume is None else [f"checkpoint.resume={args.resume}"]
     if args.print_run_dir is not None:
         from albert_dist.config import load_config
-        from albert_dist.init_from import read_source
+        from albert_dist.apps.pretrain.init_from import read_source
         from albert_dist.job.lock import auto_run_dir
 
         # a bad config: one line, exit 2
@@ -40,19 +40,19 @@ def run(args: argparse.Namespace) -> int:
         if run_dir is not None:
             print(run_dir)
         elif args.print_run_dir == "auto":
-            print(auto_run_dir(Path(args.config).stem), "new", sep="\n")  # the name albert_dist.train's rank 0 takes
+            print(auto_run_dir(Path(args.config).stem), "new", sep="\n")  # the name albert_dist.apps.pretrain.main's rank 0 takes
         else:
             print(Path(args.print_run_dir).expanduser().absolute())
         return 0
-    from albert_dist.train import main
+    from albert_dist.apps.pretrain.main import main
 
     return main(args.config, [*args.overrides, *resume], args.resume_from)
 
 
 def end_process(code: int) -> None:
-    """`albert_dist.train.end_process`: a rank of a multi-rank job exits at once with `code`."""
-    if "albert_dist.train" not in sys.modules:  # the app never ran (--print-run-dir, a usage error): nothing to end
+    """`albert_dist.apps.pretrain.main.end_process`: a rank of a multi-rank job exits at once with `code`."""
+    if "albert_dist.apps.pretrain.main" not in sys.modules:  # the app never ran (--print-run-dir, a usage error): nothing to end
         return
-    from albert_dist.train import end_process as end
+    from albert_dist.apps.pretrain.main import end_process as end
 
     end(code)

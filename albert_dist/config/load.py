@@ -27,7 +27,7 @@ from albert_dist.engine.config import global_batch_size, resolve_accumulation
 from albert_dist.model.config import ARCHITECTURE, AlbertConfig
 
 #: What reads `model.init_from`'s source for the loader: (reference, tracking URI) -> (the source's `ARCHITECTURE`
-#: fields, its tokenizer or None); the app's `albert_dist.init_from.read_source` (`albert_dist.runs`, above this
+#: fields, its tokenizer or None); the app's `albert_dist.apps.pretrain.init_from.read_source` (`albert_dist.runs`, above this
 #: layer): the loader itself reads no run. Raises ValueError naming `model.init_from`.
 SourceReader = Callable[[str, Optional[str]], tuple[dict, Optional[str]]]
 
@@ -406,7 +406,7 @@ def _apply_init_from(merged, given: set[str], read_source: Optional[SourceReader
     """With `model.init_from` set: the model fields and the tokenizer the layers left unset come from the source
     (`read_source`), so the resolved config (config.yaml, MLflow params) holds what the run trains.
     Whether what the layers did set fits the source's weights is the preflight's check
-    (`albert_dist.init_from.check`). A config that sets all of them (a run's config.yaml) reads no source.
+    (`albert_dist.apps.pretrain.init_from.check`). A config that sets all of them (a run's config.yaml) reads no source.
 
     Raises:
         ValueError: the source cannot be read (or no `read_source` was given), or has no tokenizer when

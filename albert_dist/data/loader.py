@@ -335,7 +335,7 @@ def build_train_loader(cfg: DataConfig, micro_batch_size: int, rank: int, world_
     int64, B = micro_batch_size, S = cfg.max_seq_length. ``state_dict()``/``load_state_dict()`` come from
     torchdata's StatefulDataLoader. ``pieces``: per training source, its plan for world_size x
     max(1, num_workers) slots (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), as the app's
-    preflight made it (`albert_dist.preflight.JobPlan.train_pieces`); planned here when not given.
+    preflight made it (`albert_dist.apps.pretrain.preflight.JobPlan.train_pieces`); planned here when not given.
     ``micro_batches_per_step`` (the gradient accumulation steps): the workers keep at least that many batches
     in flight (`prefetch_factor_for`), so the next step's micro-batches are made while this one computes; the
     state still resumes exactly (StatefulDataLoader snapshots each worker's state with the batch it yields,

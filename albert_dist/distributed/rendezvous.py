@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from albert_dist.distributed.env import DistEnv
 
-_KEY = "albert_dist/preflight/"
+_KEY = "albert_dist/apps/pretrain/preflight/"
 #: Seconds rank 0 keeps serving a refusal for the other ranks to read it before it exits.
 LINGER_S = 30.0
 

@@ -19,7 +19,7 @@ per step, no `.item()`; tests/distributed/test_host_syncs.py counts the reads). 
 once (the log step's metric reduce drains the device there anyway) and, on several ranks, agrees them with one
 MAX all-reduce of a host tensor over the gloo group (`albert_dist.distributed.collectives.host_group`), so every
 rank sees the same verdict at the same step. The trainer reads at every log step and before every checkpoint save,
-so no checkpoint holds the weights of a flagged step (`albert_dist.trainer`).
+so no checkpoint holds the weights of a flagged step (`albert_dist.apps.pretrain.trainer`).
 
 Testing switch: ``ALBERT_INJECT_NONFINITE_STEP=N[,M...]`` (environment, every rank) makes the loss of step N
 (1-based, the step the console logs as N) NaN before its backward pass, once per process (a rollback that trains

@@ -1,6 +1,6 @@
 """Memory per device before the first step: model states for the ZeRO stage and world size, DeepSpeed's
 gradient buckets, activations from the measured per-block formula; the memory line (torch-free). The refusal
-of a job that does not fit, with the smallest change that does, is the preflight's (`albert_dist.preflight`).
+of a job that does not fit, with the smallest change that does, is the preflight's (`albert_dist.apps.pretrain.preflight`).
 
 Every byte count below is what DeepSpeed 0.19 allocates for this project's client optimiser (torch AdamW or
 LAMB, two fp32 moments per parameter), as `bench/memory_scale.py` measured it by walking the engine's tensors

@@ -15,7 +15,7 @@ which sorts the same way in ``metrics.jsonl`` and in `albert-dist compare`:
     mem/    peak_gib_max, peak_gib_min, peak_gib_rank<r> (only up to MAX_PER_RANK_SERIES ranks)
     system/ CPU, RAM, disk, network, GPU: MLflow's own SystemMetricsMonitor (not logged by the trainer)
     downstream/<task>/<metric>   median dev score over seeds at the scored checkpoint's step
-                                                            (`albert-dist finetune`, albert_dist.finetune)
+                                                            (`albert-dist finetune`, albert_dist.apps.finetune)
 
 A new metric gets its name here (and, when "best" means something for it, an entry in `BEST`), so that
 `compare`, the docs and the tests read one definition.

@@ -10,7 +10,7 @@ stuck, so `--resume auto` after a crash and a Slurm requeue take it again).
 
 Two jobs on one run directory (a double `sbatch`, a requeue racing a manual restart) used to both run: each
 deleted the other's fresh checkpoints as "left by an earlier attempt", and `metrics.jsonl` got every step
-twice. The second job is now refused before any process group (`albert_dist.train`: exit 2), with a line
+twice. The second job is now refused before any process group (`albert_dist.apps.pretrain.main`: exit 2), with a line
 naming the directory and the holder (pid, host, Slurm job, start time), which the holder writes into the lock
 file once it holds the lock.
 
@@ -169,7 +169,7 @@ def auto_run_dir(recipe_name: str, runs: Path = Path("runs")) -> Path:
     time>[-<k>]` (absolute: ranks of other nodes may start in another working directory) that this call creates
     with mkdir, so two jobs started in the same second get two directories and a name another job reserved (not
     locked until its ranks start) is never taken. The one home of the rule: rank 0's preflight
-    (`albert_dist.preflight.lock_auto_run_dir`) and the launch scripts (`albert-dist train --print-run-dir
+    (`albert_dist.apps.pretrain.preflight.lock_auto_run_dir`) and the launch scripts (`albert-dist train --print-run-dir
     auto`) both name a run here.
 
     Raises:

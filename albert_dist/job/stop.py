@@ -160,7 +160,7 @@ def end_rank(code: int) -> None:
     torn down, and a rank that finished its job can still abort there ("terminate called without an active
     exception", SIGABRT): seen in 1 of 37 2-rank ZeRO-3 jobs on this CPU machine, and in CI; the same class of
     crash as pytorch/pytorch#179291. A launcher reads such a rank's exit as a failed job (Slurm requeues it).
-    Exit handlers (`atexit`) do not run: the job's own end (`albert_dist.train.main`) has done their work, and
+    Exit handlers (`atexit`) do not run: the job's own end (`albert_dist.apps.pretrain.main.main`) has done their work, and
     `stop_loader_workers` runs here once more for any DataLoader worker still alive.
     """
     stop_loader_workers()

@@ -18,7 +18,7 @@ reports; the lowest rank still reporting reads every report once and logs the on
 hosts) that stopped reporting, or, when every rank still reports, the ranks furthest behind, with their last step
 and phase (`name_stalled`, `hang_line`), and writes ``hang.json`` (what the launch scripts look for). The main
 thread, if it runs Python again (its collective failed because the launcher killed the stopped rank), raises
-`JobHung` at its next mark and `albert_dist.train` exits `EXIT_HUNG` (76) the normal way; if it is still blocked in a
+`JobHung` at its next mark and `albert_dist.apps.pretrain.main` exits `EXIT_HUNG` (76) the normal way; if it is still blocked in a
 collective after `EXIT_GRACE_S`, the thread ends the process itself: DataLoader workers killed, `os._exit(76)`.
 The launcher then ends the rest (DeepSpeed's launch.py, torchrun and srun SIGTERM the other ranks when one exits
 non-zero, and SIGKILL a stopped one 30 s later).
@@ -419,7 +419,7 @@ def dump_flight_recorder(path: Path, timeout_s: float = 10.0) -> bool:
 
 def fired() -> Optional[str]:
     """The hang line when this process's watchdog has fired (marking it seen by the main thread), else None:
-    `albert_dist.train` asks when an error ends the job (a collective failing after the watchdog fired is a hang)."""
+    `albert_dist.apps.pretrain.main` asks when an error ends the job (a collective failing after the watchdog fired is a hang)."""
     wd = _CURRENT
     if wd is None or not wd.fired.is_set():
         return None

@@ -36,7 +36,7 @@ from albert_dist.engine.checkpoint.layout import (LATEST, META_FILE, CheckpointE
 
 #: The run's resolved config, written by the trainer into the run directory.
 RUN_CONFIG = "config.yaml"
-#: Where a run's end-of-training model lies in its run directory (`albert_dist.run_tracking.log_final_model`).
+#: Where a run's end-of-training model lies in its run directory (`albert_dist.apps.pretrain.run_tracking.log_final_model`).
 FINAL_MODEL = "final_model"
 #: The model config written beside a consolidated state dict (`albert_dist.runs.weights.write_final_model`).
 MODEL_CONFIG = "model.yaml"

@@ -2,7 +2,7 @@
 (`consolidate_fp32`, any ZeRO stage and world size), a consolidated state dict read (`load_state_dict`) and written
 (`save_state_dict`), a model built from either and checked against its config (`load_model`, `load_consolidated`),
 and the end-of-training model a run writes (`export_final_model`, `write_final_model`). Which weights a source
-means is `albert_dist.runs.source`'s rule; moved here from albert_dist/export.py (behaviour unchanged).
+means is `albert_dist.runs.source`'s rule; moved here from albert_dist/apps/export.py (behaviour unchanged).
 """
 from __future__ import annotations
 

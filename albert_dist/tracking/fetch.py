@@ -128,7 +128,7 @@ def download_run_final_model(uri: str, run_id: str, dest: str) -> Path:
 
 
 def download_run_tokenizer(uri: str, run_id: str, cache_dir: Path) -> Optional[Path]:
-    """Run `run_id`'s ``tokenizer/`` artifact (`albert_dist.run_tracking`) downloaded into ``cache_dir/tokenizer``:
+    """Run `run_id`'s ``tokenizer/`` artifact (`albert_dist.apps.pretrain.run_tracking`) downloaded into ``cache_dir/tokenizer``:
     its one file (a sentencepiece model), or the directory when it holds several (a tokenizer directory); None when
     the run logged none. Raises `RunReadError` when MLflow cannot list or read it."""
     client = _client(uri)

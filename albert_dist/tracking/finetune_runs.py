@@ -132,7 +132,7 @@ class DownstreamRuns:
 
     def log_summary(self, task: str, summary: dict[str, float], step: int, setup: str) -> bool:
         """``downstream/<task>/<metric>`` = the median per metric, on the scored run at `step`, when `setup`
-        (`albert_dist.finetune.run.setup_line`: data, subset sizes, seeds, hyper-parameters) is the task's setup on
+        (`albert_dist.apps.finetune.run.setup_line`: data, subset sizes, seeds, hyper-parameters) is the task's setup on
         that run: the first one logged, kept in its tag ``downstream/<task>/setup``, so that the headline (and
         its curve over checkpoints) is one setup's. Another setup logs nothing there and is warned; returns
         whether the headline was logged."""

@@ -57,10 +57,10 @@ def dump_state(trainer, path: str) -> None:
 
 def inject_failure(mp: pytest.MonkeyPatch, phase: str, job: dict) -> None:
     """Make this rank raise in `phase` (see the module docstring); patched before any worker forks."""
-    from albert_dist import trainer as trainer_module
+    from albert_dist.apps.pretrain import trainer as trainer_module
     from albert_dist.data import loader as data_loader
     from albert_dist.engine.checkpoint import save as ckpt_save
-    from albert_dist.trainer import Trainer
+    from albert_dist.apps.pretrain.trainer import Trainer
 
     stream = data_loader.PretrainingStream
     if phase == "setup":
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-guard", action="store_true")
     parser.add_argument("--crash-save-step", type=int)
     parser.add_argument("--crash-rank", type=int, default=1)
-    parser.add_argument("--run", action="store_true", help="albert_dist.train.main (the app's main and exit codes) "
+    parser.add_argument("--run", action="store_true", help="albert_dist.apps.pretrain.main.main (the app's main and exit codes) "
                                                            "instead of setup/train")
     parser.add_argument("--enospc-step", type=int)
     parser.add_argument("--enospc-rank", type=int, default=0)
@@ -126,13 +126,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from albert_dist import train
+    from albert_dist.apps.pretrain import main as train
     from albert_dist.config import load_config
     from albert_dist.engine.checkpoint import save as ckpt_save
     from albert_dist.distributed.env import discover
     from albert_dist.job.console import configure_logging
-    from albert_dist.preflight import plan_job
-    from albert_dist.trainer import Trainer
+    from albert_dist.apps.pretrain.preflight import plan_job
+    from albert_dist.apps.pretrain.trainer import Trainer
 
     import deepspeed.ops
 
@@ -201,7 +201,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from albert_dist.train import end_process
+    from albert_dist.apps.pretrain.main import end_process
 
     exit_code = main(sys.argv[1:])
     end_process(exit_code)  # as `albert-dist train` ends a rank of a job (albert_dist.job.stop.end_rank)

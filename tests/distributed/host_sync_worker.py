@@ -128,8 +128,8 @@ def main(argv: list[str]) -> int:
 
     from albert_dist.config import load_config
     from albert_dist.distributed.env import discover
-    from albert_dist.preflight import plan_job
-    from albert_dist.trainer import Trainer
+    from albert_dist.apps.pretrain.preflight import plan_job
+    from albert_dist.apps.pretrain.trainer import Trainer
 
     cfg, env = load_config(args.config, args.overrides), discover()
     trainer = Trainer(cfg, plan_job(cfg, env.world_size, env.rank))

@@ -1,5 +1,5 @@
 """Divergence on the real trainer, 2 gloo ranks, the tiny job of tests/fixtures/ranks.py through the app's main
-(`albert_dist.train.main`: its exit codes), as issue 43 measured it on the quickstart recipe.
+(`albert_dist.apps.pretrain.main.main`: its exit codes), as issue 43 measured it on the quickstart recipe.
 
 * stop: 8 healthy steps, then ``--resume auto optimizer.lr=10000``: the loss of step 10 (the first forward on the
   weights step 9's update made) is ~1e9; the job exits 77 with one line naming the step and the healthy

@@ -1,6 +1,6 @@
 """A stopped rank ends the job within a bound, named, with stacks, exit 76, and the run resumes (issue 43, hangs).
 
-A real 2-rank job of the tiny config through the app's main (`albert_dist.train.main`: its exit codes), rank 1
+A real 2-rank job of the tiny config through the app's main (`albert_dist.apps.pretrain.main.main`: its exit codes), rank 1
 SIGSTOPped after a few steps: rank 0 must end within ``engine.step_timeout_s`` + 150 s with EXIT_HUNG, one line
 naming rank 1, its host and its last step and phase, its threads' stacks under the run directory; then
 `--resume auto` continues from the newest checkpoint. Before the watchdog, rank 0 waited in a gloo collective for

@@ -1,4 +1,4 @@
-"""A stand-in training job for the MLflow e2e tests: the app's tracker (`albert_dist.run_tracking.open_tracker`,
+"""A stand-in training job for the MLflow e2e tests: the app's tracker (`albert_dist.apps.pretrain.run_tracking.open_tracker`,
 one rank), fake checkpoints, deterministic metrics (loss = 10 / step, mlm_accuracy = step / 100) so the tests
 can check every logged value.
 
@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from albert_dist.run_tracking import open_tracker
+from albert_dist.apps.pretrain.run_tracking import open_tracker
 from albert_dist.tracking.config import TrackingConfig
 
 

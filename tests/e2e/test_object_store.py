@@ -202,7 +202,7 @@ def test_a_missing_bucket_object_or_credentials_is_one_line_naming_the_url(case,
                 "credentials": "no credentials"}[case]
     assert expected in err
     # the preflight of `albert-dist train` (before any process group): the same refusal, naming the key
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     with pytest.raises(ValueError, match=r"data\.train\[0\]\.paths: .*" + re.escape(expected)):

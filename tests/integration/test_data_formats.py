@@ -138,7 +138,7 @@ def _same_batches(a: list[dict], b: list[dict]) -> None:
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_format_through_every_command(name, corpus, reference_tokenizer, tmp_path):
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     path = corpus[name]

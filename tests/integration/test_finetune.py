@@ -192,7 +192,7 @@ def test_results_file_keeps_concurrent_writers_entries_and_replaces_reruns(tmp_p
     writing at once (a task each) lose nothing."""
     import multiprocessing
 
-    from albert_dist.finetune.run import write_results
+    from albert_dist.apps.finetune.run import write_results
 
     path = tmp_path / "downstream.json"
     base = {"init": "pretrained", "model": "m", "step": 1, "finetune": {"lr": 1}, "train_examples": 8,

@@ -26,7 +26,7 @@ SHORT = [f"max_steps={STEPS}", "engine.train_micro_batch_size_per_gpu=2", "data.
 TIED = "albert.embeddings.word_embeddings.weight"
 
 #: The control's entry point: the CLI with the trainer's exact clipping switched off (DeepSpeed's own fp32 one).
-DEEPSPEED_CLIPPING = ("import sys, albert_dist.trainer as t; t.install_exact_clipping = lambda engine: False; "
+DEEPSPEED_CLIPPING = ("import sys, albert_dist.apps.pretrain.trainer as t; t.install_exact_clipping = lambda engine: False; "
                       "from albert_dist.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

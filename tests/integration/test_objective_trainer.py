@@ -14,8 +14,8 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path, monkeypatch):
     from albert_dist.config import load_config
     from albert_dist.data.tokenizer import PAD_ID
     from albert_dist.model import AlbertForPreTraining
-    from albert_dist.preflight import plan_job
-    from albert_dist.trainer import Trainer
+    from albert_dist.apps.pretrain.preflight import plan_job
+    from albert_dist.apps.pretrain.trainer import Trainer
 
     masks = []  # per forward: None (no mask given) or whether the given mask was all ones
     forward = AlbertForPreTraining.forward

@@ -59,8 +59,8 @@ def test_export_init_from_and_finetune_take_the_newest_checkpoint_and_say_so(sto
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from albert_dist.config import load_config
-    from albert_dist.finetune.source import resolve as finetune_source
-    from albert_dist.init_from import check, read_source, source_state
+    from albert_dist.apps.finetune.source import resolve as finetune_source
+    from albert_dist.apps.pretrain.init_from import check, read_source, source_state
     from albert_dist.runs.weights import load_state_dict
 
     run, stopped = stopped_run

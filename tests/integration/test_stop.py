@@ -128,7 +128,7 @@ def test_end_process_ends_a_rank_of_a_job_flushed_and_returns_in_a_single_proces
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="{world_size}", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT="29999")
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-        from albert_dist.train import end_process
+        from albert_dist.apps.pretrain.main import end_process
         atexit.register(lambda: print("finalization ran"))
         print("buffered stdout line")  # a pipe: block-buffered until flushed
         logging.getLogger("job").info("a log line")

@@ -15,7 +15,7 @@ def test_a_crash_in_setup_prints_its_traceback_once(tmp_path):
     script = textwrap.dedent(f"""
         import sys, pytest
         from albert_dist import cli
-        from albert_dist.trainer import Trainer
+        from albert_dist.apps.pretrain.trainer import Trainer
         def boom(self):
             raise RuntimeError("setup exploded")
         with pytest.MonkeyPatch.context() as mp:

@@ -41,7 +41,7 @@ def _one_process(monkeypatch):
 def no_process_group(monkeypatch):
     """A test of a command that must refuse its input before any process group: starting one (or reaching
     Trainer.setup) fails the test; the launcher's rank variables are cleared so the command runs as one process."""
-    from albert_dist import train
+    from albert_dist.apps.pretrain import main as train
     from albert_dist.distributed import group as distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):

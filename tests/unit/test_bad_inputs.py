@@ -189,12 +189,12 @@ def test_a_segmenter_without_whole_word_masking_is_warned_and_the_recipes_are_no
     """jieba words with data.whole_word_masking=false (the README recipe's value) change no mask: warned on rank 0
     only; the zhwiki recipe (jieba, whole words) and the README recipe as written pass quietly."""
     from albert_dist.config import load_config
-    from albert_dist.preflight import check_data_settings
+    from albert_dist.apps.pretrain.preflight import check_data_settings
 
     zhwiki = load_config(str(REPO / "configs/pretrain/albert-tiny-zhwiki.yaml"))
     readme = load_config(RECIPE)
     assert (zhwiki.data.chinese_word_segmentation, zhwiki.data.whole_word_masking) == ("jieba", True)
-    with caplog.at_level(logging.WARNING, logger="albert_dist.preflight"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.apps.pretrain.preflight"):
         check_data_settings(zhwiki)
         check_data_settings(readme)
         assert not caplog.records

@@ -20,7 +20,7 @@ from albert_dist.engine.checkpoint.choose import choose_checkpoint, checkpoint_a
 from albert_dist.engine.checkpoint.resume import plan_load
 from albert_dist.engine.checkpoint.retention import checkpoint_bytes, free_bytes, last_checkpoint_bytes, make_room, prune
 from albert_dist.engine.checkpoint import retention
-from albert_dist.trainer import every
+from albert_dist.apps.pretrain.trainer import every
 
 RULES = resume_rules()
 

@@ -22,7 +22,7 @@ def test_no_command_prints_usage(capsys):
 
 def test_train_options_and_overrides_intermix(monkeypatch):
     """`train --config R a=1 --resume auto b=2`: overrides on both sides of an option reach the app's main."""
-    import albert_dist.train as train_app
+    import albert_dist.apps.pretrain.main as train_app
 
     seen = {}
     monkeypatch.setattr(train_app, "main", lambda config, overrides, resume_from: seen.update(

@@ -38,7 +38,7 @@ def _earlier_phase(recipe: Path, where: Path) -> None:
 def test_every_recipe_loads_and_builds_a_deepspeed_config(recipe, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a later phase's run directory is looked for here first
     _earlier_phase(recipe, tmp_path)
-    from albert_dist.init_from import read_source
+    from albert_dist.apps.pretrain.init_from import read_source
 
     cfg = for_world_size(load_config(recipe, (), read_source), 2)
     ds = build_deepspeed_config(cfg.engine, world_size=2, accelerator="cuda", model=cfg.model)

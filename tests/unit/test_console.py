@@ -106,7 +106,7 @@ def test_progress_bar_only_on_a_terminal_of_rank_0():
 def test_logging_prefix_and_levels(rank, restore_logging):
     stream = io.StringIO()
     console.configure_logging(rank, stream)
-    log = logging.getLogger("albert_dist.trainer")
+    log = logging.getLogger("albert_dist.apps.pretrain.trainer")
     log.info("an info line")
     log.warning("a warning")
     lines = stream.getvalue().splitlines()

@@ -338,7 +338,7 @@ def test_a_slot_of_only_unreadable_data_is_refused_before_the_job_naming_the_fil
     rank (its one slot reads the good file too) passes."""
     import numpy as np
 
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     good = tmp_path / "a-good.jsonl"
@@ -357,7 +357,7 @@ def test_a_slot_of_only_too_long_records_is_refused_and_a_long_first_record_is_n
     """A .jsonl whose every line is longer than data.max_document_bytes passed the probe (its 1 MiB of skipped
     bytes read as "undecided") and failed at the first batch: now refused naming the slot, file and too_long
     count. A few overlong documents before good ones still pass, on one slot and on several."""
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     def cfg(path, slots_bytes="65536"):
@@ -382,7 +382,7 @@ def test_a_slot_of_only_too_long_records_is_refused_and_a_long_first_record_is_n
 def test_the_probe_of_a_huge_one_line_file_is_bounded(tmp_path, monkeypatch):
     """A 256 MiB .txt with no blank line (one document, far over data.max_document_bytes) is refused after
     reading about `probe_read_bytes`, not read to its end (the stream it would fail in reads it whole)."""
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
     from albert_dist.data.sources import read as files
     from albert_dist.data.sources.pieces import probe_read_bytes
@@ -419,7 +419,7 @@ def test_the_preflight_hands_the_loader_the_plan_it_would_make(tmp_path):
     """`JobPlan.train_pieces` (the preflight's plan, one metadata pass per rank before the process group) is the
     plan the loader makes itself for the same world size x workers: same pieces, same stream fingerprint (so a
     checkpoint saved either way resumes either way); the validation source is checked too."""
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     for name, n in (("a.jsonl", 300), ("b.txt", 200)):

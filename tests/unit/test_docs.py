@@ -220,4 +220,4 @@ def test_the_layout_page_tree_is_the_modules_roles():
     page = (ROOT / "docs" / "layout.md").read_text()
     start, end = "<!-- package-tree start -->\n", "\n<!-- package-tree end -->"
     assert page[page.index(start) + len(start):page.index(end)] == tree.tree()
-    assert "  trainer.py             The pretraining loop on a DeepSpeed engine" in tree.tree()
+    assert "      trainer.py         The pretraining loop on a DeepSpeed engine" in tree.tree()  # apps/pretrain/

@@ -133,11 +133,11 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
 
     import transformers
 
-    from albert_dist.finetune.source import from_transformers_dir
+    from albert_dist.apps.finetune.source import from_transformers_dir
 
     _, run = world
     full = run / "final_model" / "hf"
-    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.apps.finetune.source"):
         from_transformers_dir(full).encoder_state()
     assert not [r for r in caplog.records if "random init" in r.getMessage()]
     mlm = tmp_path / "mlm"
@@ -145,7 +145,7 @@ def test_a_transformers_directory_without_a_pooler_is_said(world, caplog, tmp_pa
     for f in full.iterdir():
         if not (mlm / f.name).exists():
             shutil.copy(f, mlm / f.name)
-    with caplog.at_level(logging.WARNING, logger="albert_dist.finetune.source"):
+    with caplog.at_level(logging.WARNING, logger="albert_dist.apps.finetune.source"):
         state = from_transformers_dir(mlm).encoder_state()
     said = [r.getMessage() for r in caplog.records if "random init" in r.getMessage()]
     assert len(said) == 1 and "albert.pooler" in said[0] and "sop_classifier" in said[0], said
@@ -176,7 +176,7 @@ def test_a_file_task_whose_name_names_another_task_is_refused(world, capsys, tmp
     name: the second is refused before training instead of replacing the first's results."""
     import json
 
-    from albert_dist.finetune.run import RESULTS_FILE, write_results
+    from albert_dist.apps.finetune.run import RESULTS_FILE, write_results
 
     _, run = world
     folder = tmp_path / "reviews"
@@ -203,7 +203,7 @@ def test_one_fine_tune_is_one_entry_whatever_named_its_model(tmp_path):
     replaces the entry; another step, task or model is kept beside it."""
     import json
 
-    from albert_dist.finetune.run import RESULTS_FILE, write_results
+    from albert_dist.apps.finetune.run import RESULTS_FILE, write_results
 
     path = tmp_path / RESULTS_FILE
     base = {"task": "sst2", "init": "pretrained", "step": 7, "finetune": {"lr": 1}, "train_examples": 8,
@@ -221,7 +221,7 @@ def test_an_interrupted_write_keeps_the_results_and_leaves_no_lock(tmp_path, mon
     import json
     import os
 
-    from albert_dist.finetune.run import RESULTS_FILE, write_results
+    from albert_dist.apps.finetune.run import RESULTS_FILE, write_results
 
     path = tmp_path / RESULTS_FILE
     write_results(path, {"task": "sst2", "v": 1})
@@ -242,7 +242,7 @@ def test_a_run_the_store_does_not_hold_is_one_line_with_the_store_hint(tmp_path,
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
-    from albert_dist.finetune.source import SourceError, from_mlflow_run
+    from albert_dist.apps.finetune.source import SourceError, from_mlflow_run
     from albert_dist.tracking import fetch
 
     class NoRuns:
@@ -260,7 +260,7 @@ def test_a_run_the_store_does_not_hold_is_one_line_with_the_store_hint(tmp_path,
 def test_ctrl_c_before_any_task_finished_says_so_and_writes_nothing(world, capsys, monkeypatch):
     """Ctrl-C during the first fine-tune: exit 130, one line saying no task finished (it named a downstream.json
     that did not exist), and none written. tests/integration/test_finetune.py has the interrupt after a task."""
-    import albert_dist.finetune.train as ft
+    import albert_dist.apps.finetune.train as ft
 
     root, run = world
 

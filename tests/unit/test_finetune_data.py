@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from albert_dist.finetune import metrics
-from albert_dist.finetune.tasks import TaskError, load_files, load_glue
+from albert_dist.apps.finetune import metrics
+from albert_dist.apps.finetune.tasks import TaskError, load_files, load_glue
 from fixtures.finetune_run import write_glue_tsv
 
 
@@ -160,9 +160,9 @@ def test_encoding_gives_pretrainings_sentencepiece_ids_and_segments():
     import sentencepiece as spm
 
     from albert_dist.data.tokenizer import CLS_ID, SEP_ID
-    from albert_dist.finetune.source import sentencepiece_tokenizer
-    from albert_dist.finetune.tasks import Split
-    from albert_dist.finetune.train import encode
+    from albert_dist.apps.finetune.source import sentencepiece_tokenizer
+    from albert_dist.apps.finetune.tasks import Split
+    from albert_dist.apps.finetune.train import encode
     from helpers import REPO
 
     path = REPO / "data" / "sample" / "spiece.model"

@@ -1,4 +1,4 @@
-"""`albert_dist.finetune` takes `FinetuneOptions`, not argparse's namespace, and raises bad input for the front end
+"""`albert_dist.apps.finetune` takes `FinetuneOptions`, not argparse's namespace, and raises bad input for the front end
 (`albert_dist.cli`) to print as the one error line."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from albert_dist.cli import build_parser, _parse
 from albert_dist.cli.finetune import options
-from albert_dist.finetune.options import FinetuneOptions
+from albert_dist.apps.finetune.options import FinetuneOptions
 
 
 def test_the_flags_and_the_options_are_one_set_with_the_same_defaults():
@@ -20,7 +20,7 @@ def test_the_flags_and_the_options_are_one_set_with_the_same_defaults():
 
 def test_bad_input_is_raised_not_printed(capsys):
     pytest.importorskip("transformers")
-    from albert_dist.finetune.run import finetune
+    from albert_dist.apps.finetune.run import finetune
 
     with pytest.raises(ValueError, match=r"--seeds has duplicates: \[1, 1\]"):
         finetune(FinetuneOptions(model="runs/x", task=["sst2"], seeds=[1, 1]))

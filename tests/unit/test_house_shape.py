@@ -22,7 +22,7 @@ def test_a_planted_tree_is_counted(tmp_path):
         "albert_dist/data/a.py": "import logging\nlogging.basicConfig()\ndef plan_x(): pass\n",
         "albert_dist/data/b.py": "import fcntl, logging\nfcntl.flock(0, 1)\nlogging.basicConfig()\nclass JobPlan: pass\n",
         "albert_dist/engine/loss.py": "import signal\n",
-        "albert_dist/finetune/run.py": "import argparse\ndef run(args: argparse.Namespace) -> int: return 0\n",
+        "albert_dist/apps/finetune/run.py": "import argparse\ndef run(args: argparse.Namespace) -> int: return 0\n",
         "albert_dist/config.py": "",
         "docs/a.md": "word " * 50_000,  # more than the old 40,650-word bar: shown, never a shortfall
     }

@@ -93,7 +93,7 @@ def test_a_local_hub_dataset_passes_and_a_wrong_config_or_split_is_named(tmp_pat
     """A dataset folder laid out as a hub repository (two configurations, train and validation splits) and a
     packaged builder with data files (``json``) pass the preflight; a configuration, split or data file it does
     not have is one line naming the key (data.train[0].hub_config, .hub_split, .hub_data_files)."""
-    from albert_dist import preflight
+    from albert_dist.apps.pretrain import preflight
     from albert_dist.config import load_config
 
     write_hub_folder(tmp_path)

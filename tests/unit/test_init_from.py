@@ -1,4 +1,4 @@
-"""`model.init_from` (albert_dist.runs, albert_dist.init_from): a new run from a transformers ALBERT, a run
+"""`model.init_from` (albert_dist.runs, albert_dist.apps.pretrain.init_from): a new run from a transformers ALBERT, a run
 directory or an MLflow run, checked against transformers as the reference: the source's tokenizer gives
 transformers' ids, the first batch's logits are the source model's, untying keeps the outputs, and bad sources
 are exit 2 with one line before any process group."""
@@ -15,7 +15,7 @@ import torch
 from albert_dist import cli
 from albert_dist.config import load_config as load_recipe, to_yaml
 from albert_dist.data.tokenizer import copy_tokenizer, load_tokenizer
-from albert_dist.init_from import check, load_into, read_source, resolve
+from albert_dist.apps.pretrain.init_from import check, load_into, read_source, resolve
 from albert_dist.model.albert import AlbertForPreTraining
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.unroll import source_names
@@ -35,7 +35,7 @@ def hub(tmp_path_factory):
 
 
 def load_config(path, overrides=()):
-    """The training job's load: `model.init_from`'s source read by the app's reader (albert_dist.train)."""
+    """The training job's load: `model.init_from`'s source read by the app's reader (albert_dist.apps.pretrain.main)."""
     return load_recipe(path, overrides, read_source)
 
 
@@ -125,7 +125,7 @@ def test_the_config_takes_the_source_architecture_and_tokenizer_unless_set_after
     assert cfg.data.tokenizer_path == str(hub)  # the recipe's data/sample/spiece.model came before init_from
     # the run's config.yaml holds everything: reloading it reads no source (gone, or an MLflow download)
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
-    monkeypatch.setattr("albert_dist.init_from.resolve", lambda *a: pytest.fail("source read"))
+    monkeypatch.setattr("albert_dist.apps.pretrain.init_from.resolve", lambda *a: pytest.fail("source read"))
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 
 

@@ -1,7 +1,8 @@
 """The package's layering (DESIGN.md): a torch-free config layer, no import cycles, and every import (lazy or
-not, absolute or relative, or a module named in a string for importlib) runs down the layers base < job < distributed <
-model < data < engine < tracking < app, and inside the app down APP_ORDER (config < runs < export <
-run_tracking < init_from < preflight < trainer < train < finetune < cli); MLflow is imported in tracking/ only.
+not, absolute or relative, or a module named in a string for importlib) runs down the layers ground < job <
+distributed < model < data < engine < tracking < config < runs < apps < cli, and inside apps/ down APP_ORDER (export
+< run_tracking < init_from < preflight < trainer < main < finetune); at most 5 ground modules directly in
+albert_dist/; MLflow is imported in tracking/ only.
 What a fresh import loads: tests/integration/test_import_weight.py."""
 import ast
 from pathlib import Path
@@ -78,34 +79,38 @@ def test_find_cycle_detects_a_two_module_cycle():  # the checker itself can fail
 
 def test_no_import_cycles_in_the_package():
     graph = import_graph()
-    assert len(graph) > 30 and "albert_dist.trainer" in graph
+    assert len(graph) > 30 and "albert_dist.apps.pretrain.trainer" in graph
     assert find_cycle(graph) is None
 
 
 
-#: The layers, bottom to top; a module may import its own layer and the ones below, never one above.
-#: `base` is what every layer may name: the process-exit contract and the vocabulary every config section tags
-#: its fields with (what a change means on resume); `job` (a job's life on a rank) and `distributed` (who am I) are the
-#: ground floor under the model; `app` is every other top-level module.
-LAYERS = ("base", "job", "distributed", "model", "data", "engine", "tracking", "app")
+#: The layers, bottom to top; a module may import its own layer and the ones below, never one above (DESIGN.md).
+#: `ground` is what every layer may name: the modules directly in albert_dist/ (the process-exit contract, sizes,
+#: the vocabulary every config section tags its fields with); `job` (a job's life on a rank) and `distributed` (who
+#: am I) are the floor under the model; `config` reads files only; `runs` alone reads what a job leaves behind;
+#: `apps` compose everything below (pretraining, fine-tuning, export); `cli` is every command's front end.
+LAYERS = ("ground", "job", "distributed", "model", "data", "engine", "tracking", "config", "runs", "apps", "cli")
+
+#: The modules allowed directly in albert_dist/ (at most 5): anything else belongs to a layer's package.
+GROUND = ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume", "albert_dist.sizes", "albert_dist.paths")
 
 
 def layer_of(module: str) -> str:
-    """The layer of an albert_dist module: its sub-package, else base (exit_codes, on_resume, sizes) or app (the
-    top level)."""
+    """The layer of an albert_dist module: its sub-package, else ground (a module of GROUND); "unplaced" for a
+    top-level module that is neither (test_every_module_has_a_layer fails on it)."""
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in LAYERS[1:-1]:
+    if len(parts) > 1 and parts[1] in LAYERS[1:]:
         return parts[1]
-    return "base" if module in ("albert_dist", "albert_dist.exit_codes", "albert_dist.on_resume",
-                                "albert_dist.sizes") else "app"
+    return "ground" if module in GROUND else "unplaced"
 
 
-#: The app layer, bottom to top: an app module may import the ones before it (and its own package), never one
-#: after it. A new top-level module (or package) must be placed here.
-APP_ORDER = ("albert_dist.config", "albert_dist.runs", "albert_dist.export", "albert_dist.run_tracking",
-             "albert_dist.init_from", "albert_dist.preflight",
-             "albert_dist.trainer", "albert_dist.train", "albert_dist.finetune",
-             "albert_dist.cli")
+#: Inside apps/, bottom to top: an app module may import the ones before it (and its own package), never one after
+#: it. A new app module (or package) must be placed here.
+APP_ORDER = ("albert_dist.apps.export", "albert_dist.apps.pretrain.run_tracking", "albert_dist.apps.pretrain.init_from",
+             "albert_dist.apps.pretrain.preflight", "albert_dist.apps.pretrain.trainer", "albert_dist.apps.pretrain.main",
+             "albert_dist.apps.finetune")
+#: The packages of apps/, whose __init__ imports nothing of its own.
+APP_PACKAGES = ("albert_dist.apps", "albert_dist.apps.pretrain")
 
 
 def app_rank(module: str) -> int:
@@ -118,10 +123,10 @@ def app_rank(module: str) -> int:
 
 def app_order_violations(graph: dict[str, set[str]]) -> list[str]:
     """Every app module missing from APP_ORDER, and every import that runs up the app order."""
-    apps = [m for m in graph if layer_of(m) == "app"]
+    apps = [m for m in graph if layer_of(m) == "apps" and m not in APP_PACKAGES]
     out = [f"{m}: not placed in APP_ORDER" for m in sorted(apps) if app_rank(m) < 0]
     out += sorted(f"{m} -> {d} (app order)" for m in apps for d in graph[m]
-                  if layer_of(d) == "app" and app_rank(d) > app_rank(m) >= 0)
+                  if layer_of(d) == "apps" and d not in APP_PACKAGES and app_rank(d) > app_rank(m) >= 0)
     return out
 
 
@@ -134,7 +139,8 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def test_layer_checker_sees_an_upward_import_without_a_cycle():  # the checker itself can fail
     assert layer_of("albert_dist.engine.checkpoint.save") == "engine"
-    assert layer_of("albert_dist.trainer") == "app" and layer_of("albert_dist.exit_codes") == "base"
+    assert layer_of("albert_dist.apps.pretrain.trainer") == "apps" and layer_of("albert_dist.exit_codes") == "ground"
+    assert layer_of("albert_dist.trainer") == "unplaced"  # a new top-level module must find its layer
     graph = {"albert_dist.engine.loss": {"albert_dist.tracking.base"}, "albert_dist.tracking.base": set()}
     assert find_cycle(graph) is None
     assert upward_imports(graph) == ["albert_dist.engine.loss (engine) -> albert_dist.tracking.base (tracking)"]
@@ -142,8 +148,14 @@ def test_layer_checker_sees_an_upward_import_without_a_cycle():  # the checker i
 
 def test_every_import_runs_down_the_layers():
     graph = import_graph()
-    assert {layer_of(m) for m in graph} == set(LAYERS)
+    assert {layer_of(m) for m in graph} == set(LAYERS)  # every layer holds a module; none is unplaced
     assert upward_imports(graph) == []
+
+
+def test_at_most_five_modules_sit_directly_in_the_package():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 5 and all(f"albert_dist.{name}" in GROUND for name in top), top
+    assert not (PACKAGE / "dist").exists()  # tools and ignore files skip a folder named dist
 
 
 def test_the_app_modules_import_down_their_order():
@@ -162,25 +174,32 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_checker_fails_on_a_planted_relative_or_importlib_upward_import(tmp_path):
-    """The import-graph builder on a temporary tree: a relative upward import (``from ..trainer import Trainer``
-    in engine/, which the absolute-only checker let pass), a dotted importlib string in model/, a COMMANDS-style
-    "module:function" entry and an app import running up the app order are all reported."""
+    """The import-graph builder on a temporary tree: a relative upward import (``from ...apps.pretrain.trainer
+    import Trainer`` in engine/), a dotted importlib string in model/, a COMMANDS-style "module:function" entry, a
+    config module importing an app and an app import running up the app order are all reported."""
     package = _tree(tmp_path, {
-        "__init__.py": "", "trainer.py": "", "train.py": "from .trainer import Trainer\n",
-        "preflight.py": "from albert_dist import train\n",
-        "engine/__init__.py": "", "engine/loss.py": "from ..trainer import Trainer\nfrom . import config\n",
+        "__init__.py": "", "apps/__init__.py": "", "apps/pretrain/__init__.py": "", "apps/pretrain/trainer.py": "",
+        "apps/pretrain/main.py": "from .trainer import Trainer\n",
+        "apps/pretrain/preflight.py": "from albert_dist.apps.pretrain import main\n",
+        "config/__init__.py": "", "config/load.py": "from albert_dist.apps.pretrain import init_from\n",
+        "apps/pretrain/init_from.py": "",
+        "engine/__init__.py": "", "engine/loss.py": "from ..apps.pretrain.trainer import Trainer\nfrom . import config\n",
         "engine/config.py": "",
-        "model/__init__.py": "", "model/albert.py": "import importlib\nimportlib.import_module('albert_dist.train')\n",
+        "model/__init__.py": "", "model/albert.py": "import importlib\nimportlib.import_module('albert_dist.apps.pretrain.main')\n",
         "data/__init__.py": "", "data/cli.py": "TABLE = {'x': 'albert_dist.engine.loss:main'}\n",
     })
     graph = import_graph(package)
-    assert graph["albert_dist.engine.loss"] == {"albert_dist.trainer", "albert_dist.engine", "albert_dist.engine.config"}
-    assert graph["albert_dist.train"] == {"albert_dist.trainer"}
+    assert graph["albert_dist.engine.loss"] == {"albert_dist.apps.pretrain.trainer", "albert_dist.engine",
+                                                "albert_dist.engine.config"}
+    assert graph["albert_dist.apps.pretrain.main"] == {"albert_dist.apps.pretrain.trainer"}
     assert upward_imports(graph) == [
+        "albert_dist.config.load (config) -> albert_dist.apps.pretrain (apps)",
+        "albert_dist.config.load (config) -> albert_dist.apps.pretrain.init_from (apps)",
         "albert_dist.data.cli (data) -> albert_dist.engine.loss (engine)",
-        "albert_dist.engine.loss (engine) -> albert_dist.trainer (app)",
-        "albert_dist.model.albert (model) -> albert_dist.train (app)"]
-    assert app_order_violations(graph) == ["albert_dist.preflight -> albert_dist.train (app order)"]
+        "albert_dist.engine.loss (engine) -> albert_dist.apps.pretrain.trainer (apps)",
+        "albert_dist.model.albert (model) -> albert_dist.apps.pretrain.main (apps)"]
+    assert app_order_violations(graph) == [
+        "albert_dist.apps.pretrain.preflight -> albert_dist.apps.pretrain.main (app order)"]
 
 
 def mlflow_importers(package: Path = PACKAGE) -> list[str]:
@@ -206,7 +225,8 @@ def test_only_tracking_imports_mlflow():
 def test_the_mlflow_check_fails_on_a_planted_import(tmp_path):  # the checker itself can fail
     package = _tree(tmp_path, {
         "__init__.py": "NAME = 'mlflow'\n", "tracking/__init__.py": "", "tracking/tracker.py": "import mlflow\n",
-        "finetune/__init__.py": "", "finetune/source.py": "def f():\n    from mlflow import MlflowClient\n",
+        "apps/__init__.py": "", "apps/finetune/__init__.py": "",
+        "apps/finetune/source.py": "def f():\n    from mlflow import MlflowClient\n",
         "init_source.py": "import mlflow.exceptions as e\n", "export.py": "import mlflowlike\n",
     })
-    assert mlflow_importers(package) == ["albert_dist.finetune.source", "albert_dist.init_source"]
+    assert mlflow_importers(package) == ["albert_dist.apps.finetune.source", "albert_dist.init_source"]

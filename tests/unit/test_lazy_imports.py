@@ -16,8 +16,8 @@ class _Block(importlib.abc.MetaPathFinder):
         return None
 
 
-@pytest.mark.parametrize("module", ["albert_dist.trainer", "albert_dist.train", "albert_dist.finetune",
-                                    "albert_dist.export", "albert_dist.cli"])
+@pytest.mark.parametrize("module", ["albert_dist.apps.pretrain.trainer", "albert_dist.apps.pretrain.main", "albert_dist.apps.finetune",
+                                    "albert_dist.apps.export", "albert_dist.cli"])
 def test_app_imports_without_mlflow_and_tenacity(module):
     saved, finder = dict(sys.modules), _Block()
     try:

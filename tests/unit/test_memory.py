@@ -14,8 +14,9 @@ import pytest
 import torch
 from helpers import load_bench
 
-from albert_dist import cli, preflight
-from albert_dist import train as train_app
+from albert_dist import cli
+from albert_dist.apps.pretrain import preflight
+from albert_dist.apps.pretrain import main as train_app
 from albert_dist.config import load_config
 from albert_dist.distributed import group as distributed
 from albert_dist.engine import memory
@@ -127,7 +128,7 @@ BIG = ("model.preset=albert-base", "model.max_position_embeddings=512", "data.ma
 
 
 def test_cpu_prints_the_line_and_never_refuses(caplog):
-    caplog.set_level("INFO", logger="albert_dist.preflight")
+    caplog.set_level("INFO", logger="albert_dist.apps.pretrain.preflight")
     cfg = _cfg(*BIG)
     est = preflight.check_memory(cfg, 2, device=None)
     assert est.total_bytes > 8 * 2**30  # would not fit the fake devices below

@@ -8,7 +8,7 @@ import pytest
 
 from albert_dist.config import load_config
 from albert_dist.data.sources import cache
-from albert_dist.preflight import check_output_dirs, output_dirs
+from albert_dist.apps.pretrain.preflight import check_output_dirs, output_dirs
 
 
 def test_the_default_folder_follows_xdg_cache_home_then_the_home_folder(monkeypatch, tmp_path):

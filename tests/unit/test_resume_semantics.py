@@ -20,7 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from albert_dist import cli
-from albert_dist import train
+from albert_dist.apps.pretrain import main as train
 from albert_dist.config import TrainConfig, config_hash, load_config, resume_rules, resume_table_markdown, to_container
 from albert_dist.data.config import DataConfig
 from albert_dist.data.loader import FINGERPRINT_FIELDS, PretrainingStream

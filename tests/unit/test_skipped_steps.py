@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from albert_dist import trainer as T
+from albert_dist.apps.pretrain import trainer as T
 from albert_dist.config import TrainConfig
 from albert_dist.engine import metric_names as names
 from albert_dist.distributed.env import DistEnv

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from albert_dist import cli, preflight
-from albert_dist import train as trainer
+from albert_dist import cli
+from albert_dist.apps.pretrain import preflight
+from albert_dist.apps.pretrain import main as trainer
 from albert_dist.distributed import group as distributed
 from albert_dist.distributed.env import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock

@@ -1,11 +1,11 @@
 """Piece planning, once for every caller: which pieces a source is cut into for a job's slots, and what that costs.
 
-The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.preflight.check_inputs`) and
+The training loader (`albert_dist.data.loader`), the preflight (`albert_dist.apps.pretrain.preflight.check_inputs`) and
 ``albert-dist data plan`` (front end and report: `albert_dist.cli.data`) all plan a local source through
 `source_pieces`: find its files, each described once (`albert_dist.data.sources.discover.find_files`) -> check
 its text field (`albert_dist.data.sources.read.check_text_field`) -> plan its pieces
 (`albert_dist.data.sources.discover.cut_pieces`) -> refuse a source of only empty or damaged files. The preflight then probes each slot's share for a usable record
-(`check_slots_readable`) and hands the plan to the loader (`albert_dist.preflight.JobPlan.train_pieces`).
+(`check_slots_readable`) and hands the plan to the loader (`albert_dist.apps.pretrain.preflight.JobPlan.train_pieces`).
 
 The figures of a plan (`SourceSlots`, `summarize_pieces`, `job_sources`): from metadata alone, no process group and
 no reading beyond file sizes and parquet footers (plus the first 16 records of one jsonl file per source for

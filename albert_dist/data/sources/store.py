@@ -19,7 +19,7 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   back-off with full jitter over a time budget, ``data.store_retry_s``; a warning names the URL and the attempt).
   A transient error (5xx/429 surfacing as OSError, a dropped connection, a timeout) is retried from the same
   offset, so the stream continues where it was; when the budget is spent `StoreUnavailable` is raised (a
-  training job checkpoints and exits 75: `albert_dist.trainer`). A missing object, a denied one or missing
+  training job checkpoints and exits 75: `albert_dist.apps.pretrain.trainer`). A missing object, a denied one or missing
   credentials is not retried and raises `StoreError` naming the URL.
 
 Credentials come from the filesystem's own chain (s3fs/botocore: the AWS_* environment, ~/.aws files, instance

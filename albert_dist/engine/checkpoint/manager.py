@@ -35,7 +35,7 @@ class CheckpointManager:
         plan: the job's `LoadPlan`, made before the process group (`plan_load`); a fresh start by default.
 
     Use: `resume(build_engine, build_loader)` once (collective) -> `maybe_save(...)` at every step the loop's
-    cadence (`albert_dist.trainer.every`) saves.
+    cadence (`albert_dist.apps.pretrain.trainer.every`) saves.
     """
 
     def __init__(self, cfg: Any, ckpt_dir: str | Path, *, rank: int, world_size: int, config: dict,
@@ -143,7 +143,7 @@ class CheckpointManager:
         """Load the newest verified checkpoint of this job's directory into `engine` (collective), the RNGs as a
         resume sets them; the data loader is the caller's to keep (a rollback skips the data since the checkpoint:
         `albert_dist.engine.divergence`). Returns (the checkpoint, its `TrainState`), or None when there is none.
-        Every checkpoint this job wrote was read healthy before its save (`albert_dist.trainer`), so the newest
+        Every checkpoint this job wrote was read healthy before its save (`albert_dist.apps.pretrain.trainer`), so the newest
         verified one is the newest healthy one. Raises `CheckpointError` as `load_checkpoint`."""
         point = newest_verified(self.ckpt_dir, log=self.rank == 0)
         if point is None:

@@ -8,8 +8,8 @@ from typing import Optional
 @dataclass
 class FinetuneOptions:
     """A fine-tuning job: the model, the tasks, the hyper-parameters (None: the task's default,
-    `albert_dist.finetune.run.DEFAULT_LEARNING_RATE` and its neighbours) and the outputs. Field names are the flags' (``--data-dir``: data_dir);
-    their help is `albert_dist.cli.finetune`'s. Checked by `albert_dist.finetune.run.finetune` (`ValueError`
+    `albert_dist.apps.finetune.run.DEFAULT_LEARNING_RATE` and its neighbours) and the outputs. Field names are the flags' (``--data-dir``: data_dir);
+    their help is `albert_dist.cli.finetune`'s. Checked by `albert_dist.apps.finetune.run.finetune` (`ValueError`
     naming the flag)."""
 
     model: str

@@ -1,4 +1,4 @@
-"""The pretraining loop on a DeepSpeed engine: `Trainer` (the app around it is `albert_dist.train`).
+"""The pretraining loop on a DeepSpeed engine: `Trainer` (the app around it is `albert_dist.apps.pretrain.main`).
 
 One optimiser step = `engine.gradient_accumulation_steps` micro-steps of forward, `engine.backward`,
 `engine.step` (DeepSpeed reduces and steps at the last one, because its config carries the same count).
@@ -75,11 +75,11 @@ from albert_dist.engine.checkpoint.reshard import ReshardedLoader
 from albert_dist.job.stop import IgnoreStopSignals, StopFlag, stop_loader_workers
 from albert_dist.job.watchdog import FOLDER as WATCHDOG_FOLDER, Allowances, Watchdog
 from albert_dist.exit_codes import EXIT_INPUT_VANISHED, EXIT_OK, EXIT_PREEMPTED, InputVanished
-from albert_dist.init_from import check as check_init_from, load_into
+from albert_dist.apps.pretrain.init_from import check as check_init_from, load_into
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import pretraining_flops_per_sequence
-from albert_dist.preflight import JobPlan, load_plan_for
-from albert_dist.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
+from albert_dist.apps.pretrain.preflight import JobPlan, load_plan_for
+from albert_dist.apps.pretrain.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 from albert_dist.tracking.goodput import CHECKPOINT_SAVE, DATA_WAIT, EVALUATION, GoodputRecorder
 
@@ -108,10 +108,10 @@ def every(step: int, n: int, last: bool = False) -> bool:
 class Trainer:
     """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
     rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
-    `albert_dist.train.main` (the app's main) drives them and turns exceptions into exit codes.
+    `albert_dist.apps.pretrain.main.main` (the app's main) drives them and turns exceptions into exit codes.
 
     `__init__` (no process group, no files written) takes the job's plan from the preflight, its one maker
-    (`albert_dist.preflight.preflight`, or its `plan_job` alone: the world-size arithmetic, the DeepSpeed config, the
+    (`albert_dist.apps.pretrain.preflight.preflight`, or its `plan_job` alone: the world-size arithmetic, the DeepSpeed config, the
     load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
     `ValueError` for a job without a run directory (`run_dir` unset and no plan naming one on rank 0). With
     `resume_from` (an MLflow run, `--resume-from`) the load plan is made in `setup()`, after the download the
@@ -133,7 +133,7 @@ class Trainer:
         self.init_source = plan.init_source  # model.init_from's source, checked by the preflight
         self._named_run_dir = plan.run_dir  # rank 0 without a fixed run_dir: named and locked by the preflight
         if cfg.run_dir is None and self.dist_env.rank == 0 and plan.run_dir is None:
-            raise ValueError("run_dir is unset and no preflight named one (albert_dist.preflight.preflight names "
+            raise ValueError("run_dir is unset and no preflight named one (albert_dist.apps.pretrain.preflight.preflight names "
                              "and locks runs/<recipe>-<UTC time> on rank 0): set run_dir")
         self.config, self.config_hash = to_container(cfg), config_hash(cfg)
         self.started = False  # the process group is up: errors are no longer a refused config
@@ -224,7 +224,7 @@ class Trainer:
                 logger.warning("%s", note)
 
     def _plan(self, resume: Optional[str], ckpt_dir: Optional[str | Path]) -> LoadPlan:
-        """`albert_dist.preflight.load_plan_for` this job; rank 0 warns."""
+        """`albert_dist.apps.pretrain.preflight.load_plan_for` this job; rank 0 warns."""
         return load_plan_for(self.cfg, resume, ckpt_dir, self.dist_env.world_size, log=self.dist_env.rank == 0)
 
     def _build_engine(self, overrides: dict) -> Any:
@@ -307,7 +307,7 @@ class Trainer:
     def _build_tracker(self, resumed_step: Optional[int]):
         """The job's tracker: console + metrics.jsonl on rank 0 (started afresh, or cut back to the resumed
         checkpoint's step) and, unless tracking.enabled is false, the MLflow run over it (collective;
-        `albert_dist.run_tracking.build_tracker`)."""
+        `albert_dist.apps.pretrain.run_tracking.build_tracker`)."""
         rank = self.dist_env.rank
         local = JsonlTracker(self.run_dir, resumed_step=resumed_step or 0) if rank == 0 else NullTracker()
         return build_tracker(self.cfg, self.run_dir, rank, self.dist_env.world_size, local,
@@ -434,7 +434,7 @@ class Trainer:
     def _check_divergence(self, due: bool, roll_back: bool = True) -> bool:
         """When `due` and steps were trained since the last read: read the divergence flags (collective,
         `DivergenceMonitor.read`). Nothing flagged: False. Flagged: with ``divergence.policy=rollback``, `roll_back`
-        and rollbacks left, `_roll_back` and True; else raises `TrainingDiverged` (exit 77: `albert_dist.train`),
+        and rollbacks left, `_roll_back` and True; else raises `TrainingDiverged` (exit 77: `albert_dist.apps.pretrain.main`),
         whose message names the step and the newest healthy checkpoint."""
         if not due or self.divergence is None or not self.divergence.unread:
             return False

@@ -35,7 +35,7 @@ class GlueTask:
     labels: Optional[tuple[str, ...]]
     """Class values as written in the TSV, in the hub's id order; None = regression."""
     metrics: tuple[str, ...]
-    """`albert_dist.finetune.metrics` names, the primary one first."""
+    """`albert_dist.apps.finetune.metrics` names, the primary one first."""
     hub_columns: tuple[str, Optional[str]]
     """The hub dataset's text and pair columns (its label column is ``label``, already ids)."""
     dev_file: str = "dev.tsv"

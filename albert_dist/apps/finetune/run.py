@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from albert_dist.finetune.options import FinetuneOptions
+from albert_dist.apps.finetune.options import FinetuneOptions
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP",
 def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str]:
     """The directory of `task` under --data-dir: the directory itself when it holds train.tsv and one task is
     asked for, else its subdirectory <task>, glue-<task> or GLUE's name."""
-    from albert_dist.finetune.tasks import TaskError, glue_task
+    from albert_dist.apps.finetune.tasks import TaskError, glue_task
 
     glue_task(task)  # an unknown name is named as such, before any folder is looked for
     if data_dir is None:
@@ -74,7 +74,7 @@ def _glue_dir(task: str, data_dir: Optional[str], several: bool) -> Optional[str
 
 def load_tasks(args: FinetuneOptions) -> list:
     """The tasks asked for, read and checked; `TaskError` for bad input."""
-    from albert_dist.finetune.tasks import TaskError, glue_task, load_files, load_glue
+    from albert_dist.apps.finetune.tasks import TaskError, glue_task, load_files, load_glue
 
     if bool(args.task) == bool(args.train_file):
         raise TaskError("give --task NAME [NAME ...] or --train-file/--validation-file (one of them)")
@@ -90,8 +90,8 @@ def load_tasks(args: FinetuneOptions) -> list:
 
 def finetune_config(args: FinetuneOptions, task: str, max_positions: int):
     """The task's `FinetuneConfig` from flags and per-task defaults; `ValueError` naming a bad flag."""
-    from albert_dist.finetune.tasks import GLUE_TASKS
-    from albert_dist.finetune.train import FinetuneConfig
+    from albert_dist.apps.finetune.tasks import GLUE_TASKS
+    from albert_dist.apps.finetune.train import FinetuneConfig
     from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB
 
     glue = GLUE_TASKS.get(task)
@@ -118,7 +118,7 @@ _FILE_SUFFIXES = (".csv", ".tsv", ".txt", ".jsonl", ".json", ".parquet", ".gz")
 
 
 def _task_identity(entry: dict[str, Any]) -> str:
-    from albert_dist.finetune.tasks import file_task_identity
+    from albert_dist.apps.finetune.tasks import file_task_identity
 
     if entry.get("task_identity"):
         return str(entry["task_identity"])
@@ -134,7 +134,7 @@ def check_task_names(results: Path, tasks: list) -> None:
     Raises:
         TaskError: naming the name, both tasks and --task-name.
     """
-    from albert_dist.finetune.tasks import TaskError
+    from albert_dist.apps.finetune.tasks import TaskError
 
     taken = {}
     for entry in read_results(results):
@@ -282,7 +282,7 @@ def finetune(args: FinetuneOptions) -> int:
     from albert_dist.job.console import configure_logging
 
     configure_logging(replace=False)
-    from albert_dist.finetune.source import check_vocabulary, describe, resolve
+    from albert_dist.apps.finetune.source import check_vocabulary, describe, resolve
 
     try:  # the hf extra: transformers (tokenizers, Trainer) and accelerate (which the Trainer needs)
         import accelerate  # noqa: F401
@@ -307,7 +307,7 @@ def finetune(args: FinetuneOptions) -> int:
         check_task_names(out_dir / RESULTS_FILE, tasks)
         state = source.encoder_state() if args.init == "pretrained" else None
         if state is not None:  # a checkpoint of another size or sharing mode fails here, not mid-run
-            from albert_dist.finetune.train import build_model
+            from albert_dist.apps.finetune.train import build_model
 
             build_model(source.config, tasks[0].num_labels, state, 0, 0.0)
         return _run(args, source, tasks, configs, state, out_dir, describe(source))
@@ -330,7 +330,7 @@ def _run(args: FinetuneOptions, source: Any, tasks: list, configs: dict, state: 
          described: dict) -> int:
     from tqdm.auto import tqdm
 
-    from albert_dist.finetune.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
+    from albert_dist.apps.finetune.train import build_model, encode, finetune_once, step_bar_callback, steps_per_run
 
     main = _is_main_process()
     runs = None

@@ -59,7 +59,7 @@ class ModelSource:
     """The store the pretraining run lives in (None: the default store)."""
     identity: str = ""
     """The model whatever named it: ``mlflow:<run id>`` for a tracked run (its directory or its id), else
-    ``path:<resolved directory>``; `albert_dist.finetune.run.same_finetune` keys downstream.json entries by it."""
+    ``path:<resolved directory>``; `albert_dist.apps.finetune.run.same_finetune` keys downstream.json entries by it."""
 
     def encoder_state(self) -> dict[str, torch.Tensor]:
         """The pretraining state dict; `SourceError` when it does not load."""

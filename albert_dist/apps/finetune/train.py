@@ -18,8 +18,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from albert_dist.finetune.metrics import compute
-from albert_dist.finetune.tasks import Split, TaskData
+from albert_dist.apps.finetune.metrics import compute
+from albert_dist.apps.finetune.tasks import Split, TaskData
 from albert_dist.model.classifier import CLASSIFIER_DROPOUT_PROB, AlbertForSequenceClassification
 from albert_dist.model.config import AlbertConfig
 
@@ -109,7 +109,7 @@ def finetune_once(model: AlbertForSequenceClassification, train: EncodedSplit, d
     """Train `model` on `train` with the Trainer and score `dev`.
 
     Returns:
-        the task's metrics on dev (`albert_dist.finetune.metrics`), plus ``train_loss`` (mean over the run,
+        the task's metrics on dev (`albert_dist.apps.finetune.metrics`), plus ``train_loss`` (mean over the run,
         nats or squared units) and ``train_runtime_s``.
     """
     from transformers import DataCollatorWithPadding, PrinterCallback, Trainer, TrainingArguments

@@ -1,7 +1,7 @@
 """Every check a job makes before its process group starts, in one place and once (`preflight`).
 
 In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `ConfigDriftError`) that the app
-(`albert_dist.train.main`) turns into exit code 2 with one line, nothing started:
+(`albert_dist.apps.pretrain.main.main`) turns into exit code 2 with one line, nothing started:
 
 1. the input files (`check_inputs`: every local data source planned, `albert_dist.data.sources.pieces.pieces_of`:
    found, its text field present, not only empty or damaged files; on rank 0 every training slot's share
@@ -11,7 +11,7 @@ In order, each a `ValueError` (or `FileNotFoundError`, `CheckpointError`, `Confi
    warned) and the output directories (`check_output_dirs`: the run directory and the checkpoint directory can be
    created and written, e.g. not on a read-only file system);
 2. `--resume-from` (`check_resume_from`: an MLflow run reference, tracking on) and `model.init_from`
-   (`albert_dist.init_from.check`: the source read, the job's shapes and sharing fit it);
+   (`albert_dist.apps.pretrain.init_from.check`: the source read, the job's shapes and sharing fit it);
 3. the job's plan (`plan_job`: the batch arithmetic for the world size, the DeepSpeed config, and which
    checkpoint to resume from and how to load it, `albert_dist.engine.checkpoint.resume.plan_load`);
 4. the memory fit (`check_memory`: the estimate of `albert_dist.engine.memory` logged, and refused on a GPU it
@@ -46,7 +46,7 @@ from albert_dist.engine.checkpoint.resume import LoadPlan, plan_load
 from albert_dist.engine.deepspeed_config import build_deepspeed_config
 from albert_dist.distributed.env import DistEnv
 from albert_dist.job.lock import RunDirBusy, RunDirLock, auto_run_dir
-from albert_dist.init_from import check as check_init_from
+from albert_dist.apps.pretrain.init_from import check as check_init_from
 from albert_dist.runs import Source
 from albert_dist.tracking.tracker import parse_run_ref
 
@@ -77,7 +77,7 @@ class JobPlan:
     (`albert_dist.data.sources.pieces.pieces_of`; None for a hub source), which the loader then reads instead of
     planning again; None when they were not planned (`plan_job` alone: the loader plans them)."""
     init_source: Optional[Source] = None
-    """`model.init_from`'s source, checked (`albert_dist.init_from.check`); None without one."""
+    """`model.init_from`'s source, checked (`albert_dist.apps.pretrain.init_from.check`); None without one."""
     run_dir: Optional[str] = None
     """Rank 0 without a fixed `run_dir`: the directory it named and locked (`lock_run_dirs`); the other ranks
     receive it from rank 0 once the process group is up (`Trainer.setup`: the ranks' clocks differ)."""

@@ -8,19 +8,19 @@ Works under the deepspeed launcher (`deepspeed --num_gpus N --no_local_rank --mo
 and plain `python -m albert_dist.cli train ...` (one rank); gloo on CPU, nccl on GPU
 (`albert_dist.distributed.group`). The config, the batch arithmetic for the launcher's world size, the input
 files, the checkpoint to resume (and what the config's changes mean there) and the memory fit are checked
-before any process group starts (`albert_dist.preflight`; a bad one: exit code 2, one line, nothing started);
+before any process group starts (`albert_dist.apps.pretrain.preflight`; a bad one: exit code 2, one line, nothing started);
 rank 0 also takes the run directory's lock there (`albert_dist.job.lock`: a second job on it is refused
 the same way, naming the holder), naming the directory first when `run_dir` is unset. The ranks
 agree on the verdict over the rendezvous store before any of them starts the process group
 (`albert_dist.distributed.rendezvous`), so a refusal on any rank ends every rank at once; then
-`albert_dist.trainer.Trainer` runs the job.
+`albert_dist.apps.pretrain.trainer.Trainer` runs the job.
 
 Exit codes (`albert_dist.exit_codes`), decided here and nowhere else: 0 done, 1 crash (the traceback logged
 once, on the rank that failed; every rank ends within a bound, `albert_dist.job.stop.exit_deadline`), 2
 config/input error or run directory in use, 74 a checkpoint could not be written (disk full, ...), 75 stopped
 by SIGTERM/SIGUSR1/SIGINT after a checkpoint (`albert_dist.job.stop`; a requeue script reruns with
 `--resume auto`), or the object store stayed unavailable for ``data.store_retry_s`` (after a checkpoint when a
-training loader gave up: `albert_dist.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
+training loader gave up: `albert_dist.apps.pretrain.trainer`; elsewhere, one line: the last checkpoint is where a rerun starts),
 76 a rank stopped making progress (`albert_dist.job.watchdog`: its line names the rank; an error of a collective
 after it fired is the hang's too),
 77 training diverged and the policy stopped it (`albert_dist.engine.divergence`: one line on rank 0 naming the step
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from albert_dist.config import load_config
-from albert_dist.init_from import read_source
+from albert_dist.apps.pretrain.init_from import read_source
 from albert_dist.runs.source import FINAL_MODEL
 from albert_dist.engine.checkpoint.drift import ConfigDriftError
 from albert_dist.engine.checkpoint.layout import CheckpointError
@@ -51,8 +51,8 @@ from albert_dist.job import watchdog
 from albert_dist.exit_codes import (EXIT_CONFIG_ERROR, EXIT_CRASHED, EXIT_DIVERGED, EXIT_HUNG, EXIT_INPUT_VANISHED,
                                    EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED, InputVanished, TryAgainLater,
                                    error_line)
-from albert_dist.preflight import preflight
-from albert_dist.trainer import Trainer
+from albert_dist.apps.pretrain.preflight import preflight
+from albert_dist.apps.pretrain.trainer import Trainer
 from albert_dist.tracking.tracker import RunMovedOn
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         error: Optional[Exception] = None
         try:
             cfg = load_config(config, overrides, read_source)
-            # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.preflight)
+            # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.apps.pretrain.preflight)
             plan, locks = preflight(cfg, env, resume_from, recipe_name=Path(config).stem)
             trainer = Trainer(cfg, plan, resume_from=resume_from, store=store, stop=stop)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below

@@ -1,0 +1,1 @@
+"""The applications: pretraining, fine-tuning, export; each composes the library below it."""
