@@ -43,7 +43,7 @@ def fetch(ref: str, run_id: str, uri: str, step: Optional[int] = None, cache: Op
         SourceNotFound: the run holds no checkpoint nor final model (or no step `step`, listing those it holds).
         RuntimeError: MLflow cannot read the run (`RunReadError`), or a download does not match its marker.
     """
-    from albert_dist.tracking.fetch import download_run_final_model, download_run_tokenizer, run_holdings
+    from albert_dist.tracking.fetch import download_run_trained_model, download_run_tokenizer, run_holdings
 
     cache = cache_dir(run_id) if cache is None else Path(cache)
     held = run_holdings(uri, run_id)
@@ -57,7 +57,7 @@ def fetch(ref: str, run_id: str, uri: str, step: Optional[int] = None, cache: Op
                 "no complete checkpoint under checkpoints/ and no final model (model/fp32/)")
         raise SourceNotFound(f"MLflow run {run_id} ({uri}): {what}")
     if picked == "final":
-        local = download_run_final_model(uri, run_id, str(cache / FINAL_MODEL))
+        local = download_run_trained_model(uri, run_id, str(cache / FINAL_MODEL))
         found = find(local, f"runs:/{run_id}")
         at = held.final_step if held.final_step is not None else held.max_steps if newest is None else None
         why = (f"--step {step}, the final model" if step is not None else "the final model, no checkpoint left"

@@ -36,9 +36,9 @@ from albert_dist.engine.checkpoint.layout import (LATEST, META_FILE, CheckpointE
 
 #: The run's resolved config, written by the trainer into the run directory.
 RUN_CONFIG = "config.yaml"
-#: Where a run's end-of-training model lies in its run directory (`albert_dist.apps.pretrain.run_tracking.log_final_model`).
+#: Where a run's end-of-training model lies in its run directory (`albert_dist.apps.pretrain.run_tracking.log_trained_model`).
 FINAL_MODEL = "final_model"
-#: The model config written beside a consolidated state dict (`albert_dist.runs.weights.write_final_model`).
+#: The model config written beside a consolidated state dict (`albert_dist.runs.weights.write_trained_model`).
 MODEL_CONFIG = "model.yaml"
 #: The step a final model holds, beside its model.yaml (`albert_dist.runs.weights.STEP_FILE`).
 STEP_FILE = "step.json"

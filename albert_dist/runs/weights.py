@@ -1,7 +1,7 @@
 """The weights a run leaves behind, read and written one way: a DeepSpeed checkpoint consolidated to fp32
 (`consolidate_fp32`, any ZeRO stage and world size), a consolidated state dict read (`load_state_dict`) and written
 (`save_state_dict`), a model built from either and checked against its config (`load_model`, `load_consolidated`),
-and the end-of-training model a run writes (`export_final_model`, `write_final_model`). Which weights a source
+and the end-of-training model a run writes (`export_trained_model`, `write_trained_model`). Which weights a source
 means is `albert_dist.runs.source`'s rule; moved here from albert_dist/apps/export.py (behaviour unchanged).
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ TIED_TO = {"predictions.decoder.weight": "albert.embeddings.word_embeddings.weig
 #: How the files DeepSpeed writes into every checkpoint tag directory end (ZeRO-3: zero_pp_rank_<r>_mp_rank_00_...).
 DEEPSPEED_MARKER = "model_states.pt"
 
-#: The model config written beside a consolidated state dict (`write_final_model`).
+#: The model config written beside a consolidated state dict (`write_trained_model`).
 MODEL_CONFIG = "model.yaml"
-#: What `write_final_model` records of the weights beside model.yaml: {"step": N}, the optimizer step they hold.
+#: What `write_trained_model` records of the weights beside model.yaml: {"step": N}, the optimizer step they hold.
 STEP_FILE = "step.json"
 
 
@@ -165,7 +165,7 @@ def load_consolidated(model_config: AlbertConfig, state: dict[str, torch.Tensor]
     return model.eval()
 
 
-def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_dir: str,
+def export_trained_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_dir: str,
                        tokenizer_path: Optional[str]) -> dict[str, str]:
     """The end-of-training model (logged by the MLflow tracker under the run's ``model/``): consolidate
     ``<ckpt_dir>/<tag>`` (`consolidate_fp32`), check it (`load_consolidated`: the failure reported for
@@ -189,12 +189,12 @@ def export_final_model(model_config: AlbertConfig, ckpt_dir: str, tag: str, out_
     from albert_dist.engine.checkpoint.layout import step_of
 
     model = load_consolidated(model_config, consolidate_fp32(ckpt_dir, tag))
-    return write_final_model(model, out_dir, tokenizer_path, step_of(tag))
+    return write_trained_model(model, out_dir, tokenizer_path, step_of(tag))
 
 
-def write_final_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path: Optional[str],
+def write_trained_model(model: AlbertForPreTraining, out_dir: str, tokenizer_path: Optional[str],
                       step: Optional[int] = None) -> dict[str, str]:
-    """Write a run's end-of-training layout (`export_final_model`) from a model in memory: ``fp32/`` always (with
+    """Write a run's end-of-training layout (`export_trained_model`) from a model in memory: ``fp32/`` always (with
     `step`, the optimizer step the weights hold, in ``fp32/step.json``: what `albert_dist.runs.source` compares
     with the run's newest checkpoint), ``hf/`` when transformers can represent it. Returns
     ``{"fp32": dir[, "hf": dir]}``."""

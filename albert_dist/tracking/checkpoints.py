@@ -209,6 +209,6 @@ def download_checkpoint(client: Any, run_id: str, save_dir: str, step: Optional[
     return step, tag_dir
 
 
-#: Where a run's end-of-training model lies in its artifacts (`albert_dist.apps.pretrain.run_tracking.log_final_model`:
+#: Where a run's end-of-training model lies in its artifacts (`albert_dist.apps.pretrain.run_tracking.log_trained_model`:
 #: ``fp32/`` model.safetensors + model.yaml, ``hf/`` the transformers directory with the tokenizer).
 FINAL_MODEL_ARTIFACT_DIR = "model"

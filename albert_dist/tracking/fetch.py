@@ -98,7 +98,7 @@ def run_holdings(uri: str, run_id: str) -> RunHoldings:
                        run.data.tags.get("run_dir") or None)
 
 
-def download_run_final_model(uri: str, run_id: str, dest: str) -> Path:
+def download_run_trained_model(uri: str, run_id: str, dest: str) -> Path:
     """Run `run_id`'s final model (its ``model/`` artifacts: ``fp32/`` and ``hf/``) as the directory `dest`, once
     (a second call, e.g. another rank's, finds it there): downloaded into a temporary directory and renamed, so a
     reader never sees half of one.
@@ -140,5 +140,5 @@ def download_run_tokenizer(uri: str, run_id: str, cache_dir: Path) -> Optional[P
     return files[0] if len(files) == 1 else local
 
 
-__all__ = ["RunHoldings", "RunReadError", "download_run_checkpoint", "download_run_final_model",
+__all__ = ["RunHoldings", "RunReadError", "download_run_checkpoint", "download_run_trained_model",
            "download_run_tokenizer", "run_holdings"]

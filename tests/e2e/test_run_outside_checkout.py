@@ -40,7 +40,7 @@ def test_run_from_outside_the_checkout_writes_absolute_paths_and_the_final_model
     exp = client.get_experiment_by_name("outside_checkout")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
-    assert "final_model_error" not in run.data.tags, run.data.tags.get("final_model_error")
+    assert "model_export_error" not in run.data.tags, run.data.tags.get("model_export_error")
     hf_files = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model/hf")}
     assert {"config.json", "spiece.model"} <= hf_files, hf_files
     assert (run_dir / "final_model" / "hf" / "spiece.model").is_file()

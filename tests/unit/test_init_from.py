@@ -211,11 +211,11 @@ def _bad(tmp_path: Path, hub: Path, case: str) -> tuple[list[str], str]:
             shutil.copytree(hub, source)
             weights = source / "model.safetensors"
         else:
-            from albert_dist.runs.weights import write_final_model
+            from albert_dist.runs.weights import write_trained_model
 
             source = tmp_path / "run-cut"
             cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
-            write_final_model(AlbertForPreTraining(cfg.model), str(source / "final_model"), cfg.data.tokenizer_path)
+            write_trained_model(AlbertForPreTraining(cfg.model), str(source / "final_model"), cfg.data.tokenizer_path)
             (source / "config.yaml").write_text(to_yaml(cfg))
             weights = source / "final_model" / "fp32" / "model.safetensors"
         data = weights.read_bytes()
@@ -247,14 +247,14 @@ def test_a_run_directory_and_an_mlflow_run_give_the_same_start_and_keep_the_toke
     export tokenizes as the source does."""
     from mlflow import MlflowClient
 
-    from albert_dist.runs.weights import write_final_model
+    from albert_dist.runs.weights import write_trained_model
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = load_config(RECIPE, [f"model.init_from={hub}", *SMALL])
     source = AlbertForPreTraining(cfg.model)
     load_into(source, check(cfg))
     run = tmp_path / "run"
-    written = write_final_model(source, str(run / "final_model"), cfg.data.tokenizer_path)
+    written = write_trained_model(source, str(run / "final_model"), cfg.data.tokenizer_path)
     (run / "config.yaml").write_text(to_yaml(cfg))
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(written["hf"])
     assert hf_tokenizer(MIXED_TEXT)["input_ids"] == transformers.AutoTokenizer.from_pretrained(hub)(MIXED_TEXT)[

@@ -59,7 +59,7 @@ def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypa
 
     monkeypatch.setattr(trainer.Trainer, "setup", setup)
     monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
-    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    monkeypatch.setattr(trainer.Trainer, "export_trained_model", lambda self: None)
     assert cli.main(["train", "--config", RECIPE, *BASE, f"run_dir={tmp_path}"]) == trainer.EXIT_OK
     assert [(cfg.max_steps, cfg.run_dir, cfg.tracking.enabled) for cfg in reached] == [(40, str(tmp_path), False)]
     assert "albert-dist train:" not in capsys.readouterr().err
@@ -79,7 +79,7 @@ def test_without_run_dir_the_preflight_names_the_run_directory_and_holds_its_loc
 
     monkeypatch.setattr(trainer.Trainer, "setup", setup)
     monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
-    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    monkeypatch.setattr(trainer.Trainer, "export_trained_model", lambda self: None)
     assert cli.main(["train", "--config", RECIPE, *BASE]) == trainer.EXIT_OK
     (run_dir,) = seen
     assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("albert-tiny-wikitext-20")

@@ -99,7 +99,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
         code = trainer.train()
         status = "FINISHED" if code == EXIT_OK else "KILLED"
         if code == EXIT_OK:
-            trainer.export_final_model()
+            trainer.export_trained_model()
         if trainer.dist_env.rank == 0:
             logger.info("outputs in %s (config.yaml, ds_config.json, metrics.jsonl, checkpoints/%s)",
                         trainer.run_dir.resolve(), f", {FINAL_MODEL}/" if code == EXIT_OK else "")

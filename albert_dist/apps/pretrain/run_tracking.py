@@ -13,7 +13,7 @@ from albert_dist.distributed.collectives import all_gather_object, barrier, broa
 from albert_dist.model.sharing import model_param_counts
 from albert_dist.runs.mlflow import fetch_checkpoint
 from albert_dist.runs.source import FINAL_MODEL
-from albert_dist.runs.weights import export_final_model
+from albert_dist.runs.weights import export_trained_model
 from albert_dist.tracking.params import hostname
 from albert_dist.tracking.secrets import scrub_text
 from albert_dist.tracking.tracker import (MLflowTracker, NodeTracker, RunMovedOn, parse_run_ref, read_run_id,
@@ -132,20 +132,20 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
     return tracker
 
 
-def log_final_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
+def log_trained_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
     """Rank 0, after the final checkpoint: export the consolidated fp32 and HF models to
     ``<run_dir>/<FINAL_MODEL>`` (whether or not MLflow tracking is on) and, with ``tracking.log_final_model``,
     queue them as the run's ``model/fp32`` and ``model/hf`` artifacts (the local tracker keeps no artifacts).
 
-    Returns the written directories (`albert_dist.runs.weights.export_final_model`), or None when the export failed:
-    logged, and tagged ``final_model_error`` (the checkpoint itself stays the job's result).
+    Returns the written directories (`albert_dist.runs.weights.export_trained_model`), or None when the export failed:
+    logged, and tagged ``model_export_error`` (the checkpoint itself stays the job's result).
     """
     out = Path(run_dir) / FINAL_MODEL
     try:
-        written = export_final_model(cfg.model, str(ckpt_dir), tag, str(out), cfg.data.tokenizer_path)
+        written = export_trained_model(cfg.model, str(ckpt_dir), tag, str(out), cfg.data.tokenizer_path)
     except Exception as exc:  # noqa: BLE001
         log.exception("final model export failed")
-        tracker.set_tags({"final_model_error": f"{type(exc).__name__}: {exc}"[:5000]})
+        tracker.set_tags({"model_export_error": f"{type(exc).__name__}: {exc}"[:5000]})
         return None
     if cfg.tracking.log_final_model:
         for kind, path in written.items():

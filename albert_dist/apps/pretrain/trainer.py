@@ -79,7 +79,7 @@ from albert_dist.apps.pretrain.init_from import check as check_init_from, load_i
 from albert_dist.model import AlbertForPreTraining
 from albert_dist.model.flops import pretraining_flops_per_sequence
 from albert_dist.apps.pretrain.preflight import JobPlan, load_plan_for
-from albert_dist.apps.pretrain.run_tracking import build_tracker, fetch_run_checkpoint, log_final_model
+from albert_dist.apps.pretrain.run_tracking import build_tracker, fetch_run_checkpoint, log_trained_model
 from albert_dist.tracking.base import JsonlTracker, NullTracker
 from albert_dist.tracking.goodput import CHECKPOINT_SAVE, DATA_WAIT, EVALUATION, GoodputRecorder
 
@@ -107,7 +107,7 @@ def every(step: int, n: int, last: bool = False) -> bool:
 
 class Trainer:
     """One pretraining job in two halves: `__init__` does everything that needs no process group, `setup()` the
-    rest; `train()` runs the loop, `export_final_model()` writes the result, `close()` releases everything.
+    rest; `train()` runs the loop, `export_trained_model()` writes the result, `close()` releases everything.
     `albert_dist.apps.pretrain.main.main` (the app's main) drives them and turns exceptions into exit codes.
 
     `__init__` (no process group, no files written) takes the job's plan from the preflight, its one maker
@@ -653,15 +653,15 @@ class Trainer:
         return {**self._acc.local_state(), WINDOW_KEY: self.divergence.window_state()}
 
     # ----------------------------------------------------------------------------------------------- finish
-    def export_final_model(self) -> Optional[dict]:
+    def export_trained_model(self) -> Optional[dict]:
         """After the last step, on rank 0: the final checkpoint as the run's final model (consolidated fp32
-        and transformers directories, `albert_dist.runs.weights.export_final_model`), uploaded as the MLflow run's
-        `model/` artifacts when tracking and `tracking.log_final_model` are on. Returns the written directories
+        and transformers directories, `albert_dist.runs.weights.export_trained_model`), uploaded as the MLflow run's
+        `model/` artifacts when tracking and its model upload (`albert_dist.tracking.config`) are on. Returns the written directories
         (None on other ranks, or when the export failed: logged, and tagged in MLflow; the checkpoint stays
         the job's result)."""
         if self.dist_env.rank != 0:
             return None
-        return log_final_model(self.tracker, self.cfg, self.ckpt_dir, tag_for(self.step), self.run_dir)
+        return log_trained_model(self.tracker, self.cfg, self.ckpt_dir, tag_for(self.step), self.run_dir)
 
     def close(self, status: str) -> None:
         """Stop the loader workers, close the tracker with `status` ("FINISHED", "KILLED", "FAILED"), destroy the
