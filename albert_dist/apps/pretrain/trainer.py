@@ -119,7 +119,8 @@ class Trainer:
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`), `watchdog`
-    (the hang watchdog, stopped when `train()` finishes or in `close()`).
+    (the hang watchdog, stopped when `train()` finishes or in `close()`). Every attribute is declared in `__init__`,
+    None until `setup()` builds it (tests/unit/test_trainer_parts.py).
     """
 
     def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,
@@ -140,8 +141,22 @@ class Trainer:
         self.step = 0
         self._acc: Optional[MetricAccumulator] = None  # the loop's open metric interval (saved with a checkpoint)
         self._saved_interval: list = []  # a resumed checkpoint's open interval, every saved rank's
-        self.engine = None
         self.tracker: Any = NullTracker()
+        # The parts `setup()` builds, None until then (the engine and the loader through the checkpoint manager's
+        # resume, `_build_engine` and `_build_loader`)
+        self.run_dir: Optional[Path] = None  # the run's directory, agreed by every rank
+        self.ckpt_dir: Optional[Path] = None  # checkpoint.directory(run_dir)
+        self.checkpoints: Optional[CheckpointManager] = None  # the job's checkpoints: resume, save, rollback
+        self.engine: Any = None  # the DeepSpeedEngine
+        self.n_params: Optional[int] = None  # the model's parameter count (`_build_engine`)
+        self.ga_steps: Optional[int] = None  # micro-steps per optimiser step, DeepSpeed's (`_build_engine`)
+        self.train_loader: Any = None  # the training loader, or a `ReshardedLoader` over the saved streams
+        self._train_iter: Any = None  # its iterator (the loader workers run while it lives)
+        self.device: Optional[torch.device] = None  # the engine's device
+        self.flops_per_position: Optional[float] = None  # model FLOPs per trained position, for MFU
+        self.peaks: Optional[Peaks] = None  # MFU's denominators (rank 0; unknown elsewhere)
+        self._skipped_seen = 0  # DeepSpeed's skipped optimizer steps already reported (`train`, `_log_train`)
+        self._pace: Optional[tuple[float, int]] = None  # (perf_counter, step) where `train` started: the ETA
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
         self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
