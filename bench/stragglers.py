@@ -99,7 +99,7 @@ def _worker(mode: str, out: str, config: str, overrides: list[str]) -> int:
         mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)
         mp.setattr(trainer_module, "StragglerMonitor", Timed if mode == "on" else Off)
         cfg = load_config(config, overrides)
-        trainer = trainer_module.Trainer(cfg, plan_job(cfg, env.world_size, env.rank))
+        trainer = trainer_module.Trainer(plan_job(cfg, env))
         try:
             trainer.setup()
             code = trainer.train()

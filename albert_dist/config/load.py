@@ -542,7 +542,8 @@ def for_world_size(cfg: TrainConfig, world_size: int) -> TrainConfig:
 
 
 def check_derived(cfg: TrainConfig, world_size: int) -> int:
-    """Check the values that depend on the world size and return the global batch size (sequences/step).
+    """Check the values that depend on the world size and return the global batch size (sequences/step); `cfg`
+    as `for_world_size` resolved it for `world_size`.
 
     The one place the batch triple is checked (`engine.config.global_batch_size`); raises
     `ValueError` when train_batch_size != micro x accumulation x world size.

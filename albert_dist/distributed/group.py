@@ -14,8 +14,8 @@ log = logging.getLogger(__name__)
 
 
 def init_distributed(timeout_s: float = 1800.0, store: Any = None,
-                     flight_recorder_prefix: Optional[str] = None) -> DistEnv:
-    """Discover this process's place, export it as env:// variables and start the process group.
+                     flight_recorder_prefix: Optional[str] = None, dist_env: Optional[DistEnv] = None) -> DistEnv:
+    """Discover this process's place (or take `dist_env`), export it as env:// variables and start the process group.
 
     Calls ``deepspeed.init_distributed`` with the accelerator's backend (``gloo`` on CPU, ``nccl`` on CUDA:
     ``get_accelerator().communication_backend_name()``) and MPI discovery off, since :func:`discover`
@@ -30,6 +30,8 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None,
         flight_recorder_prefix: on nccl, PyTorch's NCCL flight recorder is switched on before the group starts,
             dumping on a collective's timeout to ``<prefix><rank>`` (`albert_dist.job.watchdog.flight_recorder_env`;
             variables the user set are kept); nothing on gloo.
+        dist_env: this process's place as the caller discovered it (the app's preflight, `JobPlan.env`); None
+            discovers it here (:func:`discover`).
 
     Raises:
         ValueError: from :func:`discover`, or ``timeout_s <= 0``.
@@ -45,7 +47,8 @@ def init_distributed(timeout_s: float = 1800.0, store: Any = None,
     if (tdist.is_initialized() and _STARTED is not None and (_STARTED.rank, _STARTED.world_size)
             == (tdist.get_rank(), tdist.get_world_size())):  # LOCAL_RANK may be the device index now: not rediscovered
         return _STARTED
-    dist_env = discover()
+    if dist_env is None:
+        dist_env = discover()
     export_env(dist_env)
     accel = get_accelerator()
     extensions_dir = default_torch_extensions_dir()

@@ -217,8 +217,9 @@ AUTO = "auto"
 
 def resolve_accumulation(engine: EngineConfig, world_size: int) -> EngineConfig:
     """`engine` with ``gradient_accumulation_steps: auto`` replaced by train_batch_size / (micro x `world_size`);
-    `engine` itself when the accumulation is a number. The one place "auto" is resolved (`global_batch_size`
-    checks the triple after it).
+    `engine` itself when the accumulation is a number. The one place "auto" is resolved, called once per job
+    (`albert_dist.config.for_world_size`, in the app's preflight); `global_batch_size` and the DeepSpeed config
+    builder take the result (`check_resolved`).
 
     Raises `ValueError` naming the fields and values when train_batch_size is not a multiple of micro x world size,
     or when `world_size` < 1.
@@ -235,14 +236,27 @@ def resolve_accumulation(engine: EngineConfig, world_size: int) -> EngineConfig:
     return replace(engine, gradient_accumulation_steps=target // (micro * world_size))
 
 
+def check_resolved(engine: EngineConfig, world_size: int) -> None:
+    """`engine` is resolved for a job of `world_size` ranks: its accumulation a number (`resolve_accumulation`
+    made it one), `world_size` >= 1.
+
+    Raises `ValueError` naming the field when ``gradient_accumulation_steps`` is still "auto", or `world_size`.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if engine.gradient_accumulation_steps == AUTO:
+        raise ValueError(f"engine.gradient_accumulation_steps={AUTO} is not resolved for the world size "
+                         f"({world_size}): resolve it first (albert_dist.config.for_world_size)")
+
+
 def global_batch_size(engine: EngineConfig, world_size: int) -> int:
-    """train_batch_size = micro x accumulation x world size: the one place this rule is checked (an "auto"
-    accumulation resolved first, `resolve_accumulation`).
+    """train_batch_size = micro x accumulation x world size: the one place this rule is checked, on an engine
+    resolved for `world_size` (`resolve_accumulation`).
 
     Raises `ValueError` naming all four numbers when `engine.train_batch_size` is set and differs, or as
-    `resolve_accumulation`.
+    `check_resolved`.
     """
-    engine = resolve_accumulation(engine, world_size)
+    check_resolved(engine, world_size)
     derived = engine.train_micro_batch_size_per_gpu * engine.gradient_accumulation_steps * world_size
     if engine.train_batch_size is not None and engine.train_batch_size != derived:
         raise ValueError(

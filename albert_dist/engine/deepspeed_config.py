@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from albert_dist.engine.config import EngineConfig, global_batch_size, resolve_accumulation
+from albert_dist.engine.config import EngineConfig, global_batch_size
 from albert_dist.model.config import AlbertConfig
 from albert_dist.model.sharing import parameter_numels
 
@@ -47,18 +47,19 @@ def bucket_defaults(model: AlbertConfig, zero_stage: int) -> dict[str, int]:
 
 def build_deepspeed_config(engine: EngineConfig, world_size: int, accelerator: Optional[str] = None,
                            model: Optional[AlbertConfig] = None) -> dict:
-    """The DeepSpeed config dict for the `engine:` section on `world_size` ranks (the content of the run's ds_config.json).
+    """The DeepSpeed config dict for the `engine:` section on `world_size` ranks (the content of the run's ds_config.json);
+    `engine` resolved for `world_size` (``gradient_accumulation_steps: auto``: `albert_dist.config.for_world_size`,
+    once per job, in the preflight).
 
     `accelerator` is DeepSpeed's accelerator name ("cpu", "cuda", ...); None asks
     `deepspeed.accelerator.get_accelerator()`. With `model`, bucket sizes the config leaves unset are scaled to
     it (`bucket_defaults`); without, DeepSpeed's defaults stay. Raises `ValueError` for a batch triple that does
-    not multiply out (see `global_batch_size`) and for bf16 on an accelerator without bf16.
+    not multiply out or is not resolved (see `global_batch_size`) and for bf16 on an accelerator without bf16.
 
     The client optimiser (torch AdamW or LAMB, built by `albert_dist.engine.optim`) is passed to
     `deepspeed.initialize` rather than named here, so `zero_allow_untested_optimizer` is set and
     `zero_force_ds_cpu_optimizer` is off (DeepSpeed would otherwise demand its C++ CPU Adam on CPU).
     """
-    engine = resolve_accumulation(engine, world_size)
     train_batch_size = global_batch_size(engine, world_size)
     if accelerator is None:
         from deepspeed.accelerator import get_accelerator

@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
         env = discover()
         configure_logging(env.rank)
         cfg = load_config(args.config, args.overrides)
-        trainer = RecordedTrainer(cfg, plan_job(cfg, env.world_size, env.rank))
+        trainer = RecordedTrainer(plan_job(cfg, env))
         try:
             trainer.setup()
             if args.dump and not args.dump_at_end:

@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     from albert_dist.apps.pretrain.trainer import Trainer
 
     cfg, env = load_config(args.config, args.overrides), discover()
-    trainer = Trainer(cfg, plan_job(cfg, env.world_size, env.rank))
+    trainer = Trainer(plan_job(cfg, env))
     counter = SyncCounter(trainer)
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)  # plain gloo (ckpt_worker.py)

@@ -13,6 +13,7 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path, monkeypatch):
 
     from albert_dist.config import load_config
     from albert_dist.data.tokenizer import PAD_ID
+    from albert_dist.distributed.env import discover
     from albert_dist.model import AlbertForPreTraining
     from albert_dist.apps.pretrain.preflight import plan_job
     from albert_dist.apps.pretrain.trainer import Trainer
@@ -35,7 +36,7 @@ def test_trainer_backward_uses_the_scheduled_sop_weight(tmp_path, monkeypatch):
                  "max_steps=3", "log_interval_steps=1", "eval_interval_steps=0", "checkpoint.save_interval_steps=0",
                  "tracking.enabled=false", "progress_bar=false", f"run_dir={tmp_path}", "objective.sop_start_step=2"]
     cfg = load_config(None, overrides)
-    trainer = Trainer(cfg, plan_job(cfg, world_size=1))
+    trainer = Trainer(plan_job(cfg, discover()))
     head = lambda: trainer.engine.module.sop_classifier.classifier.weight.detach().clone()  # noqa: E731
     try:
         trainer.setup()

@@ -138,16 +138,20 @@ def test_gradient_accumulation_auto_is_derived_from_the_global_batch_and_the_wor
     assert cfg.engine.gradient_accumulation_steps == "auto"
     for world, ga in ((1, 12), (2, 6), (3, 4), (12, 1)):
         resolved = for_world_size(cfg, world)
-        assert resolved.engine.gradient_accumulation_steps == ga and check_derived(cfg, world) == 48
-        ds = build_deepspeed_config(cfg.engine, world, accelerator="cpu")
+        assert resolved.engine.gradient_accumulation_steps == ga and check_derived(resolved, world) == 48
+        ds = build_deepspeed_config(resolved.engine, world, accelerator="cpu")
         assert (ds["train_batch_size"], ds["gradient_accumulation_steps"]) == (48, ga)
         assert "gradient_accumulation_steps: %d" % ga in to_yaml(resolved)  # the run's config.yaml: the number used
     assert for_world_size(resolved, 12) is resolved  # nothing left to resolve
     message = ("engine.gradient_accumulation_steps=auto: engine.train_batch_size (48) is not a multiple of "
                "train_micro_batch_size_per_gpu (4) x world size (5) = 20")
-    for call in (for_world_size, check_derived, lambda c, w: build_deepspeed_config(c.engine, w, accelerator="cpu")):
-        with pytest.raises(ValueError, match=re.escape(message)):
-            call(cfg, 5)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        for_world_size(cfg, 5)
+    # resolved once per job (the preflight): the batch check and the DeepSpeed config take the result, never "auto"
+    for call in (check_derived, lambda c, w: build_deepspeed_config(c.engine, w, accelerator="cpu")):
+        with pytest.raises(ValueError, match=re.escape("engine.gradient_accumulation_steps=auto is not resolved for "
+                                                       "the world size (2): resolve it first")):
+            call(cfg, 2)
     with pytest.raises(ValueError, match=re.escape("engine.gradient_accumulation_steps=auto needs "
                                                    "engine.train_batch_size")):
         load_config(None, ["engine.gradient_accumulation_steps=auto"])

@@ -348,3 +348,25 @@ def test_dist_command_bad_variables_one_line_exit_2(monkeypatch, capsys, no_scon
     assert main(["dist"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.splitlines()) == 1 and "SLURM_PROCID=4" in captured.err
+
+
+def test_init_distributed_takes_the_callers_discovery(monkeypatch):
+    """Given the app's discovery (the preflight's `JobPlan.env`), the process group starts from it: no second
+    discovery (whose single-process port is a new free one), its numbers exported and given to DeepSpeed."""
+    import deepspeed
+    import torch.distributed as tdist
+
+    given = E.DistEnv(1, 2, 0, 1, 1, "10.0.0.7", 29555, 2, "torchrun")
+    for var, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "5",
+                       "TORCH_EXTENSIONS_DIR": "/tmp/x"}.items():
+        monkeypatch.setenv(var, value)  # restored after the test (init_distributed exports its numbers)
+    monkeypatch.setattr(G, "discover", lambda *a, **k: pytest.fail("discovered again"))
+    monkeypatch.setattr(G, "_STARTED", None)
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: OneGpuTask())
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    seen = {}
+    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: seen.update(port=kw["distributed_port"]))
+    assert G.init_distributed(dist_env=given) is given and seen == {"port": 29555}
+    assert [os.environ[v] for v in ("RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")] == \
+        ["1", "2", "1", "10.0.0.7", "29555"]

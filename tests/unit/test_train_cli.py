@@ -65,6 +65,49 @@ def test_good_inputs_pass_the_preflight_and_reach_the_trainer(tmp_path, monkeypa
     assert "albert-dist train:" not in capsys.readouterr().err
 
 
+def test_the_job_discovers_its_place_and_resolves_its_world_size_view_once(tmp_path, monkeypatch):
+    """One discovery of the rank's place (the app's main) and one resolution of ``gradient_accumulation_steps:
+    auto`` (the preflight): the Trainer and the DeepSpeed config take both from the preflight's JobPlan. Every
+    module that did either is watched (before: 2 discoveries, main's and the Trainer's, and 6 resolutions: the
+    preflight twice, the batch check, the DeepSpeed config builder twice, the Trainer)."""
+    from albert_dist.apps.pretrain import trainer as trainer_module
+    from albert_dist.config import load as config_load
+    from albert_dist.distributed import env as dist_env
+    from albert_dist.engine import config as engine_config
+    from albert_dist.engine import deepspeed_config
+
+    calls = {"discover": [], "resolve": []}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            result = function(*args, **kwargs)
+            calls[name].append(result)
+            return result
+        return call
+
+    for module in (trainer, trainer_module, distributed):
+        monkeypatch.setattr(module, "discover", counted("discover", dist_env.discover), raising=False)
+    for module in (config_load, engine_config, deepspeed_config):
+        monkeypatch.setattr(module, "resolve_accumulation", counted("resolve", engine_config.resolve_accumulation),
+                            raising=False)
+    seen = []
+
+    def setup(self):
+        seen.append((self.cfg, self.dist_env, self.ds_config))
+        self.run_dir = Path(self.cfg.run_dir)
+
+    monkeypatch.setattr(trainer.Trainer, "setup", setup)
+    monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
+    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    overrides = [*BASE, f"run_dir={tmp_path}", "engine.gradient_accumulation_steps=auto",
+                 "engine.train_micro_batch_size_per_gpu=4", "engine.train_batch_size=12"]
+    assert trainer.main(RECIPE, overrides) == trainer.EXIT_OK
+    ((cfg, env, ds_config),) = seen
+    assert [len(calls["discover"]), len(calls["resolve"])] == [1, 1], calls
+    assert env is calls["discover"][0] and cfg.engine is calls["resolve"][0]
+    assert cfg.engine.gradient_accumulation_steps == ds_config["gradient_accumulation_steps"] == 3  # 12 / (4 x 1)
+
+
 def test_without_run_dir_the_preflight_names_the_run_directory_and_holds_its_lock_for_the_job(tmp_path, monkeypatch):
     """Rank 0's preflight names runs/<recipe>-<UTC time> (under the working directory) and locks it before the
     process group; the trainer takes that name; the lock is released when the job ends."""

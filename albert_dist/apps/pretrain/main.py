@@ -89,7 +89,7 @@ def main(config: str, overrides: Sequence[str] = (), resume_from: Optional[str] 
             cfg = load_config(config, overrides, read_source)
             # inputs, --resume-from, the job's plan, the memory fit, rank 0's run-dir locks (albert_dist.apps.pretrain.preflight)
             plan, locks = preflight(cfg, env, resume_from, recipe_name=Path(config).stem)
-            trainer = Trainer(cfg, plan, resume_from=resume_from, store=store, stop=stop)
+            trainer = Trainer(plan, resume_from=resume_from, store=store, stop=stop)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it; re-raised below
             error = err
         agree(store, env, None if error is None else str(error).strip() or type(error).__name__)

@@ -24,7 +24,10 @@ Every rank runs 1-4 on the same files and config and so reaches the same verdict
 on it over the rendezvous store (`albert_dist.distributed.rendezvous`) before any of them starts the process group.
 Each rank's training-source plan for the job's slots travels to its loader in the `JobPlan`
 (`JobPlan.train_pieces`): planning is metadata alone (file sizes, parquet footers), which every rank's loader
-would otherwise redo after the process group; only rank 0 reads records to probe the slots.
+would otherwise redo after the process group; only rank 0 reads records to probe the slots. So do the config as
+the job's world size makes it (`JobPlan.cfg`: ``engine.gradient_accumulation_steps: auto`` resolved here, once,
+`albert_dist.config.for_world_size`) and the rank's place (`JobPlan.env`, the app's one discovery): the Trainer and
+the DeepSpeed config builder take them as they are.
 """
 from __future__ import annotations
 
@@ -65,6 +68,11 @@ MIN_EFFICIENT_MICRO_BATCH = 8
 class JobPlan:
     """What the preflight worked out for a job, which `Trainer` builds it from (no process group needed)."""
 
+    cfg: TrainConfig
+    """The job's config as its world size makes it (`albert_dist.config.for_world_size`: a number for
+    ``engine.gradient_accumulation_steps: auto``), resolved once, in the preflight."""
+    env: DistEnv
+    """This rank's place in the job (`albert_dist.distributed.env.discover`, the app's one call)."""
     global_batch: int
     """Sequences per optimizer step (micro-batch x accumulation x world size, checked)."""
     ds_config: dict
@@ -94,14 +102,14 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
             message naming the field, file or flag and the value (exit code 2).
     """
     store.configure(cfg.data.store_retry_s)  # first: the checks below read the store too
-    cfg = for_world_size(cfg, env.world_size)
+    cfg = for_world_size(cfg, env.world_size)  # the one resolution of the job's world-size view (JobPlan.cfg)
     train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
     check_data_settings(cfg, log=env.rank == 0)
     check_output_dirs(cfg)
     if resume_from is not None:
         check_resume_from(resume_from, cfg)
     source = check_init_from(cfg, resume_from, say=env.rank == 0)
-    plan = replace(plan_job(cfg, env.world_size, env.rank, resume_from), train_pieces=train_pieces,
+    plan = replace(plan_job(cfg, env, resume_from), train_pieces=train_pieces,
                    init_source=source)
     check_memory(cfg, env.world_size, memory.device_memory(env.local_rank), log=env.rank == 0)
     if env.rank != 0:
@@ -256,23 +264,25 @@ def check_resume_from(ref: str, cfg: TrainConfig) -> None:
         raise ValueError("--resume-from needs tracking.enabled=true")
 
 
-def plan_job(cfg: TrainConfig, world_size: int, rank: int = 0, resume_from: Optional[str] = None) -> JobPlan:
-    """The batch arithmetic for `world_size` (`check_derived`), the DeepSpeed config (precision and accelerator
-    checks) and, unless `resume_from` (an MLflow run, planned after its download), the load plan of
-    `checkpoint.resume` (`load_plan_for`; rank 0 logs what it finds).
+def plan_job(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None) -> JobPlan:
+    """The plan of the job `env` is a rank of, for `cfg` as `for_world_size` resolved it for ``env.world_size``
+    (a config without ``auto`` is its own): the batch arithmetic (`check_derived`), the DeepSpeed config
+    (precision and accelerator checks) and, unless `resume_from` (an MLflow run, planned after its download), the
+    load plan of `checkpoint.resume` (`load_plan_for`; rank 0 logs what it finds).
 
     Raises:
-        ValueError: a batch triple that does not multiply out, a precision the accelerator lacks, `--resume auto`
-            without a fixed directory; FileNotFoundError, CheckpointError, ConfigDriftError: as `plan_load`.
+        ValueError: ``auto`` left in the config, a batch triple that does not multiply out, a precision the
+            accelerator lacks, `--resume auto` without a fixed directory; FileNotFoundError, CheckpointError,
+            ConfigDriftError: as `plan_load`.
     """
-    cfg = for_world_size(cfg, world_size)
+    world_size = env.world_size
     global_batch = check_derived(cfg, world_size)
     ds_config = build_deepspeed_config(cfg.engine, world_size, model=cfg.model)
     if resume_from is not None:
-        return JobPlan(global_batch, ds_config)
-    return JobPlan(global_batch, ds_config,
+        return JobPlan(cfg, env, global_batch, ds_config)
+    return JobPlan(cfg, env, global_batch, ds_config,
                    load_plan_for(cfg, cfg.checkpoint.resume, cfg.checkpoint.directory(cfg.run_dir), world_size,
-                                 log=rank == 0))
+                                 log=env.rank == 0))
 
 
 def load_plan_for(cfg: TrainConfig, resume: Optional[str], ckpt_dir: Optional[str | Path], world_size: int,

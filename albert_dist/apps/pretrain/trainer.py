@@ -45,7 +45,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from albert_dist.config import TrainConfig, config_hash, for_world_size, to_container, to_yaml
+from albert_dist.config import TrainConfig, config_hash, to_container, to_yaml
 from albert_dist.data.sources import store
 from albert_dist.data.loader import build_train_loader, next_batch
 from albert_dist.data.pretraining import drop_full_mask
@@ -58,7 +58,6 @@ from albert_dist.engine.checkpoint.state import seed_all
 from albert_dist.job import console
 from albert_dist.engine import metric_names as names
 from albert_dist.distributed.collectives import broadcast_object, host_group, is_multi_rank
-from albert_dist.distributed.env import discover
 from albert_dist.distributed.group import init_distributed
 from albert_dist.engine.evaluation import Evaluator
 from albert_dist.engine.compile import compile_engine, eager
@@ -111,21 +110,25 @@ class Trainer:
     `albert_dist.apps.pretrain.main.main` (the app's main) drives them and turns exceptions into exit codes.
 
     `__init__` (no process group, no files written) takes the job's plan from the preflight, its one maker
-    (`albert_dist.apps.pretrain.preflight.preflight`, or its `plan_job` alone: the world-size arithmetic, the DeepSpeed config, the
-    load plan of the checkpoint `checkpoint.resume` names and what the config's changes mean there). It raises
+    (`albert_dist.apps.pretrain.preflight.preflight`, or its `plan_job` alone: the config as the world size makes
+    it, the rank's place, the world-size arithmetic, the DeepSpeed config, the load plan of the checkpoint
+    `checkpoint.resume` names and what the config's changes mean there), and neither discovers nor resolves
+    them again. It raises
     `ValueError` for a job without a run directory (`run_dir` unset and no plan naming one on rank 0). With
     `resume_from` (an MLflow run, `--resume-from`) the load plan is made in `setup()`, after the download the
     process group makes possible.
 
     Attributes after `setup()`: `engine` (DeepSpeedEngine), `train_loader`, `step` (optimiser steps done),
     `run_dir`, `ckpt_dir`, `dist_env`, `tracker`, `checkpoints` (the job's `manager.CheckpointManager`), `watchdog`
-    (the hang watchdog, stopped when `train()` finishes or in `close()`).
+    (the hang watchdog, stopped when `train()` finishes or in `close()`). Every attribute is declared in `__init__`,
+    None until `setup()` builds it (tests/unit/test_trainer_parts.py).
     """
 
-    def __init__(self, cfg: TrainConfig, plan: JobPlan, resume_from: Optional[str] = None,
+    def __init__(self, plan: JobPlan, resume_from: Optional[str] = None,
                  store: Any = None, stop: Optional[StopFlag] = None):
-        self.dist_env = discover()
-        self.cfg = cfg = for_world_size(cfg, self.dist_env.world_size)  # gradient_accumulation_steps: auto
+        self.dist_env = plan.env  # this rank's place, the app's one discovery
+        self.cfg: TrainConfig = plan.cfg  # as the world size makes it (gradient_accumulation_steps: auto resolved)
+        cfg = self.cfg
         self.store = store  # the job's rendezvous store, opened by the app (albert_dist.distributed.rendezvous)
         self.resume_from = resume_from  # MLflow run to continue (--resume-from)
         self.global_batch, self.ds_config, self.load_plan = plan.global_batch, plan.ds_config, plan.load_plan
@@ -140,8 +143,22 @@ class Trainer:
         self.step = 0
         self._acc: Optional[MetricAccumulator] = None  # the loop's open metric interval (saved with a checkpoint)
         self._saved_interval: list = []  # a resumed checkpoint's open interval, every saved rank's
-        self.engine = None
         self.tracker: Any = NullTracker()
+        # The parts `setup()` builds, None until then (the engine and the loader through the checkpoint manager's
+        # resume, `_build_engine` and `_build_loader`)
+        self.run_dir: Optional[Path] = None  # the run's directory, agreed by every rank
+        self.ckpt_dir: Optional[Path] = None  # checkpoint.directory(run_dir)
+        self.checkpoints: Optional[CheckpointManager] = None  # the job's checkpoints: resume, save, rollback
+        self.engine: Any = None  # the DeepSpeedEngine
+        self.n_params: Optional[int] = None  # the model's parameter count (`_build_engine`)
+        self.ga_steps: Optional[int] = None  # micro-steps per optimiser step, DeepSpeed's (`_build_engine`)
+        self.train_loader: Any = None  # the training loader, or a `ReshardedLoader` over the saved streams
+        self._train_iter: Any = None  # its iterator (the loader workers run while it lives)
+        self.device: Optional[torch.device] = None  # the engine's device
+        self.flops_per_position: Optional[float] = None  # model FLOPs per trained position, for MFU
+        self.peaks: Optional[Peaks] = None  # MFU's denominators (rank 0; unknown elsewhere)
+        self._skipped_seen = 0  # DeepSpeed's skipped optimizer steps already reported (`train`, `_log_train`)
+        self._pace: Optional[tuple[float, int]] = None  # (perf_counter, step) where `train` started: the ETA
         # The app's (installed before its preflight, kept to the process's end), or the trainer's own
         self._stop, self._own_stop = (stop, False) if stop is not None else (StopFlag(), True)
         self._evaluator: Optional[Evaluator] = None  # built at the first evaluation
@@ -176,7 +193,8 @@ class Trainer:
         if run_dir is not None:
             (Path(run_dir) / WATCHDOG_FOLDER).mkdir(parents=True, exist_ok=True)
         self.dist_env = init_distributed(store=self.store, timeout_s=timeout_s, flight_recorder_prefix=None
-                                         if run_dir is None else str(Path(run_dir) / WATCHDOG_FOLDER / "nccl_trace_rank_"))
+                                         if run_dir is None else str(Path(run_dir) / WATCHDOG_FOLDER / "nccl_trace_rank_"),
+                                         dist_env=self.dist_env)
         self.started = True
         self._host_group = host_group(timeout_s)  # the stop flag's (`_agree_stop`)
         rank, world = self.dist_env.rank, self.dist_env.world_size
