@@ -98,7 +98,7 @@ def test_the_job_discovers_its_place_and_resolves_its_world_size_view_once(tmp_p
 
     monkeypatch.setattr(trainer.Trainer, "setup", setup)
     monkeypatch.setattr(trainer.Trainer, "train", lambda self: trainer.EXIT_OK)
-    monkeypatch.setattr(trainer.Trainer, "export_final_model", lambda self: None)
+    monkeypatch.setattr(trainer.Trainer, "export_trained_model", lambda self: None)
     overrides = [*BASE, f"run_dir={tmp_path}", "engine.gradient_accumulation_steps=auto",
                  "engine.train_micro_batch_size_per_gpu=4", "engine.train_batch_size=12"]
     assert trainer.main(RECIPE, overrides) == trainer.EXIT_OK
