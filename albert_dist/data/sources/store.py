@@ -381,8 +381,8 @@ class RangedFile(io.RawIOBase):
         end = min(end, self.size)
         if end <= start:
             return b""
-        ahead = _AHEAD.pop((self.url, start, end), None)
-        if ahead is not None:  # fetched by `ReadAhead` (under its reader's retry policy): its bytes or its error
+        ahead = _AHEAD.pop((self.url, start, end, self.retry), None)
+        if ahead is not None:  # fetched by `ReadAhead` under this file's retry policy: its bytes or its error
             return ahead.result()
         return self._get(start, end)
 
@@ -489,8 +489,9 @@ def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str
     return f
 
 
-#: (url, start, end) -> the Future of a `ReadAhead` fetch of those bytes, taken (once) by `RangedFile.fetch`
-_AHEAD: dict[tuple[str, int, int], Future] = {}
+#: (url, start, end, retry policy) -> the Future of a `ReadAhead` fetch of those bytes under that policy, taken
+#: (once) by the `RangedFile.fetch` of a reader with the same policy (another stream's budget is not its own)
+_AHEAD: dict[tuple[str, int, int, RetryPolicy], Future] = {}
 os.register_at_fork(after_in_child=_AHEAD.clear)  # a forked loader worker has none of its parent's threads
 
 
@@ -510,7 +511,7 @@ def _in_background(fn: Callable[..., bytes], *args: Any) -> Future:
     return future
 
 
-def _drop(started: dict[int, list[tuple[str, int, int]]], before: Optional[int] = None) -> None:
+def _drop(started: dict[int, list[tuple[str, int, int, RetryPolicy]]], before: Optional[int] = None) -> None:
     """Drop the fetches of the items of ``started`` before ``before`` (all: None) from `_AHEAD`."""
     for i in [i for i in started if before is None or i < before]:
         for key in started.pop(i):
@@ -525,9 +526,9 @@ class ReadAhead:
     ``order``: what one reader (a loader slot) reads, in its reading order; ``ranges_of(item)``: the byte ranges
     ``[(url, start, end)]`` its reader will fetch with `RangedFile.fetch` (ranges of local files or of objects with
     a local copy are ignored). `at(i)`, called when the reader starts item ``i``, starts fetching items i..i+depth
-    not yet started, each range in a background thread through `call` under ``retry`` (the reader's), and its
-    `StoreUnavailable` / `StoreError` is raised by the reader's own fetch; the fetched bytes of items before ``i``
-    that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
+    not yet started, each range in a background thread through `call` under ``retry`` (the reader's: the bytes
+    go to a `RangedFile` of the same policy), and its `StoreUnavailable` / `StoreError` is raised by the reader's
+    own fetch; the fetched bytes of items before ``i`` that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
     `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as without read-ahead). Nothing here is
     loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)`` and fetches again what the
     interrupted one had fetched ahead.
@@ -537,7 +538,7 @@ class ReadAhead:
                  depth: Optional[int] = None, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.order, self.ranges_of, self.retry = order, ranges_of, retry
         self.depth = READ_AHEAD_PIECES if depth is None else depth
-        self._started: dict[int, list[tuple[str, int, int]]] = {}
+        self._started: dict[int, list[tuple[str, int, int, RetryPolicy]]] = {}
         weakref.finalize(self, _drop, self._started)  # a reader dropped mid-way (a new loader) leaves nothing held
 
     def __reduce__(self):  # pickled (datasets hashes its generator's arguments) without fetches in flight
@@ -554,9 +555,9 @@ class ReadAhead:
                 if not is_url(url) or url in _LOCAL_COPIES:
                     continue
                 f = RangedFile(url, retry=self.retry)
-                key = (url, start, min(end, f.size))
+                key = (url, start, min(end, f.size), self.retry)
                 if key not in _AHEAD:
-                    _AHEAD[key] = _in_background(f._get, *key[1:])
+                    _AHEAD[key] = _in_background(f._get, start, key[2])
                     keys.append(key)
             self._started[i] = keys
 
