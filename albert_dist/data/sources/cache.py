@@ -82,8 +82,8 @@ class ObjectCache:
     """Whole objects of an object store in ``root``, at most ``max_bytes`` bytes (see the module docstring).
 
     `pin` gives local copies to read, each held (shared lock) until the ``with`` block ends; a download is
-    ranged GETs of ``block_bytes``, each retried under ``retry`` (the job's ``data.store_retry_s``). Raises ValueError naming ``data.cache_dir`` when ``root`` cannot be created or
-    written, and for ``max_bytes`` < 1.
+    ranged GETs of ``block_bytes``, each retried under ``retry`` (the job's ``data.store_retry_s``). Raises
+    ValueError naming ``data.cache_dir`` when ``root`` cannot be created or written, and for ``max_bytes`` < 1.
     """
 
     def __init__(self, root: str, max_bytes: int, block_bytes: int = DOWNLOAD_BLOCK_BYTES,

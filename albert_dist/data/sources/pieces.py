@@ -317,8 +317,9 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
 def source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int,
                  retry: RetryPolicy = DEFAULT_RETRY) -> SourceSlots:
     """The `SourceSlots` of one source for ``slots`` slots (`source_pieces`, then `summarize_pieces` with the
-    manifest; an object store read under ``retry``); a hub source, once resolved (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked
-    ``hub``. Raises ValueError as `source_pieces` and `check_hub_source` do."""
+    manifest; an object store read under ``retry``); a hub source, once resolved
+    (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked ``hub``. Raises ValueError as
+    `source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
         t0 = time.perf_counter()
         check_hub_source(source, where)

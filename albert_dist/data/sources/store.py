@@ -528,10 +528,10 @@ class ReadAhead:
     a local copy are ignored). `at(i)`, called when the reader starts item ``i``, starts fetching items i..i+depth
     not yet started, each range in a background thread through `call` under ``retry`` (the reader's: the bytes
     go to a `RangedFile` of the same policy), and its `StoreUnavailable` / `StoreError` is raised by the reader's
-    own fetch; the fetched bytes of items before ``i`` that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
-    `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as without read-ahead). Nothing here is
-    loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)`` and fetches again what the
-    interrupted one had fetched ahead.
+    own fetch; the fetched bytes of items before ``i`` that the reader did not ask for are dropped. Memory: at
+    most ``depth + 1`` items' bytes (``depth`` default: `READ_AHEAD_PIECES`; 0: each item fetched when the reader
+    starts it, as without read-ahead). Nothing here is loader state: a reader resumed at item i (after a
+    checkpoint) calls ``at(i)`` and fetches again what the interrupted one had fetched ahead.
     """
 
     def __init__(self, order: list, ranges_of: Callable[[Any], list[tuple[str, int, int]]],
