@@ -180,12 +180,10 @@ def show_slots(args: argparse.Namespace) -> int:
         ValueError, OSError: naming the file or field of bad input.
     """
     from albert_dist.config import load_config
-    from albert_dist.data.sources import store
     from albert_dist.apps.pretrain.init_from import read_source
     from albert_dist.data.sources.pieces import job_sources
 
     cfg = load_config(args.config, args.overrides, read_source)
-    store.configure(cfg.data.store_retry_s)
     workers = cfg.data.num_workers if args.workers is None else args.workers
     plans = job_sources(cfg.data, args.ranks, workers)
     if args.json:

@@ -73,7 +73,9 @@ def next_batch(iterator: Iterator[dict]) -> dict[str, torch.Tensor]:
 class PretrainingStream(torch.utils.data.IterableDataset):
     """Batches of one rank: mixes its sources per document (seeded), builds examples, collates.
 
-    ``pieces``: as for `build_train_loader` (planned here when None). Inside a DataLoader worker the slot is
+    ``pieces``: as for `build_train_loader` (planned here when None). Its object-store requests (planning, reading,
+    reading ahead) are retried under ``retry``, this stream's own policy made from ``cfg.store_retry_s``
+    (`albert_dist.data.sources.store.RetryPolicy`). Inside a DataLoader worker the slot is
     ``rank * num_workers + worker``; torchdata's ``StatefulDataLoader``
     calls ``state_dict()`` in the worker after each batch and ``load_state_dict()`` before iterating.
 
@@ -97,6 +99,9 @@ class PretrainingStream(torch.utils.data.IterableDataset):
         if not self.sources:
             raise ValueError(f"data.{split} lists no source")
         self.shuffle = cfg.shuffle and split == "train"
+        # this stream's own policy (planning, its readers, a worker's copy): never the process's, so two streams
+        # of one process keep their own data.store_retry_s
+        self.retry = store.RetryPolicy(budget_s=cfg.store_retry_s)
         # Plan (and validate paths) in the parent process, so a missing file fails before any worker starts,
         # unless the app's preflight planned these slots already (`pieces`). Pieces are sized for this stream's
         # slots (albert_dist.data.sources.discover.piece_bytes_for).
@@ -105,7 +110,7 @@ class PretrainingStream(torch.utils.data.IterableDataset):
             raise ValueError(f"pieces: {len(pieces)} plans for the {len(self.sources)} sources of data.{split}")
         self.plans: list[Optional[list[dict]]] = pieces if pieces is not None else [
             None if src.format == "hub" else pieces_of(src, f"data.{split}[{i}]", cfg.shard_piece_bytes,
-                                                         self.num_slots)
+                                                         self.num_slots, retry=self.retry)
             for i, src in enumerate(self.sources)
         ]
         weights = np.array([s.weight for s in self.sources], dtype=np.float64)
@@ -187,12 +192,11 @@ class PretrainingStream(torch.utils.data.IterableDataset):
     def _make_sources(self, slot: int, num_slots: int) -> list[SourceStream]:
         return [
             SourceStream(src, f"data.{self.split}[{i}]", self.plans[i], slot, num_slots, self.cfg.seed + 1000 * i,
-                         self.shuffle, self.cfg.max_document_bytes)
+                         self.shuffle, self.cfg.max_document_bytes, self.retry)
             for i, src in enumerate(self.sources)
         ]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        store.configure(self.cfg.store_retry_s)  # in a worker too, whatever its start method
         try:
             yield from self._batches()
         except Exception as err:  # not `except store.StoreUnavailable`: see below

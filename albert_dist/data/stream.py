@@ -36,7 +36,7 @@ from albert_dist.data.sources.read import piece_read_ranges, read_piece, record_
 from albert_dist.data.sources.hub import load_args as hub_load_args
 from albert_dist.data.sources.discover import slot_shares
 from albert_dist.data.sources.pieces import pieces_of
-from albert_dist.data.sources.store import ReadAhead, is_url
+from albert_dist.data.sources.store import DEFAULT_RETRY, ReadAhead, RetryPolicy, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +48,16 @@ SHUFFLE_BLOCK_BYTES = 4 << 20
 
 
 def _generate_records(shares: list[dict], text_field: str, txt_documents: str, max_bytes: int, order_seed: int,
-                      ahead: Optional[ReadAhead] = None):
+                      ahead: Optional[ReadAhead] = None, retry: RetryPolicy = DEFAULT_RETRY):
     """datasets generator: the records of each share ``{"piece", "k", "j", "at"}`` (records j, j+k, ... of the
     piece; ``at``: its place in the epoch's order), shuffled in blocks of `SHUFFLE_BLOCK_BYTES` when order_seed >=
-    0. ``ahead``: the epoch's pieces, fetched ahead of the reader (datasets calls this once per share)."""
+    0. ``ahead``: the epoch's pieces, fetched ahead of the reader (datasets calls this once per share);
+    ``retry``: the policy an object's reads are retried under."""
     for share in shares:
         piece = share["piece"]
         if ahead is not None:
             ahead.at(share["at"])
-        records = read_piece(piece, text_field, txt_documents, max_bytes, (share["k"], share["j"]))
+        records = read_piece(piece, text_field, txt_documents, max_bytes, (share["k"], share["j"]), retry=retry)
         if order_seed < 0:
             yield from records
             continue
@@ -83,7 +84,8 @@ def _shuffled(block: list[dict], seed: list[int]) -> Iterator[dict]:
 class SourceStream:
     """The documents of one source that belong to one slot (rank x workers + worker), cycled forever.
 
-    ``pieces``: the source's plan (`pieces_of` for this job's slot count; None for a hub source).
+    ``pieces``: the source's plan (`pieces_of` for this job's slot count; None for a hub source). ``retry``: the
+    policy its object-store reads are retried under (the job's ``data.store_retry_s``).
     ``next_document()`` returns ``(text, key)`` where ``key = (epoch, index of the document in this slot's
     epoch)`` identifies the document for seeding; unusable records are counted in ``counters`` and skipped.
     ``state_dict()`` is JSON-able: epoch, position and the datasets ``IterableDataset.state_dict()``.
@@ -100,8 +102,9 @@ class SourceStream:
         seed: int,
         shuffle: bool,
         max_document_bytes: int,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
-        self.source, self.where = source, where
+        self.source, self.where, self.retry = source, where, retry
         self.pieces, self.slot, self.num_slots = pieces, slot, num_slots
         self.seed, self.shuffle, self.max_document_bytes = seed, shuffle, max_document_bytes
         self.shares = None if pieces is None else [
@@ -134,7 +137,8 @@ class SourceStream:
             remote = any(is_url(share["piece"]["path"]) for share in shares)
             ahead = ReadAhead([share["piece"] for share in shares],
                               partial(piece_read_ranges, text_field=self.source.text_field,
-                                      txt_documents=self.source.txt_documents)) if remote else None
+                                      txt_documents=self.source.txt_documents, retry=self.retry),
+                              retry=self.retry) if remote else None
             ds = datasets.IterableDataset.from_generator(
                 _generate_records,
                 gen_kwargs={
@@ -144,6 +148,7 @@ class SourceStream:
                     "max_bytes": self.max_document_bytes,
                     "order_seed": order_seed,
                     "ahead": ahead,
+                    "retry": self.retry,
                 },
             )
         else:
@@ -263,10 +268,11 @@ class SourceStream:
 
 
 def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
-               counters: Optional[Counter] = None) -> Iterator[str]:
+               counters: Optional[Counter] = None, retry: RetryPolicy = DEFAULT_RETRY) -> Iterator[str]:
     """Every usable document text of local sources in file order (single process; for tokenizer training and
     token counts). Skipped records are counted in ``counters`` (``skipped_<reason>``, plus ``documents``) when
-    given; damaged pieces are logged as warnings with their file and position.
+    given; damaged pieces are logged as warnings with their file and position. An object store is read under
+    ``retry``.
 
     Raises ValueError for a hub source and as `pieces_of` does.
     """
@@ -274,9 +280,9 @@ def iter_texts(sources: list[SourceConfig], where: str, max_document_bytes: int,
     for i, source in enumerate(sources):
         if source.format == "hub":
             raise ValueError(f"{where}[{i}]: hub sources are not supported here, got {source.paths!r}")
-        pieces = pieces_of(source, f"{where}[{i}]", 1 << 62, require_pieces=False)
+        pieces = pieces_of(source, f"{where}[{i}]", 1 << 62, require_pieces=False, retry=retry)
         for piece in sorted(pieces, key=lambda pc: (pc["path"], pc["start"], pc["row_group"])):
-            for rec in read_piece(piece, source.text_field, source.txt_documents, max_document_bytes):
+            for rec in read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, retry=retry):
                 if not rec["skip"]:
                     counters["documents"] += 1
                     yield rec["text"]

@@ -98,11 +98,13 @@ class ValidationSet:
 
 def _validation_streams(cfg: DataConfig) -> list[SourceStream]:
     streams = []
+    retry = store.RetryPolicy(budget_s=cfg.store_retry_s)
     for i, src in enumerate(cfg.validation):
         where = f"data.validation[{i}]"
         # one slot: the set is read in file order by every rank alike, whatever the world size
-        plan = None if src.format == "hub" else pieces_of(src, where, cfg.shard_piece_bytes, slots=1)
-        streams.append(SourceStream(src, where, plan, 0, 1, cfg.eval_seed + 1000 * i, False, cfg.max_document_bytes))
+        plan = None if src.format == "hub" else pieces_of(src, where, cfg.shard_piece_bytes, slots=1, retry=retry)
+        streams.append(SourceStream(src, where, plan, 0, 1, cfg.eval_seed + 1000 * i, False, cfg.max_document_bytes,
+                                    retry))
     return streams
 
 
@@ -127,13 +129,15 @@ def _local_copies(cfg: DataConfig):
     """The validation sources' objects pinned in the node's cache (`albert_dist.data.sources.cache`) and read from there:
     every rank and every (re)start of a job builds this set, so the store is read once per node, not once per
     build. A source larger than ``data.cache_max_bytes`` is read from the store (its first ``eval_examples``
-    examples may be a small part of it); local and hub sources are read as they are."""
+    examples may be a small part of it); local and hub sources are read as they are. The store is read under
+    ``data.store_retry_s``."""
     urls = []
+    retry = store.RetryPolicy(budget_s=cfg.store_retry_s)
     for i, src in enumerate(cfg.validation):
         if not cfg.cache_max_bytes or src.format == "hub" or not any(store.is_url(p) for p in src.paths):
             continue
-        files = [f for f in discover_files(src, f"data.validation[{i}]") if store.is_url(f)]
-        total = sum(store.file_size(f) for f in files)
+        files = [f for f in discover_files(src, f"data.validation[{i}]", retry) if store.is_url(f)]
+        total = sum(store.file_size(f, retry) for f in files)
         if total > cfg.cache_max_bytes:
             logger.info("data.validation[%d]: %d bytes of objects > data.cache_max_bytes=%d; read from the store, "
                         "not cached", i, total, cfg.cache_max_bytes)
@@ -143,8 +147,8 @@ def _local_copies(cfg: DataConfig):
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     with stack:
-        copies = stack.enter_context(cache.ObjectCache(cfg.cache_dir or cache.default_dir(),
-                                                       cfg.cache_max_bytes).pin(urls))
+        copies = stack.enter_context(cache.ObjectCache(cfg.cache_dir or cache.default_dir(), cfg.cache_max_bytes,
+                                                       retry=retry).pin(urls))
         stack.enter_context(store.read_locally(copies))
         return stack.pop_all()
 
@@ -174,7 +178,7 @@ def token_counts(cfg: DataConfig, sp, max_bytes: int = UNIGRAM_SAMPLE_BYTES) -> 
     """(V,) float64 unigram distribution of the training sources: per local source, the tokens of its first
     ``max_bytes`` bytes of documents (file order), add-one smoothed over the ids a label can take (all but
     ``NEVER_LABELS``), mixed by the sources' weights. Hub sources are left out (streaming one to count it would
-    cost a download); None when no source is local."""
+    cost a download); None when no source is local. An object store is read under ``cfg.store_retry_s``."""
     vocab = sp.get_piece_size()
     can_label = np.ones(vocab, dtype=bool)
     can_label[list(NEVER_LABELS)] = False
@@ -186,7 +190,8 @@ def token_counts(cfg: DataConfig, sp, max_bytes: int = UNIGRAM_SAMPLE_BYTES) -> 
             continue
         counts = np.zeros(vocab, dtype=np.int64)
         read = 0
-        for text in iter_texts([src], f"data.train[{i}]", cfg.max_document_bytes):
+        for text in iter_texts([src], f"data.train[{i}]", cfg.max_document_bytes,
+                               retry=store.RetryPolicy(budget_s=cfg.store_retry_s)):
             pieces = sp.encode(split_sentences(text), num_threads=1)
             counts += np.bincount(np.fromiter((t for p in pieces for t in p), dtype=np.int64), minlength=vocab)
             read += len(text.encode("utf-8"))

@@ -64,14 +64,15 @@ def local_corpus(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _slot_documents(source: SourceConfig, slots: int) -> list[list[str]]:
+def _slot_documents(source: SourceConfig, slots: int, retry=store.DEFAULT_RETRY) -> list[list[str]]:
     """Each slot's records (text or skip marker) in the order its stream reads them, unshuffled."""
-    pieces = pieces_of(source, "t", PIECE, slots)
+    pieces = pieces_of(source, "t", PIECE, slots, retry=retry)
     out = []
     for slot in range(slots):
         docs = []
         for i, k, j in slot_shares(len(pieces), slots, slot):
-            docs += [r["text"] or r["skip"] for r in read_piece(pieces[i], "text", "blank_line", 1 << 20, (k, j))]
+            docs += [r["text"] or r["skip"]
+                     for r in read_piece(pieces[i], "text", "blank_line", 1 << 20, (k, j), retry=retry)]
         out.append(docs)
     return out
 
@@ -158,7 +159,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
     import fsspec.config
     from fixtures.s3_server import FaultProxy, _clear_fsspec
 
-    monkeypatch.setattr(store, "POLICY", store.RetryPolicy(first_backoff_s=0.01, max_backoff_s=0.02))
+    quick = store.RetryPolicy(first_backoff_s=0.01, max_backoff_s=0.02)
     s3_server.bucket("raw")
     s3_server.upload(local_corpus["txt"], "s3://raw/corpus")
     s3_server.upload(local_corpus["parquet"], "s3://raw/parquet")
@@ -170,7 +171,7 @@ def test_transient_faults_are_retried_without_losing_a_document(local_corpus, s3
         _clear_fsspec()
         with caplog.at_level(logging.WARNING):
             for folder, pattern in ((local_corpus["txt"], "corpus/*.txt"), (local_corpus["parquet"], "parquet")):
-                got = _slot_documents(SourceConfig(paths=[f"s3://raw/{pattern}"]), 4)
+                got = _slot_documents(SourceConfig(paths=[f"s3://raw/{pattern}"]), 4, quick)
                 assert got == _slot_documents(SourceConfig(paths=[str(folder)]), 4)
     finally:
         proxy.stop()

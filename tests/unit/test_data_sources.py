@@ -465,7 +465,7 @@ def test_each_file_is_described_once_and_its_pieces_carry_the_record(tmp_path, m
     _write_all_formats(tmp_path)
     stats, footers = Counter(), Counter()
     real_stat, real_read = store.stat, pq.read_metadata
-    monkeypatch.setattr(store, "stat", lambda path: stats.update([path]) or real_stat(path))
+    monkeypatch.setattr(store, "stat", lambda path, *a: stats.update([path]) or real_stat(path, *a))
     monkeypatch.setattr(pq, "read_metadata", lambda path, *a, **k: footers.update([str(path)]) or real_read(path))
     discover.read_footer.cache_clear()
     src = SourceConfig(paths=[str(tmp_path / "c.*")], text_field="body")

@@ -57,7 +57,9 @@ def corpus(tmp_path):
 
 
 def _cfg(path: str, kind: str = "parquet"):
-    return data_cfg(0, train=[SourceConfig(paths=[f"{path}/*.{kind}"])], shuffle_documents=4)
+    # not the default budget: a reader handed another policy than its stream's would not take the bytes fetched
+    # ahead for it (`store._AHEAD` is keyed by the policy) and fetch them again, which the test below counts
+    return data_cfg(0, train=[SourceConfig(paths=[f"{path}/*.{kind}"])], shuffle_documents=4, store_retry_s=120)
 
 
 @pytest.mark.parametrize("kind", ["parquet", "txt"])
@@ -106,16 +108,14 @@ def test_pieces_are_fetched_ahead_within_the_bound_and_a_resume_is_exact(tmp_pat
     assert max(Counter(ahead).values()) <= 2, fetches
 
 
-def _fake_policy(monkeypatch, budget_s: float) -> list[float]:
+def _fake_policy(monkeypatch, budget_s: float) -> store.RetryPolicy:
     now = [1000.0]
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    monkeypatch.setattr(store, "POLICY", store.RetryPolicy(budget_s=budget_s, clock=lambda: now[0], sleep=sleep,
-                                                           rng=random.Random(0)))
     monkeypatch.setattr(store, "COUNTERS", store.Counter())
-    return now
+    return store.RetryPolicy(budget_s=budget_s, clock=lambda: now[0], sleep=sleep, rng=random.Random(0))
 
 
 def test_a_fetch_ahead_is_retried_and_its_give_up_is_raised_by_the_reader(corpus, monkeypatch):
@@ -137,20 +137,20 @@ def test_a_fetch_ahead_is_retried_and_its_give_up_is_raised_by_the_reader(corpus
         return real(self, path, start=start, end=end, **kw)
 
     monkeypatch.setattr(type(fs), "cat_file", flaky)
-    _fake_policy(monkeypatch, budget_s=60.0)
-    ahead = store.ReadAhead(ranges, lambda r: r, depth=2)
+    policy = _fake_policy(monkeypatch, budget_s=60.0)
+    ahead = store.ReadAhead(ranges, lambda r: r, depth=2, retry=policy)
     ahead.at(0)
     (path, a, b), = ranges[0]
-    assert store.RangedFile(path).fetch(a, b) == real(fs, path, start=a, end=b)
+    assert store.RangedFile(path, retry=policy).fetch(a, b) == real(fs, path, start=a, end=b)
     assert store.COUNTERS["retries"] == 2 and failures == [0]
 
     failures[0] = 10 ** 6  # down for good; a new reader (the bytes fetched ahead above dropped)
     del ahead
     gc.collect()
-    _fake_policy(monkeypatch, budget_s=5.0)
-    ahead = store.ReadAhead(ranges, lambda r: r, depth=2)
+    policy = _fake_policy(monkeypatch, budget_s=5.0)
+    ahead = store.ReadAhead(ranges, lambda r: r, depth=2, retry=policy)
     ahead.at(1)
     (path, a, b), = ranges[2]
     with pytest.raises(store.StoreUnavailable, match=rf"{path}: read of bytes {a}-{b} kept failing for \d+ s "
                                                      r"\(data.store_retry_s=5\)"):
-        store.RangedFile(path).fetch(a, b)
+        store.RangedFile(path, retry=policy).fetch(a, b)

@@ -101,7 +101,6 @@ def preflight(cfg: TrainConfig, env: DistEnv, resume_from: Optional[str] = None,
         ValueError, FileNotFoundError, CheckpointError, ConfigDriftError: a job that must not start, the
             message naming the field, file or flag and the value (exit code 2).
     """
-    store.configure(cfg.data.store_retry_s)  # first: the checks below read the store too
     cfg = for_world_size(cfg, env.world_size)  # the one resolution of the job's world-size view (JobPlan.cfg)
     train_pieces = check_inputs(cfg, env.world_size, probe=env.rank == 0)
     check_data_settings(cfg, log=env.rank == 0)
@@ -134,7 +133,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
     (`albert_dist.data.sources.pieces.check_slots_readable`). With ``probe``, each hub source (train and validation) is
     resolved without reading data (`albert_dist.data.sources.hub.check_hub_source`: the dataset, its configuration and
     split; offline, the local HF cache), so a misspelt name or a node without network is one line, not a
-    traceback after start-up.
+    traceback after start-up. An object store is read under ``data.store_retry_s``.
 
     Returns the training sources' pieces for the job's slots (`JobPlan.train_pieces`: None for a hub source),
     or None without ``world_size``.
@@ -144,6 +143,7 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
             data.max_seq_length; a hub source's key, dataset and cause).
     """
     train_pieces: list[Optional[list[dict]]] = []
+    retry = store.RetryPolicy(budget_s=cfg.data.store_retry_s)
     for split in ("train", "validation"):
         for i, src in enumerate(getattr(cfg.data, split)):
             where = f"data.{split}[{i}]"
@@ -153,11 +153,11 @@ def check_inputs(cfg: TrainConfig, world_size: int = 0,
                 train_pieces += [None] if split == "train" else []
                 continue
             slots = world_size * max(1, cfg.data.num_workers) if split == "train" and world_size else 1
-            planned = pieces_of(src, where, cfg.data.shard_piece_bytes, slots)
+            planned = pieces_of(src, where, cfg.data.shard_piece_bytes, slots, retry=retry)
             if split == "train":
                 train_pieces.append(planned)
                 if world_size and probe:
-                    check_slots_readable(src, where, planned, slots, cfg.data.max_document_bytes)
+                    check_slots_readable(src, where, planned, slots, cfg.data.max_document_bytes, retry)
     if cfg.data.max_seq_length > cfg.model.max_position_embeddings:  # positions past the table: IndexError
         raise ValueError(f"data.max_seq_length ({cfg.data.max_seq_length}) must be <= "
                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")

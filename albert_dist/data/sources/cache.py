@@ -82,15 +82,16 @@ class ObjectCache:
     """Whole objects of an object store in ``root``, at most ``max_bytes`` bytes (see the module docstring).
 
     `pin` gives local copies to read, each held (shared lock) until the ``with`` block ends; a download is
-    ranged GETs of ``block_bytes``. Raises ValueError naming ``data.cache_dir`` when ``root`` cannot be created or
-    written, and for ``max_bytes`` < 1.
+    ranged GETs of ``block_bytes``, each retried under ``retry`` (the job's ``data.store_retry_s``). Raises
+    ValueError naming ``data.cache_dir`` when ``root`` cannot be created or written, and for ``max_bytes`` < 1.
     """
 
-    def __init__(self, root: str, max_bytes: int, block_bytes: int = DOWNLOAD_BLOCK_BYTES) -> None:
+    def __init__(self, root: str, max_bytes: int, block_bytes: int = DOWNLOAD_BLOCK_BYTES,
+                 retry: store.RetryPolicy = store.DEFAULT_RETRY) -> None:
         if max_bytes < 1:
             raise ValueError(f"data.cache_max_bytes must be >= 1 to cache (0 turns the cache off), got {max_bytes}")
         self.root, self.max_bytes = os.path.abspath(os.path.expanduser(root)), max_bytes
-        self.block_bytes = block_bytes
+        self.block_bytes, self.retry = block_bytes, retry
         try:
             os.makedirs(self.root, exist_ok=True)
             if not os.access(self.root, os.W_OK | os.X_OK):
@@ -107,7 +108,7 @@ class ObjectCache:
         return hashlib.sha256(f"{url}\0{version}\0{size}".encode()).hexdigest()[:32]
 
     def _paths(self, url: str) -> tuple[str, str, str, int]:
-        st = store.stat(url)
+        st = store.stat(url, self.retry)
         key = self.key(url, st["version"], st["size"])
         name = url.rstrip("/").rsplit("/", 1)[-1][-100:]  # the object's name, for a person looking in the folder
         base = os.path.join(self.root, key)
@@ -174,7 +175,7 @@ class ObjectCache:
         """Every byte of ``url`` into ``part`` (already ``size`` bytes long): ranged GETs of ``block_bytes``,
         each retried and counted (``bytes_requested``) by `store.RangedFile`."""
         t0 = time.monotonic()
-        remote = store.RangedFile(url)
+        remote = store.RangedFile(url, retry=self.retry)
         with open(part, "r+b") as f:
             for start in range(0, size, self.block_bytes):
                 data = remote.fetch(start, start + self.block_bytes)

@@ -29,7 +29,9 @@ Planning reads only metadata: file sizes and parquet footers (never a record), s
 Each file is described once, when the source's files are found (`find_files` -> `CorpusFile`: path, size,
 version, format, compression, parquet footer), and that record is handed on: the text-field check, `cut_pieces`,
 the sampler and prepare's scan read it, and each piece carries its file's format, size and version to the
-readers, so no stage derives them again. `read_footer` is the one reader of a parquet footer.
+readers, so no stage derives them again. `read_footer` is the one reader of a parquet footer. An object store's
+requests are retried under the policy the caller hands in (``retry``: `albert_dist.data.sources.store.RetryPolicy`,
+the job's ``data.store_retry_s``), which each `CorpusFile` keeps for its footer.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from albert_dist.data.sources import store
+from albert_dist.data.sources.store import DEFAULT_RETRY, RetryPolicy
 from albert_dist.data.config import SourceConfig
 
 logger = logging.getLogger(__name__)
@@ -120,8 +123,8 @@ def _note_side_files(where: str, found: list[str]) -> None:
                     where, len(side), ", ".join(names[:5]), ", ..." if len(names) > 5 else "")
 
 
-def discover_files(source: SourceConfig, where: str) -> list[str]:
-    """Sorted, de-duplicated files of a local source.
+def discover_files(source: SourceConfig, where: str, retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
+    """Sorted, de-duplicated files of a local source (an object store's listed under ``retry``).
 
     Directories are walked recursively; ``manifest.json`` (`NOT_CORPUS_FILES`) and conventional side files
     (`is_side_file`: ``_SUCCESS``, ``.crc``, README/LICENSE, dotfiles...) found through a directory or glob are left
@@ -134,7 +137,7 @@ def discover_files(source: SourceConfig, where: str) -> list[str]:
     for raw in source.paths:
         if store.is_url(raw):
             try:
-                what, found = store.expand(raw)
+                what, found = store.expand(raw, retry)
             except store.StoreError as err:
                 raise ValueError(f"{where}.paths: {err}") from None
             if what == "missing":
@@ -172,7 +175,8 @@ class CorpusFile:
 
     ``path``: a local path or an fsspec URL; ``size``: bytes; ``version``: a local file's mtime_ns, an object's
     ETag or generation (`albert_dist.data.sources.store.stat`); ``kind``: txt | jsonl | parquet; ``compression``:
-    "" | ".gz" | ".zst" (`file_format`). The parquet footer is read on first use (`footer`)."""
+    "" | ".gz" | ".zst" (`file_format`); ``retry``: the policy its object is read under (the job's, handed to
+    `find_files`). The parquet footer is read on first use (`footer`)."""
 
     path: str
     size: int
@@ -180,6 +184,7 @@ class CorpusFile:
     kind: str
     compression: str
     _footer: Optional[tuple] = field(default=None, repr=False, compare=False)
+    retry: RetryPolicy = field(default=DEFAULT_RETRY, repr=False, compare=False)
 
     def footer(self):
         """The parquet footer (pyarrow ``FileMetaData``, `read_footer`), read once for this record, a damaged one
@@ -187,7 +192,7 @@ class CorpusFile:
         `store.StoreUnavailable`) is raised and not kept."""
         if self._footer is None:
             try:
-                self._footer = (read_footer(self.path, self.size, self.version), None)
+                self._footer = (read_footer(self.path, self.size, self.version, self.retry), None)
             except (store.StoreError, store.StoreUnavailable):
                 raise
             except Exception as err:  # noqa: BLE001 - a damaged footer: each caller decides (skip, warn)
@@ -198,20 +203,21 @@ class CorpusFile:
         return meta
 
 
-def find_files(source: SourceConfig, where: str) -> list[CorpusFile]:
-    """The files of a local or object-store source (`discover_files`), each described once (`CorpusFile`).
+def find_files(source: SourceConfig, where: str, retry: RetryPolicy = DEFAULT_RETRY) -> list[CorpusFile]:
+    """The files of a local or object-store source (`discover_files`), each described once (`CorpusFile`,
+    keeping ``retry``, the policy of every request made for them).
 
     Raises ValueError naming ``where`` as `discover_files` and `file_format` do (every file's format is checked
     before any size is read); `store.StoreError` / OSError for a file that cannot be stat'ed."""
-    paths = discover_files(source, where)
+    paths = discover_files(source, where, retry)
     try:
         formats = [file_format(path, source.format, source.paths) for path in paths]
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     records = []
     for path, (kind, compression) in zip(paths, formats):
-        st = store.stat(path)
-        records.append(CorpusFile(path, int(st["size"]), str(st["version"]), kind, compression))
+        st = store.stat(path, retry)
+        records.append(CorpusFile(path, int(st["size"]), str(st["version"]), kind, compression, retry=retry))
     return records
 
 
@@ -274,33 +280,36 @@ PARQUET_METADATA_CACHE_FILES = 4096
 
 
 @functools.lru_cache(maxsize=PARQUET_METADATA_CACHE_FILES)
-def read_footer(path: str, size: int, version: str):
+def read_footer(path: str, size: int, version: str, retry: RetryPolicy = DEFAULT_RETRY):
     """The one reader of a parquet footer: pyarrow ``FileMetaData`` of a local file, or of an object from its
-    footer's bytes alone (`albert_dist.data.sources.store.parquet_metadata`: ranged GETs), parsed once per process
-    and (path, size in bytes, version) (`PARQUET_METADATA_CACHE_FILES`). Raises what pyarrow raises for a missing
-    file or a damaged footer (nothing is cached then), `store.StoreError` for an unreadable object."""
+    footer's bytes alone (`albert_dist.data.sources.store.parquet_metadata`: ranged GETs under ``retry``), parsed
+    once per process, (path, size in bytes, version) and policy (a job has one; `PARQUET_METADATA_CACHE_FILES`).
+    Raises what pyarrow raises for a missing file or a damaged footer (nothing is cached then),
+    `store.StoreError` for an unreadable object."""
     import pyarrow.parquet as pq
 
     if store.is_url(path):
-        return store.parquet_metadata(path, size)
+        return store.parquet_metadata(path, size, retry)
     return pq.read_metadata(path)
 
 
-def parquet_metadata(path: str, size: Optional[int] = None, version: Optional[str] = None):
+def parquet_metadata(path: str, size: Optional[int] = None, version: Optional[str] = None,
+                     retry: RetryPolicy = DEFAULT_RETRY):
     """`read_footer` of ``path``; its size and version from `store.stat` unless given (a piece carries its file's:
     ``file_bytes``, ``version``)."""
     if size is None or version is None:
-        st = store.stat(path)
+        st = store.stat(path, retry)
         size, version = st["size"], st["version"]
-    return read_footer(path, int(size), str(version))
+    return read_footer(path, int(size), str(version), retry)
 
 
-def piece_footer(piece: dict[str, Any]):
-    """The parquet footer of a piece's file, from the size and version its `CorpusFile` handed on (`read_footer`)."""
-    return parquet_metadata(piece["path"], piece.get("file_bytes"), piece.get("version"))
+def piece_footer(piece: dict[str, Any], retry: RetryPolicy = DEFAULT_RETRY):
+    """The parquet footer of a piece's file, from the size and version its `CorpusFile` handed on (`read_footer`;
+    read under ``retry`` when this process has not parsed it)."""
+    return parquet_metadata(piece["path"], piece.get("file_bytes"), piece.get("version"), retry)
 
 
-def parquet_file(path: str, meta=None):
+def parquet_file(path: str, meta=None, retry: RetryPolicy = DEFAULT_RETRY):
     """``pyarrow.parquet.ParquetFile(path)`` with its footer parsed once per process and file version (``meta``:
     the footer when the caller holds it: `CorpusFile.footer`, `piece_footer`).
 
@@ -308,26 +317,27 @@ def parquet_file(path: str, meta=None):
     file's last 64 KiB; a reader that opens the file once per row group of a few tens of KB (what `data prepare`
     writes for a cluster) then reads each byte ~3 times (bench/data_scale.py: 3.07 before this cache, 1.0 after).
     Planning (`cut_pieces`) fills the cache in the rank's process, and DataLoader workers forked from it
-    inherit it (spawned workers parse each footer they need once). Raises what pyarrow raises for a missing file or a damaged footer (nothing is cached then).
+    inherit it (spawned workers parse each footer they need once). An object's bytes are read under ``retry``.
+    Raises what pyarrow raises for a missing file or a damaged footer (nothing is cached then).
     """
     import pyarrow.parquet as pq
 
-    meta = parquet_metadata(path) if meta is None else meta
+    meta = parquet_metadata(path, retry=retry) if meta is None else meta
     if store.is_url(path):  # footer only: the row groups' bytes are fetched by `parquet_row_group`
-        return pq.ParquetFile(store.RangedFile(path), metadata=meta)
+        return pq.ParquetFile(store.RangedFile(path, retry=retry), metadata=meta)
     return pq.ParquetFile(path, metadata=meta)
 
 
-def parquet_row_group(path: str, row_group: int, columns: list[str], meta=None):
+def parquet_row_group(path: str, row_group: int, columns: list[str], meta=None, retry: RetryPolicy = DEFAULT_RETRY):
     """A ``pyarrow.parquet.ParquetFile`` to read ``columns`` of ``row_group`` from: the local file, or for a URL
-    only those column chunks' byte ranges (`albert_dist.data.sources.store.parquet_row_group_file`). ``meta``: the
-    file's footer when the caller holds it (`piece_footer`)."""
+    only those column chunks' byte ranges (`albert_dist.data.sources.store.parquet_row_group_file`, under
+    ``retry``). ``meta``: the file's footer when the caller holds it (`piece_footer`)."""
     import pyarrow.parquet as pq
 
-    meta = parquet_metadata(path) if meta is None else meta
+    meta = parquet_metadata(path, retry=retry) if meta is None else meta
     if not store.is_url(path):
         return parquet_file(path, meta)
-    return pq.ParquetFile(store.parquet_row_group_file(path, meta, row_group, columns), metadata=meta)
+    return pq.ParquetFile(store.parquet_row_group_file(path, meta, row_group, columns, retry), metadata=meta)
 
 
 def _parquet_pieces(file: CorpusFile, text_field: str, base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -344,9 +354,10 @@ def _parquet_pieces(file: CorpusFile, text_field: str, base: dict[str, Any]) -> 
 
 
 def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
-               files: list[CorpusFile] | None = None) -> tuple[list[dict[str, Any]], Counter]:
+               files: list[CorpusFile] | None = None,
+               retry: RetryPolicy = DEFAULT_RETRY) -> tuple[list[dict[str, Any]], Counter]:
     """The pieces of a local source, largest first (ties in file order), for a job of ``slots`` slots. ``files``:
-    the source's `CorpusFile` records (`find_files` when not given).
+    the source's `CorpusFile` records (`find_files` under ``retry`` when not given).
 
     Each piece is a JSON-able dict ``{path, kind, compression, file_bytes, version, start, end, row_group,
     nbytes}`` (parquet pieces also ``rows``; ``start``, ``end`` are 0 and the file size for parquet): ``nbytes``
@@ -359,7 +370,7 @@ def cut_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: 
     Raises ValueError as `find_files` does.
     """
     stats: Counter = Counter()
-    files = find_files(source, where) if files is None else files
+    files = find_files(source, where, retry) if files is None else files
     whole_files = source.txt_documents == "file"
     splittable = sum(f.size for f in files
                      if not f.compression and (f.kind == "jsonl" or (f.kind == "txt" and not whole_files)))

@@ -25,6 +25,9 @@ prepare``): read tolerantly; the fields used are ``documents`` (int), ``bytes`` 
 names relative to the manifest, or of objects with ``path``/``name``/``file`` and optionally ``documents``,
 ``tokens``, ``bytes``), and ``tokens`` or ``tokens_estimate`` (int). A manifest whose files are not exactly the
 source's is used for the files it describes per file, and otherwise ignored (with the reason printed).
+
+An object store's requests are retried under the policy the caller hands in (``retry``:
+`albert_dist.data.sources.store.RetryPolicy`; `job_sources` makes it from ``data.store_retry_s``).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ import numpy as np
 from albert_dist.data.config import DataConfig, SourceConfig
 from albert_dist.data.sources.read import ReadBudget, check_text_field, read_piece
 from albert_dist.data.sources import store
+from albert_dist.data.sources.store import DEFAULT_RETRY, RetryPolicy
 from albert_dist.data.sources.hub import check_hub_source
 from albert_dist.data.sources.discover import (MIN_PIECE_BYTES, cut_pieces, find_files, read_amplification,
                                                readers_per_piece, slot_shares)
@@ -66,14 +70,16 @@ PROBE_MAX_SLOTS = 1024
 
 # ---------------------------------------------------------------------------------------------------- planning
 def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
-                       require_pieces: bool = True) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                  require_pieces: bool = True,
+                  retry: RetryPolicy = DEFAULT_RETRY) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The checked piece plan of a local (or object-store) source for a job of ``slots`` slots (slot = rank x
     max(1, num_workers) + worker), the one implementation every caller shares: its files found
     and described once (`albert_dist.data.sources.discover.find_files`: the records handed to both steps below),
     its text field checked on the first records of one file
     (`albert_dist.data.sources.read.check_text_field`), its pieces planned from metadata
     (`albert_dist.data.sources.discover.cut_pieces`: byte ranges of uncompressed txt/jsonl sized for ``slots`` and capped at
-    ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file).
+    ``shard_piece_bytes`` bytes, one piece per parquet row group or compressed file). An object store's
+    requests are retried under ``retry``.
 
     Returns ``(pieces, stats)``: the pieces in plan order (dicts of `cut_pieces`: ``path``, ``start``, ``end``,
     ``row_group``, ``nbytes``, ``kind``, ``compression``, ...) and cut_pieces' counters (``files``, ``bytes``,
@@ -83,7 +89,7 @@ def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slot
         ValueError: naming ``where`` for a missing path, an empty glob, a missing text field, an unknown format,
             or (``require_pieces``) a source that holds only empty or damaged files.
     """
-    files = find_files(source, where)
+    files = find_files(source, where, retry)
     check_text_field(source, where, files)
     pieces, stats = cut_pieces(source, where, shard_piece_bytes, slots, files)
     if not pieces and require_pieces:
@@ -94,13 +100,13 @@ def source_pieces(source: SourceConfig, where: str, shard_piece_bytes: int, slot
 
 
 def pieces_of(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int = 1,
-                require_pieces: bool = True) -> list[dict[str, Any]]:
+              require_pieces: bool = True, retry: RetryPolicy = DEFAULT_RETRY) -> list[dict[str, Any]]:
     """The pieces of `source_pieces` (what the loader's streams read). Raises as it does."""
-    return source_pieces(source, where, shard_piece_bytes, slots, require_pieces)[0]
+    return source_pieces(source, where, shard_piece_bytes, slots, require_pieces, retry)[0]
 
 
 def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], slots: int,
-                         max_document_bytes: int) -> None:
+                         max_document_bytes: int, retry: RetryPolicy = DEFAULT_RETRY) -> None:
     """Refuse a job in which some slot's share holds only unusable records (a random-bytes ``.jsonl`` whose
     byte ranges fill one slot beside one good file: that slot would fail its first epoch at the first step, and
     every resume again), or begins with nothing but records longer than ``max_document_bytes`` (a ``.txt`` that
@@ -111,7 +117,7 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
     is let through (undecided: the stream counts and logs its skips). Too-long records do not (the bytes of one
     say nothing about the records after it): the slot reads on, but at most `probe_read_bytes` in all (a 10 GB
     one-line file is not read to its end), and a slot that reaches that bound with nothing usable is refused.
-    Skipped when ``slots`` exceeds `PROBE_MAX_SLOTS`.
+    Skipped when ``slots`` exceeds `PROBE_MAX_SLOTS`. An object's reads are retried under ``retry``.
 
     Raises:
         ValueError: naming ``where``, the slot and its files, with the skip counts (and, for too-long records,
@@ -121,7 +127,7 @@ def check_slots_readable(source: SourceConfig, where: str, pieces: list[dict], s
         return
     no_record: Optional[str] = None
     for slot in range(slots):
-        refused, skipped, files, nbytes = _probe_slot(source, pieces, slots, slot, max_document_bytes)
+        refused, skipped, files, nbytes = _probe_slot(source, pieces, slots, slot, max_document_bytes, retry)
         if not refused:
             continue
         named = f"{', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
@@ -159,8 +165,8 @@ def probe_read_bytes(max_document_bytes: int) -> int:
     return PROBE_BYTES_PER_SLOT + PROBE_TOO_LONG_RECORDS * (max_document_bytes + 1)
 
 
-def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int,
-                max_document_bytes: int) -> tuple[bool, Counter, list[str], int]:
+def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int, max_document_bytes: int,
+                retry: RetryPolicy) -> tuple[bool, Counter, list[str], int]:
     """`check_slots_readable` for one slot: ``(refused, skip counts, files read, bytes read)``. Not refused: a
     usable record, or `PROBE_BYTES_PER_SLOT` of skips other than too_long (undecided). Refused: the share read to
     its end, or `probe_read_bytes` read (a too-long record's bytes, pieces inside a record), with neither."""
@@ -189,7 +195,8 @@ def _probe_slot(source: SourceConfig, pieces: list[dict], slots: int, slot: int,
     for i, k, j in slot_shares(len(pieces), slots, slot):
         piece = pieces[i]
         files += [piece["path"]] if piece["path"] not in files else []
-        records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j), budget)
+        records = read_piece(piece, source.text_field, source.txt_documents, max_document_bytes, (k, j), budget,
+                             retry)
         cut: list[dict] = []  # records handed out after the budget ran out: the last one is cut short
         try:
             for rec in records:
@@ -284,10 +291,11 @@ def _stats(values: np.ndarray) -> tuple[int, float, int]:
 
 
 def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[dict],
-                     stats: Optional[dict] = None, manifest: bool = True) -> SourceSlots:
+                     stats: Optional[dict] = None, manifest: bool = True,
+                     retry: RetryPolicy = DEFAULT_RETRY) -> SourceSlots:
     """The `SourceSlots` of a source's planned ``pieces`` (`albert_dist.data.sources.discover.cut_pieces`) at ``slots``
     slots; ``stats``: cut_pieces' counters (without them, files and bytes are counted from the pieces);
-    ``manifest``: look for a manifest.json beside the files."""
+    ``manifest``: look for a manifest.json beside the files (an object read under ``retry``)."""
     stats = stats if stats is not None else {"files": len({p["path"] for p in pieces}),
                                              "bytes": sum(p["nbytes"] for p in pieces)}
     plan = SourceSlots(where, list(source.paths), slots, files=stats.get("files", 0), bytes=stats.get("bytes", 0),
@@ -302,33 +310,38 @@ def summarize_pieces(source: SourceConfig, where: str, slots: int, pieces: list[
         plan.readers_per_piece = (int(readers.min()), int(readers.max()))
         plan.amplification = read_amplification(nbytes, slots)
     if manifest:
-        _apply_manifest(plan, pieces)
+        _apply_manifest(plan, pieces, retry)
     return plan
 
 
-def source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int) -> SourceSlots:
+def source_slots(source: SourceConfig, where: str, shard_piece_bytes: int, slots: int,
+                 retry: RetryPolicy = DEFAULT_RETRY) -> SourceSlots:
     """The `SourceSlots` of one source for ``slots`` slots (`source_pieces`, then `summarize_pieces` with the
-    manifest); a hub source, once resolved (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked
-    ``hub``. Raises ValueError as `source_pieces` and `check_hub_source` do."""
+    manifest; an object store read under ``retry``); a hub source, once resolved
+    (`albert_dist.data.sources.hub.check_hub_source`), gets an empty plan marked ``hub``. Raises ValueError as
+    `source_pieces` and `check_hub_source` do."""
     if source.format == "hub":
         t0 = time.perf_counter()
         check_hub_source(source, where)
         return SourceSlots(where, list(source.paths), slots, hub=True, plan_s=time.perf_counter() - t0)
     t0 = time.perf_counter()
-    pieces, stats = source_pieces(source, where, shard_piece_bytes, slots)
-    plan = summarize_pieces(source, where, slots, pieces, stats)
+    pieces, stats = source_pieces(source, where, shard_piece_bytes, slots, retry=retry)
+    plan = summarize_pieces(source, where, slots, pieces, stats, retry=retry)
     plan.plan_s = time.perf_counter() - t0
     return plan
 
 
 def job_sources(cfg: DataConfig, ranks: int, workers: int) -> list[SourceSlots]:
-    """`source_slots` for every training source of ``cfg`` at ``ranks`` x max(1, ``workers``) slots."""
+    """`source_slots` for every training source of ``cfg`` at ``ranks`` x max(1, ``workers``) slots, an object
+    store read under ``cfg.store_retry_s``."""
     if ranks < 1:
         raise ValueError(f"--ranks must be >= 1, got {ranks}")
     if workers < 0:
         raise ValueError(f"--workers must be >= 0, got {workers}")
     slots = ranks * max(1, workers)
-    plans = [source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots) for i, src in enumerate(cfg.train)]
+    retry = RetryPolicy(budget_s=cfg.store_retry_s)
+    plans = [source_slots(src, f"data.train[{i}]", cfg.shard_piece_bytes, slots, retry)
+             for i, src in enumerate(cfg.train)]
     for plan, src in zip(plans, cfg.train):
         plan.ranks, plan.workers, plan.weight, plan.only_source = ranks, workers, src.weight, len(cfg.train) == 1
     return plans
@@ -354,7 +367,7 @@ def _manifest_files(manifest: dict) -> Optional[dict[str, dict]]:
     return out
 
 
-def _apply_manifest(plan: SourceSlots, pieces: list[dict]) -> None:
+def _apply_manifest(plan: SourceSlots, pieces: list[dict], retry: RetryPolicy) -> None:
     """Fill ``documents``/``tokens``/``manifest`` of ``plan`` from a manifest.json beside the source's files."""
     paths = sorted({p["path"] for p in pieces})
     if not paths:
@@ -362,7 +375,7 @@ def _apply_manifest(plan: SourceSlots, pieces: list[dict]) -> None:
     folder = store.common_folder(paths)
     path = store.join(folder, MANIFEST_NAME)
     try:
-        text = store.read_text(path)
+        text = store.read_text(path, retry)
         if text is None:
             plan.manifest = f"no {MANIFEST_NAME} in {folder}"
             return

@@ -14,6 +14,9 @@ again at the same position instead of crashing (there is no crash loop to fall i
 
 A truncated zstd stream is detected here: zstandard's ``stream_reader`` returns a short read without an error
 when the file ends inside a frame (checked with zstandard 0.25), so `open_stream` decodes frames itself.
+
+An object store's bytes are read under the retry policy the caller hands in (``retry``,
+`albert_dist.data.sources.store.RetryPolicy`: a training stream's own, from its ``data.store_retry_s``).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import zlib
 from typing import Any, Callable, Iterator, Optional
 
 from albert_dist.data.sources import store
+from albert_dist.data.sources.store import DEFAULT_RETRY, RetryPolicy
 from albert_dist.exit_codes import InputVanished
 from albert_dist.data.config import SourceConfig
 from albert_dist.data.sources.discover import CorpusFile, find_files, parquet_file, parquet_row_group, piece_footer
@@ -75,10 +79,10 @@ def _reason(err: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------------------- streams
 class _PlainStream:
-    def __init__(self, path: str, offset: int) -> None:
+    def __init__(self, path: str, offset: int, retry: RetryPolicy) -> None:
         # unbuffered: split_records sizes its reads to the piece, a buffer would read past them (for a URL each
         # read is one ranged GET of exactly that many bytes: albert_dist.data.sources.store.RangedFile)
-        self._f = store.open_input(path, offset)
+        self._f = store.open_input(path, offset, retry=retry)
 
     def read(self, n: int) -> bytes:
         try:
@@ -129,9 +133,9 @@ class _GzipStream(_DecodedStream):
     """gzip.GzipFile (every member of a concatenated file), read one input block at a time (``read1``), its
     errors turned into `DamagedInput`."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, retry: RetryPolicy) -> None:
         super().__init__()
-        self._raw = store.open_input(path, 0, sequential=True)
+        self._raw = store.open_input(path, 0, sequential=True, retry=retry)
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
 
     def _fill(self, n: int) -> None:
@@ -152,12 +156,12 @@ class _GzipStream(_DecodedStream):
 class _ZstdStream(_DecodedStream):
     """All zstd frames of a file, decoded with ``decompressobj`` so that a file ending inside a frame is an error."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, retry: RetryPolicy) -> None:
         import zstandard
 
         super().__init__()
         self._zstd = zstandard
-        self._raw = store.open_input(path, 0, sequential=True)
+        self._raw = store.open_input(path, 0, sequential=True, retry=retry)
         self._dctx = zstandard.ZstdDecompressor()
         self._dobj = self._dctx.decompressobj()
         self._in_frame = False
@@ -224,15 +228,16 @@ class _BudgetedStream:
         self._stream.close()
 
 
-def open_stream(path: str, compression: str, offset: int = 0):
+def open_stream(path: str, compression: str, offset: int = 0, retry: RetryPolicy = DEFAULT_RETRY):
     """A byte stream of ``path`` with ``read(n) -> bytes`` (b"" at the end) and ``close()``: the file from
-    ``offset`` when uncompressed, else the decompressed stream from its start (``offset`` must be 0). ``read``
-    raises `DamagedInput` for a truncated or corrupt stream and for I/O errors."""
+    ``offset`` when uncompressed, else the decompressed stream from its start (``offset`` must be 0); an object
+    read under ``retry``. ``read`` raises `DamagedInput` for a truncated or corrupt stream and for I/O errors,
+    `store.StoreUnavailable` when the store stayed down for the policy's budget."""
     if compression == ".gz":
-        return _GzipStream(path)
+        return _GzipStream(path, retry)
     if compression == ".zst":
-        return _ZstdStream(path)
-    return _PlainStream(path, offset)
+        return _ZstdStream(path, retry)
+    return _PlainStream(path, offset, retry)
 
 
 # ---------------------------------------------------------------------------------------------------- records
@@ -352,11 +357,11 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
+def _damaged(piece: dict[str, Any], err: DamagedInput, retry: RetryPolicy) -> dict[str, Any]:
     size = piece.get("file_bytes")  # its file's size, handed on by the plan (`CorpusFile`)
     if size is None:
         try:
-            size = store.file_size(piece["path"])
+            size = store.file_size(piece["path"], retry)
         except (OSError, ValueError):
             size = -1
     at = f" near byte {err.compressed_offset} of {size}" if err.compressed_offset >= 0 else ""
@@ -366,7 +371,8 @@ def _damaged(piece: dict[str, Any], err: DamagedInput) -> dict[str, Any]:
 
 
 def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
-               share: tuple[int, int] = (1, 0), budget: Optional[ReadBudget] = None) -> Iterator[dict]:
+               share: tuple[int, int] = (1, 0), budget: Optional[ReadBudget] = None,
+               retry: RetryPolicy = DEFAULT_RETRY) -> Iterator[dict]:
     """Records ``{"text", "skip", "nbytes", "detail", "path", "pos", "group"}`` of one piece in file order.
 
     ``skip`` names why a record is unusable ("" when usable; `SKIP_REASONS`); ``pos`` is where it starts (a
@@ -378,9 +384,10 @@ def read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_b
     raised for damage. A file or object that is not there at all is not damage: `InputVanished`, one line naming
     it and what the piece expected. Memory: O(max_bytes + 1 MiB).
     ``budget``: bound the bytes read from txt/jsonl streams (`ReadBudget`; parquet row groups are not bounded).
+    ``retry``: the policy an object's reads are retried under (`store.StoreUnavailable` once it gives up).
     """
     try:
-        for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share, budget):
+        for record, pos in _read_piece(piece, text_field, txt_documents, max_bytes, share, budget, retry):
             yield {"detail": "", **record, "path": piece["path"], "pos": pos, "group": piece["row_group"]}
     except (FileNotFoundError, store.ObjectMissing) as err:
         raise InputVanished(_vanished(piece, err)) from None
@@ -424,26 +431,26 @@ def record_location(piece_kind: str, compression: str, path: str, pos: int, row_
     return f"{path}:{lines + 1}"
 
 
-def _open_budgeted(piece: dict[str, Any], offset: int, budget: Optional[ReadBudget]):
-    f = open_stream(piece["path"], piece["compression"], offset)
+def _open_budgeted(piece: dict[str, Any], offset: int, budget: Optional[ReadBudget], retry: RetryPolicy):
+    f = open_stream(piece["path"], piece["compression"], offset, retry)
     return f if budget is None else _BudgetedStream(f, budget)
 
 
 def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_bytes: int,
-                share: tuple[int, int], budget: Optional[ReadBudget] = None):
+                share: tuple[int, int], budget: Optional[ReadBudget], retry: RetryPolicy):
     kind, path = piece["kind"], piece["path"]
     k, j = share
     if kind == "parquet":
-        yield from _read_row_group(piece, text_field, max_bytes, k, j)
+        yield from _read_row_group(piece, text_field, max_bytes, k, j, retry)
         return
     if kind == "txt" and txt_documents == "file":
         if j > 0:  # one record: the first sharer's
             return
         try:
-            f = _open_budgeted(piece, 0, budget)
+            f = _open_budgeted(piece, 0, budget, retry)
         except OSError as err:
             _raise_if_gone(err)
-            yield _damaged(piece, DamagedInput(_reason(err))), 0
+            yield _damaged(piece, DamagedInput(_reason(err)), retry), 0
             return
         try:
             raw = f.read(max_bytes + 1)
@@ -451,7 +458,7 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
             while len(chunk := f.read(_BLOCK_BYTES)) > 0:  # count the rest of an oversized file without holding it
                 nbytes += len(chunk)
         except DamagedInput as err:
-            yield _damaged(piece, err), 0
+            yield _damaged(piece, err, retry), 0
             return
         finally:
             f.close()
@@ -463,10 +470,10 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
     lead = _SEPARATORS[separator][1]
     read_to = start  # first byte not yet handed out: where a damaged stream's loss begins
     try:
-        f = _open_budgeted(piece, max(0, start - lead), budget)
+        f = _open_budgeted(piece, max(0, start - lead), budget, retry)
     except OSError as err:
         _raise_if_gone(err)
-        yield _damaged(piece, DamagedInput(_reason(err))), start
+        yield _damaged(piece, DamagedInput(_reason(err)), retry), start
         return
     try:
         for index, (raw, nbytes, pos) in enumerate(split_records(f.read, separator, start, end, max_bytes,
@@ -477,18 +484,18 @@ def _read_piece(piece: dict[str, Any], text_field: str, txt_documents: str, max_
                 continue
             yield (_json_record(raw, nbytes, text_field) if kind == "jsonl" else _text_record(raw, nbytes)), pos
     except DamagedInput as err:
-        yield _damaged(piece, err), read_to
+        yield _damaged(piece, err, retry), read_to
     finally:
         f.close()
 
 
-def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: int, j: int):
+def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: int, j: int, retry: RetryPolicy):
     import pyarrow as pa
 
     row = 0
     try:
         # the footer parsed once per process, not once per row group; from a URL only this group's text chunk
-        pf = parquet_row_group(piece["path"], piece["row_group"], [text_field], piece_footer(piece))
+        pf = parquet_row_group(piece["path"], piece["row_group"], [text_field], piece_footer(piece, retry), retry)
         batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[piece["row_group"]],
                                   columns=[text_field], use_threads=False)
         for batch in batches:
@@ -505,18 +512,20 @@ def _read_row_group(piece: dict[str, Any], text_field: str, max_bytes: int, k: i
                 yield {"text": text, "skip": skip, "nbytes": nbytes}, row - 1
     except (OSError, pa.ArrowException) as err:  # a page or column chunk that does not decode, an I/O error
         _raise_if_gone(err)
-        yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field))), row
+        yield _damaged(piece, DamagedInput(_reason(err), _column_chunk_offset(piece, text_field, retry)), retry), row
 
 
-def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str) -> list[tuple[str, int, int]]:
+def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str,
+                      retry: RetryPolicy = DEFAULT_RETRY) -> list[tuple[str, int, int]]:
     """The byte ranges ``[(path, start, end)]`` `read_piece` fetches first for ``piece`` (what
-    `albert_dist.data.sources.store.ReadAhead` fetches ahead): a parquet row group's text column chunk; an uncompressed
-    byte range's first read (the range and `_OVERREAD_BYTES` past it). None ([]) for a compressed stream or a
-    whole-file text document (read in blocks whose sizes depend on what was read)."""
+    `albert_dist.data.sources.store.ReadAhead` fetches ahead): a parquet row group's text column chunk (its
+    footer read under ``retry`` when this process has not parsed it); an uncompressed byte range's first read
+    (the range and `_OVERREAD_BYTES` past it). None ([]) for a compressed stream or a whole-file text document
+    (read in blocks whose sizes depend on what was read)."""
     if piece["kind"] == "parquet":
         if not store.is_url(piece["path"]):
             return []
-        meta = piece_footer(piece)
+        meta = piece_footer(piece, retry)
         return [(piece["path"], a, b) for a, b in store.column_chunk_ranges(meta, piece["row_group"], [text_field])]
     if piece["compression"] or (piece["kind"] == "txt" and txt_documents == "file"):
         return []
@@ -525,10 +534,10 @@ def piece_read_ranges(piece: dict[str, Any], text_field: str, txt_documents: str
                                              piece["end"] + _OVERREAD_BYTES - at)))]
 
 
-def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
+def _column_chunk_offset(piece: dict[str, Any], text_field: str, retry: RetryPolicy) -> int:
     """First byte of the text column's chunk in the piece's row group (-1 when the footer does not tell)."""
     try:
-        meta = piece_footer(piece)
+        meta = piece_footer(piece, retry)
         group = meta.row_group(piece["row_group"])
         for j in range(group.num_columns):
             col = group.column(j)
@@ -540,28 +549,29 @@ def _column_chunk_offset(piece: dict[str, Any], text_field: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
-def check_text_field(source: SourceConfig, where: str, files: Optional[list[CorpusFile]] = None) -> None:
+def check_text_field(source: SourceConfig, where: str, files: Optional[list[CorpusFile]] = None,
+                     retry: RetryPolicy = DEFAULT_RETRY) -> None:
     """Check that ``source.text_field`` exists, before a single batch is read (a wrong field would otherwise
     surface only after a whole epoch, as "skipped_missing_field" counts).
 
     jsonl: among the first `TEXT_FIELD_PROBE_RECORDS` JSON objects of the source's first jsonl file that holds
     a record (damaged or empty files are passed over with a warning); parquet: in the first readable parquet
     file's schema. txt and hub sources have nothing to check here. ``files``: the source's `CorpusFile` records
-    (`find_files` when not given: every file's format is checked first, so an unreadable kind fails here, not in
-    the middle of a run).
+    (`find_files` under ``retry`` when not given: every file's format is checked first, so an unreadable kind
+    fails here, not in the middle of a run); each file is read under the policy its record keeps.
 
     Raises:
         ValueError: "<where>.text_field='x' is not a key of the first N records of <file> (keys found: ...)",
             or "... is not a column of <file> (columns: ...)"; `find_files`' errors.
     """
-    files = find_files(source, where) if files is None else files
+    files = find_files(source, where, retry) if files is None else files
     for file in files:
         path, kind, compression = file.path, file.kind, file.compression
         if kind not in ("jsonl", "parquet") or file.size == 0:
             continue
         if kind == "parquet":
             try:
-                keys = list(parquet_file(path, file.footer()).schema_arrow.names)
+                keys = list(parquet_file(path, file.footer(), file.retry).schema_arrow.names)
             except store.StoreError:  # a missing/denied object is the user's to fix, not a damaged file
                 raise
             except Exception as err:  # noqa: BLE001 - a damaged footer: cut_pieces skips the file, so do we
@@ -574,7 +584,7 @@ def check_text_field(source: SourceConfig, where: str, files: Optional[list[Corp
             return
         keys: list[str] = []
         seen = 0
-        f = open_stream(path, compression, 0)
+        f = open_stream(path, compression, 0, file.retry)
         try:
             # 64 KiB reads: the probe needs a few records, not the first MiB of every source (over S3 too)
             for raw, _ in split_records(f.read, "line", 0, float("inf"), 1 << 24, block_bytes=64 << 10):

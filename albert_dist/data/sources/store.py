@@ -17,6 +17,9 @@ prepare --input/--output``, ``data plan``); the rest of the data library calls t
   ``bytes_used`` (bytes of the pieces they own); bench/object_store.py prints the ratio;
 * faults: every read, list and write goes through `call`, the one retry layer (`RetryPolicy`: exponential
   back-off with full jitter over a time budget, ``data.store_retry_s``; a warning names the URL and the attempt).
+  The policy is a value handed to what reads (``retry=``: a training stream's is made from its own config,
+  `albert_dist.data.loader.PretrainingStream`), never a setting of the process: two streams of one process keep
+  their own budgets; a command without a recipe reads under `DEFAULT_RETRY`.
   A transient error (5xx/429 surfacing as OSError, a dropped connection, a timeout) is retried from the same
   offset, so the stream continues where it was; when the budget is spent `StoreUnavailable` is raised (a
   training job checkpoints and exits 75: `albert_dist.apps.pretrain.trainer`). A missing object, a denied one or missing
@@ -41,7 +44,6 @@ import time
 import weakref
 from collections import Counter
 from concurrent.futures import Future
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -180,15 +182,17 @@ class RetryPolicy:
     the first one. Jitter spreads the retries of the many ranks and loader workers an outage hits at once;
     the budget (minutes) outlasts a blip, as S3/GCS clients and MosaicML streaming do.
 
-    ``clock``, ``sleep`` and ``rng`` stand in for time and randomness in tests. Raises ValueError naming the
-    field for a budget <= 0, or a first back-off < 0 or above its cap."""
+    ``clock``, ``sleep`` and ``rng`` (a ``random.Random``; None: the ``random`` module's generator, reseeded in
+    each forked loader worker, so the workers' waits differ) stand in for time and randomness in tests; the
+    default policy pickles (a spawned worker's copy of a stream). Raises ValueError naming the field for a budget
+    <= 0, or a first back-off < 0 or above its cap."""
 
     budget_s: float = 300.0
     first_backoff_s: float = 0.5
     max_backoff_s: float = 20.0
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False, repr=False)
-    rng: Any = field(default=random, compare=False, repr=False)
+    rng: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.budget_s > 0:
@@ -203,10 +207,11 @@ class RetryPolicy:
         import tenacity
 
         started = self.clock()
+        rng = random if self.rng is None else self.rng
 
         def wait(state: tenacity.RetryCallState) -> float:  # the last one ends when the budget does
             cap = min(self.max_backoff_s, self.first_backoff_s * 2 ** (state.attempt_number - 1))
-            return min(self.rng.uniform(0.0, cap), max(0.0, self.budget_s - (self.clock() - started)))
+            return min(rng.uniform(0.0, cap), max(0.0, self.budget_s - (self.clock() - started)))
 
         def stop(state: tenacity.RetryCallState) -> bool:
             return self.clock() - started >= self.budget_s
@@ -215,14 +220,12 @@ class RetryPolicy:
                                  sleep=self.sleep, before_sleep=before_sleep, reraise=True)
 
 
-#: the policy of every `call` in this process (`configure`); a forked loader worker starts with its parent's
-POLICY = RetryPolicy()
-
-
-def configure(retry_s: float) -> None:
-    """Set this process's retry budget (``data.store_retry_s``); raises ValueError for one <= 0."""
-    global POLICY
-    POLICY = dataclasses.replace(POLICY, budget_s=float(retry_s))
+#: The policy of a command that has no recipe, so no ``data.store_retry_s`` (``albert-dist data prepare``,
+#: ``albert-dist tokenizer train --input``), and the default of every function here that takes ``retry``:
+#: `albert_dist.data.config.DataConfig.store_retry_s`'s default budget, 300 s. A frozen value bound as those
+#: defaults when this module is imported: nothing reads this name at call time, so rebinding it changes nothing.
+#: A job passes its own: ``RetryPolicy(budget_s=cfg.data.store_retry_s)``.
+DEFAULT_RETRY = RetryPolicy()
 
 
 class StoreUnavailable(TryAgainLater):
@@ -235,10 +238,10 @@ class StoreUnavailable(TryAgainLater):
     the URL."""
 
 
-def call(url: str, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` retried on transient errors under `POLICY`; ``what`` names the operation in the
+def call(url: str, what: str, fn, *args, retry: RetryPolicy = DEFAULT_RETRY, **kwargs):
+    """``fn(*args, **kwargs)`` retried on transient errors under ``retry``; ``what`` names the operation in the
     warnings. Raises `StoreError` at once for a fatal error, `StoreUnavailable` when the budget is spent."""
-    policy = POLICY
+    policy = retry
     first = policy.clock()
 
     def warn(state: tenacity.RetryCallState) -> None:
@@ -267,15 +270,16 @@ def _remember(fs, info: dict) -> str:
     return url
 
 
-def stat(path: str) -> dict[str, Any]:
+def stat(path: str, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, Any]:
     """``{"size": bytes, "version": str}`` of a local file (version = mtime_ns) or an object (its ETag or
-    generation, from the listing when `expand` found it). Raises `StoreError` / OSError for a missing one."""
+    generation, from the listing when `expand` found it; else one HEAD under ``retry``). Raises `StoreError` /
+    OSError for a missing one."""
     if not is_url(path):
         st = os.stat(local_path(path))
         return {"size": st.st_size, "version": str(st.st_mtime_ns)}
     if path not in _STAT:
         fs, inner = filesystem(path)
-        _remember(fs, call(path, "stat", fs.info, inner))
+        _remember(fs, call(path, "stat", fs.info, inner, retry=retry))
     return _STAT[path]
 
 
@@ -284,41 +288,42 @@ def planned_stat(url: str) -> Optional[dict[str, Any]]:
     return _STAT.get(url)
 
 
-def file_size(path: str) -> int:
+def file_size(path: str, retry: RetryPolicy = DEFAULT_RETRY) -> int:
     """Bytes of a local file or an object (`stat`)."""
-    return stat(path)["size"]
+    return stat(path, retry)["size"]
 
 
-def expand(raw: str) -> tuple[str, list[str]]:
+def expand(raw: str, retry: RetryPolicy = DEFAULT_RETRY) -> tuple[str, list[str]]:
     """What a source path names: ``("glob" | "dir" | "file" | "missing", sorted URLs of its objects)``.
 
-    A prefix is a "directory" (every object under it, recursively). Raises `StoreError` naming the URL for a
-    missing bucket, denied access or missing credentials (a missing object is "missing", the caller words it).
+    A prefix is a "directory" (every object under it, recursively). Each request is retried under ``retry``.
+    Raises `StoreError` naming the URL for a missing bucket, denied access or missing credentials (a missing
+    object is "missing", the caller words it), `StoreUnavailable` when the budget is spent.
     """
     fs, inner = filesystem(raw)
     if any(ch in inner for ch in "*?["):
-        found = call(raw, "list", fs.glob, inner, detail=True)
+        found = call(raw, "list", fs.glob, inner, detail=True, retry=retry)
         if not found and "/" in inner.strip("/"):  # a glob in a missing bucket matches nothing: say which
-            _check_root(fs, raw, inner)
+            _check_root(fs, raw, inner, retry)
         return "glob", sorted(_remember(fs, info) for info in found.values() if info.get("type") != "directory")
     try:
-        info = call(raw, "stat", fs.info, inner)
+        info = call(raw, "stat", fs.info, inner, retry=retry)
     except StoreError as err:
         if "does not exist (no such object)" in str(err):
-            _check_root(fs, raw, inner)
+            _check_root(fs, raw, inner, retry)
             return "missing", []
         raise
     if info.get("type") == "directory":
-        found = call(raw, "list", fs.find, inner, detail=True)
+        found = call(raw, "list", fs.find, inner, detail=True, retry=retry)
         return "dir", sorted(_remember(fs, i) for i in found.values() if i.get("type") != "directory")
     return "file", [_remember(fs, info)]
 
 
-def _check_root(fs, raw: str, inner: str) -> None:
+def _check_root(fs, raw: str, inner: str, retry: RetryPolicy) -> None:
     """Raise `StoreError` when the bucket (first path component) of ``raw`` does not exist or is denied."""
     bucket = inner.strip("/").split("/", 1)[0]
     try:
-        call(raw, "list", fs.ls, bucket, detail=False)
+        call(raw, "list", fs.ls, bucket, detail=False, retry=retry)
     except StoreError as err:
         if "does not exist" in str(err):
             raise StoreError(f"{raw}: bucket {bucket!r} does not exist") from None
@@ -339,17 +344,18 @@ def read_locally(copies: dict[str, str]):
 
 class RangedFile(io.RawIOBase):
     """A read-only, seekable file over an object: each ``read(n)`` is one ranged GET of ``n`` bytes (or, with
-    ``block_bytes``, served from a read-ahead block of that size), retried from the same offset (`call`).
+    ``block_bytes``, served from a read-ahead block of that size), retried from the same offset under ``retry``
+    (`call`; its size too, when no listing gave it: `stat`).
 
     ``parts``: byte ranges already fetched, ``{(start, end): bytes}`` (a parquet footer and column chunks),
     served without a request. Counts ``bytes_requested`` and ``requests`` in `COUNTERS`.
     """
 
     def __init__(self, url: str, offset: int = 0, block_bytes: int = 0,
-                 parts: Optional[dict[tuple[int, int], bytes]] = None) -> None:
+                 parts: Optional[dict[tuple[int, int], bytes]] = None, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         super().__init__()
-        self.url = url
-        self.size = file_size(url)
+        self.url, self.retry = url, retry
+        self.size = file_size(url, retry)
         self._fs, self._inner = filesystem(url)
         self._pos = offset
         self._block_bytes = block_bytes
@@ -375,8 +381,8 @@ class RangedFile(io.RawIOBase):
         end = min(end, self.size)
         if end <= start:
             return b""
-        ahead = _AHEAD.pop((self.url, start, end), None)
-        if ahead is not None:  # fetched by `ReadAhead` (under the same retry policy): its bytes or its error
+        ahead = _AHEAD.pop((self.url, start, end, self.retry), None)
+        if ahead is not None:  # fetched by `ReadAhead` under this file's retry policy: its bytes or its error
             return ahead.result()
         return self._get(start, end)
 
@@ -388,7 +394,8 @@ class RangedFile(io.RawIOBase):
                 return os.pread(fd, end - start, start)
             finally:
                 os.close(fd)
-        data = call(self.url, f"read of bytes {start}-{end}", self._fs.cat_file, self._inner, start=start, end=end)
+        data = call(self.url, f"read of bytes {start}-{end}", self._fs.cat_file, self._inner, start=start, end=end,
+                    retry=self.retry)
         _count(bytes_requested=len(data), requests=1)
         return data
 
@@ -425,24 +432,24 @@ class RangedFile(io.RawIOBase):
         return self.read(-1)
 
 
-def open_input(path: str, offset: int = 0, sequential: bool = False):
-    """A binary file positioned at ``offset``: a local file (unbuffered) or a `RangedFile` (``sequential``: read
-    ahead in blocks from `FIRST_SEQUENTIAL_BLOCK_BYTES` doubling to `SEQUENTIAL_BLOCK_BYTES`, for a compressed
-    object read start to end)."""
+def open_input(path: str, offset: int = 0, sequential: bool = False, retry: RetryPolicy = DEFAULT_RETRY):
+    """A binary file positioned at ``offset``: a local file (unbuffered) or a `RangedFile` reading under
+    ``retry`` (``sequential``: read ahead in blocks from `FIRST_SEQUENTIAL_BLOCK_BYTES` doubling to
+    `SEQUENTIAL_BLOCK_BYTES`, for a compressed object read start to end)."""
     if not is_url(path):
         f = open(local_path(path), "rb", buffering=0)
         f.seek(offset)
         return f
-    return RangedFile(path, offset, FIRST_SEQUENTIAL_BLOCK_BYTES if sequential else 0)
+    return RangedFile(path, offset, FIRST_SEQUENTIAL_BLOCK_BYTES if sequential else 0, retry=retry)
 
 
-def parquet_metadata(url: str, size: int):
+def parquet_metadata(url: str, size: int, retry: RetryPolicy = DEFAULT_RETRY):
     """pyarrow FileMetaData of a parquet object from its footer alone (one ranged GET of the last
-    `FOOTER_SAMPLE_BYTES`, a second one when the footer is larger). Raises what pyarrow raises for a damaged
-    footer, `StoreError` for an unreadable object."""
+    `FOOTER_SAMPLE_BYTES`, a second one when the footer is larger; retried under ``retry``). Raises what
+    pyarrow raises for a damaged footer, `StoreError` for an unreadable object."""
     import pyarrow.parquet as pq
 
-    f = RangedFile(url)
+    f = RangedFile(url, retry=retry)
     tail_at = max(0, size - FOOTER_SAMPLE_BYTES)
     tail = f.fetch(tail_at, size)
     if len(tail) >= 8 and tail[-4:] == b"PAR1":
@@ -469,19 +476,22 @@ def column_chunk_ranges(metadata, row_group: int, columns: list[str]) -> list[tu
     return ranges
 
 
-def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str]) -> RangedFile:
+def parquet_row_group_file(url: str, metadata, row_group: int, columns: list[str],
+                           retry: RetryPolicy = DEFAULT_RETRY) -> RangedFile:
     """A `RangedFile` over a parquet object holding the byte ranges of ``columns``' chunks in ``row_group``,
     each fetched with one ranged GET (what `fsspec.parquet.open_parquet_file` does, without re-reading the
     footer per row group: the metadata comes from the per-process cache). Open it with
-    ``pq.ParquetFile(f, metadata=metadata)``; any other byte pyarrow asks for is fetched (and counted) on demand."""
-    f = RangedFile(url)
+    ``pq.ParquetFile(f, metadata=metadata)``; any other byte pyarrow asks for is fetched (and counted) on demand,
+    every fetch retried under ``retry``."""
+    f = RangedFile(url, retry=retry)
     for start, end in column_chunk_ranges(metadata, row_group, columns):
         f._parts[(start, end)] = f.fetch(start, end)
     return f
 
 
-#: (url, start, end) -> the Future of a `ReadAhead` fetch of those bytes, taken (once) by `RangedFile.fetch`
-_AHEAD: dict[tuple[str, int, int], Future] = {}
+#: (url, start, end, retry policy) -> the Future of a `ReadAhead` fetch of those bytes under that policy, taken
+#: (once) by the `RangedFile.fetch` of a reader with the same policy (another stream's budget is not its own)
+_AHEAD: dict[tuple[str, int, int, RetryPolicy], Future] = {}
 os.register_at_fork(after_in_child=_AHEAD.clear)  # a forked loader worker has none of its parent's threads
 
 
@@ -501,7 +511,7 @@ def _in_background(fn: Callable[..., bytes], *args: Any) -> Future:
     return future
 
 
-def _drop(started: dict[int, list[tuple[str, int, int]]], before: Optional[int] = None) -> None:
+def _drop(started: dict[int, list[tuple[str, int, int, RetryPolicy]]], before: Optional[int] = None) -> None:
     """Drop the fetches of the items of ``started`` before ``before`` (all: None) from `_AHEAD`."""
     for i in [i for i in started if before is None or i < before]:
         for key in started.pop(i):
@@ -516,23 +526,23 @@ class ReadAhead:
     ``order``: what one reader (a loader slot) reads, in its reading order; ``ranges_of(item)``: the byte ranges
     ``[(url, start, end)]`` its reader will fetch with `RangedFile.fetch` (ranges of local files or of objects with
     a local copy are ignored). `at(i)`, called when the reader starts item ``i``, starts fetching items i..i+depth
-    not yet started, each range in a background thread through `call`, so the retry policy applies and its
-    `StoreUnavailable` / `StoreError` is raised by the reader's own fetch; the fetched bytes of items before ``i``
-    that the reader did not ask for are dropped. Memory: at most ``depth + 1`` items' bytes (``depth`` default:
-    `READ_AHEAD_PIECES`; 0: each item fetched when the reader starts it, as without read-ahead). Nothing here is
-    loader state: a reader resumed at item i (after a checkpoint) calls ``at(i)`` and fetches again what the
-    interrupted one had fetched ahead.
+    not yet started, each range in a background thread through `call` under ``retry`` (the reader's: the bytes
+    go to a `RangedFile` of the same policy), and its `StoreUnavailable` / `StoreError` is raised by the reader's
+    own fetch; the fetched bytes of items before ``i`` that the reader did not ask for are dropped. Memory: at
+    most ``depth + 1`` items' bytes (``depth`` default: `READ_AHEAD_PIECES`; 0: each item fetched when the reader
+    starts it, as without read-ahead). Nothing here is loader state: a reader resumed at item i (after a
+    checkpoint) calls ``at(i)`` and fetches again what the interrupted one had fetched ahead.
     """
 
     def __init__(self, order: list, ranges_of: Callable[[Any], list[tuple[str, int, int]]],
-                 depth: Optional[int] = None) -> None:
-        self.order, self.ranges_of = order, ranges_of
+                 depth: Optional[int] = None, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        self.order, self.ranges_of, self.retry = order, ranges_of, retry
         self.depth = READ_AHEAD_PIECES if depth is None else depth
-        self._started: dict[int, list[tuple[str, int, int]]] = {}
+        self._started: dict[int, list[tuple[str, int, int, RetryPolicy]]] = {}
         weakref.finalize(self, _drop, self._started)  # a reader dropped mid-way (a new loader) leaves nothing held
 
     def __reduce__(self):  # pickled (datasets hashes its generator's arguments) without fetches in flight
-        return ReadAhead, (self.order, self.ranges_of, self.depth)
+        return ReadAhead, (self.order, self.ranges_of, self.depth, self.retry)
 
     def at(self, index: int) -> None:
         """The reader starts item ``index``; raises what ``ranges_of`` raises."""
@@ -544,10 +554,10 @@ class ReadAhead:
             for url, start, end in self.ranges_of(self.order[i]):
                 if not is_url(url) or url in _LOCAL_COPIES:
                     continue
-                f = RangedFile(url)
-                key = (url, start, min(end, f.size))
+                f = RangedFile(url, retry=self.retry)
+                key = (url, start, min(end, f.size), self.retry)
                 if key not in _AHEAD:
-                    _AHEAD[key] = _in_background(f._get, *key[1:])
+                    _AHEAD[key] = _in_background(f._get, start, key[2])
                     keys.append(key)
             self._started[i] = keys
 
@@ -565,9 +575,9 @@ def common_folder(paths: list[str]) -> str:
     return proto + "://" + os.path.commonpath([os.path.dirname(p.split("://", 1)[1]) for p in paths])
 
 
-def read_text(path: str) -> Optional[str]:
-    """The text of a local file or an object, or None when it does not exist. Raises `StoreError` (denied,
-    no credentials) and OSError as the filesystem does."""
+def read_text(path: str, retry: RetryPolicy = DEFAULT_RETRY) -> Optional[str]:
+    """The text of a local file or an object (read under ``retry``), or None when it does not exist. Raises
+    `StoreError` (denied, no credentials), `StoreUnavailable`, and OSError as the filesystem does."""
     if not is_url(path):
         try:
             with open(local_path(path), encoding="utf-8") as f:
@@ -576,7 +586,7 @@ def read_text(path: str) -> Optional[str]:
             return None
     fs, inner = filesystem(path)
     try:
-        data = call(path, "read", fs.cat_file, inner)
+        data = call(path, "read", fs.cat_file, inner, retry=retry)
     except StoreError as err:
         if "does not exist" in str(err):
             return None
