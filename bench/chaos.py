@@ -7,8 +7,8 @@ restarts a crash or a hang in place with `--resume auto`. The training corpus (t
 paragraphs as two parquet shards of 1-row groups, so the loader reads all through the run) is in a local S3 server
 (moto's, its own process: tests/fixtures/s3_server.py) behind a relay that can go down
 (`fixtures.s3_server.Relay`, as tests/e2e/test_object_store_outage.py makes an outage). This script watches the
-run's metrics.jsonl and goodput.jsonl from outside and, once the current attempt has trained a step and the run
-has reached a fault's step, injects it:
+run's goodput.jsonl from outside and, once the current attempt has reached a fault's step (`attempt_step`),
+injects it:
 
 * ``kill9``: SIGKILL of rank `--victim`'s training process (a crashed node): the launch script restarts the run
   (exit 1, `--max-restarts`).
@@ -164,25 +164,20 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def _max_step(run_dir: Path) -> int:
-    return max((int(r["step"]) for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("step"), int)),
-               default=0)
-
-
-def attempt_training(events: list[dict]) -> bool:
-    """Whether the run's current attempt is training: its goodput events (goodput.jsonl) have a ``start`` with an
-    ``interval`` after it and no ``exit`` (the launch script's end of an attempt) after it. A fault injected only
-    then never lands in an attempt's start-up (a SIGTERM there saves nothing)."""
-    started = trained = False
+def attempt_step(events: list[dict]) -> int | None:
+    """The step the run's current attempt has trained to, from its goodput events (goodput.jsonl): the step of the
+    last ``interval`` after the last ``start``; None when it has none yet (in start-up) or the launch script has
+    written its ``exit`` since (the attempt is over, the next one not up yet). A fault is injected only when an
+    attempt has reached its step (never in a start-up, where a SIGTERM saves nothing), by that attempt's own step:
+    the run's highest step may be an earlier attempt's (steps are faster than a kill lands)."""
+    step = None
     for event in events:
         kind = event.get("event")
-        if kind == "start":
-            started, trained = True, False
-        elif kind == "interval" and started:
-            trained = True
-        elif kind == "exit":
-            started = trained = False
-    return trained
+        if kind in ("start", "exit"):
+            step = None
+        elif kind == "interval" and isinstance(event.get("step"), int):
+            step = event["step"]
+    return step
 
 
 def fault_costs(events: list[dict], injected: list[dict]) -> list[dict[str, Any]]:
@@ -299,9 +294,8 @@ def chaos_run(work: Path, ranks: int, steps: int, faults: list[tuple[str, int]],
                 if code != 0:
                     raise RuntimeError(f"the chaos run ended with exit {code}; see {log}")
                 return injected
-            step = _max_step(run_dir)
-            if pending and awaiting is None and step >= pending[0][1] and attempt_training(
-                    read_jsonl(run_dir / "goodput.jsonl")):
+            step = attempt_step(read_jsonl(run_dir / "goodput.jsonl")) if pending and awaiting is None else None
+            if step is not None and step >= pending[0][1]:
                 name, at = pending[0]
                 if name in ("kill9", "sigstop"):
                     pid = _rank_pid(run_dir, victim)

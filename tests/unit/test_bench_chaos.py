@@ -49,14 +49,19 @@ def test_the_rollback_target_is_the_newest_checkpoint_before_the_one_step_f_meas
     assert C.rollback_target(flagged, save_every) == max(healthy, default=0)
 
 
-def test_a_fault_waits_until_the_current_attempt_has_trained_a_step():
-    start, step, exit_ = {"event": "start"}, {"event": "interval"}, {"event": "exit"}
-    assert not C.attempt_training([])
-    assert not C.attempt_training([start])  # in start-up: a SIGTERM there saves nothing
-    assert C.attempt_training([start, step])
-    assert not C.attempt_training([start, step, exit_])  # the launcher's end: the next attempt is not up yet
-    assert not C.attempt_training([start, step, exit_, start])
-    assert C.attempt_training([start, step, exit_, start, step])
+def test_a_fault_waits_until_the_current_attempt_has_reached_its_step():
+    def step(n):
+        return {"event": "interval", "step": n}
+
+    start, exit_ = {"event": "start", "step": 10}, {"event": "exit"}
+    assert C.attempt_step([]) is None
+    assert C.attempt_step([start]) is None  # in start-up: a SIGTERM there saves nothing
+    assert C.attempt_step([start, step(11), step(12)]) == 12
+    first = [{"event": "start", "step": 0}, *map(step, range(1, 23)), exit_]
+    assert C.attempt_step(first) is None  # the launcher's end: the next attempt is not up yet
+    # the restarted attempt is at step 14 although the run once reached 22 (a kill lands steps late)
+    assert C.attempt_step([*first, start]) is None
+    assert C.attempt_step([*first, start, step(11), step(14)]) == 14
 
 
 def _ev(kind, t, step):
