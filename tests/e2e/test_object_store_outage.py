@@ -13,15 +13,14 @@ albert_dist.data.config.DataConfig.store_retry_s).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, free_port, read_metrics, start_ranks
+from fixtures.s3_server import Relay
+from helpers import clean_env, read_metrics, start_ranks
 
 from albert_dist.engine import metric_names as names
 from albert_dist.engine.checkpoint.layout import read_latest, read_meta
@@ -36,64 +35,6 @@ OVERRIDES = ["max_steps=40", "optimizer.warmup_steps=2", "log_interval_steps=1",
              "engine.train_micro_batch_size_per_gpu=2", "data.eval_examples=8", "tracking.enabled=false",
              "progress_bar=false", "data.train=[s3://outage/shards]", "data.num_workers=1",
              "data.shuffle_documents=1", "data.store_retry_s=4"]
-
-
-class Relay:
-    """A TCP relay on 127.0.0.1:``port`` to ``upstream`` that can go down (`down`: the port closed, every open
-    connection cut) and come back on the same port (`up`)."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream, self.port = upstream, free_port()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._listener: socket.socket | None = None
-
-    def up(self) -> None:
-        listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again at once
-        listener.settimeout(0.1)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def down(self) -> None:
-        listener, self._listener = self._listener, None
-        listener.close()
-        with self._lock:
-            conns, self._conns = self._conns, set()
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self._listener is listener:
-            try:
-                client, _ = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            server = socket.create_connection(self.upstream)
-            with self._lock:
-                self._conns |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def _shards(folder: Path) -> Path:
