@@ -275,7 +275,7 @@ def goodput(run_dir: str | Path) -> GoodputReport:
             add(current, "checkpoint_load", load)
             state = {"last_t": float(event["t"]), "launch_t": event.get("launch_t"), "ended": False,
                      "done_before": done}
-        elif kind in ("interval", "save", "end") and current is not None:
+        elif kind in ("interval", "save", "end", "rollback") and current is not None:
             phases = {k: float(v) for k, v in (event.get("phases") or {}).items()}
             elapsed = max(float(event.get("elapsed_s", 0.0)), sum(phases.values()))
             for phase, seconds in phases.items():
@@ -283,11 +283,14 @@ def goodput(run_dir: str | Path) -> GoodputReport:
             rest = elapsed - sum(phases.values())
             lo, hi = int(event.get("from_step", current.end_step)), int(event["step"])
             if hi > lo:
-                again = max(0, min(hi, state["done_before"]) - lo)
+                # done before: by an earlier attempt, or by this one before a divergence rollback took it back
+                again = max(0, min(hi, max(state["done_before"], current.end_step)) - lo)
                 add(current, "recomputed", rest * again / (hi - lo))
                 add(current, "productive", rest * (hi - lo - again) / (hi - lo))
                 current.recomputed_steps += again
                 current.end_step = max(current.end_step, hi)
+            elif kind == "rollback":  # back to a healthy checkpoint's step: the reload is a checkpoint load
+                add(current, "checkpoint_load", rest)
             else:  # no step: an export or a shutdown, or a failed job's time to notice the failure
                 failed = kind == "end" and event.get("status") == "FAILED"
                 add(current, "lost" if failed else "other", rest)

@@ -55,6 +55,23 @@ def test_a_killed_attempt_then_a_finished_one_add_up_by_cause(tmp_path):
     assert set(report["badput_s"]) == set(CAUSES)
 
 
+def test_steps_trained_again_after_a_divergence_rollback_are_recomputed(tmp_path):
+    """One attempt: steps 0-10 in 10 s, 10-20 in 10 s, then a rollback to step 10 (its reload 2 s), steps 10-20
+    again in 10 s (all 10 done before by this attempt: recomputed), 20-25 in 5 s (new: productive)."""
+    _write(tmp_path / "run", [
+        {"event": "start", "t": 1010.0, "step": 0, "begin_t": 1000.0, "launch_t": 1000.0, "load_s": 0.0},
+        _mark("interval", 1020.0, 10, 0, 10.0), _mark("interval", 1030.0, 20, 10, 10.0),
+        _mark("rollback", 1032.0, 10, 20, 2.0),
+        _mark("interval", 1042.0, 20, 10, 10.0), _mark("interval", 1047.0, 25, 20, 5.0),
+        {"event": "exit", "t": 1047.0, "launch_t": 1000.0, "status": 0}])
+    report = goodput(tmp_path / "run").as_dict()
+    assert report["restarts"] == 0 and report["recomputed_steps"] == 10
+    assert report["badput_s"]["recomputed"] == pytest.approx(10.0)
+    assert report["badput_s"]["checkpoint_load"] == pytest.approx(2.0)
+    assert report["productive_s"] == pytest.approx(25.0)
+    assert report["productive_s"] + sum(report["badput_s"].values()) == pytest.approx(report["wall_s"])
+
+
 def test_a_hang_counts_the_time_to_detection_and_a_start_up_death_is_an_attempt_without_progress(tmp_path):
     events = KILLED_THEN_FINISHED[:4] + [{"event": "exit", "t": 1341.0, "launch_t": 1000.0, "status": EXIT_HUNG},
                                          {"event": "exit", "t": 1520.0, "launch_t": 1500.0, "status": 1}]

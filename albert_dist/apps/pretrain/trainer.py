@@ -510,6 +510,7 @@ class Trainer:
                 record[names.TRAIN_ROLLBACK_SKIPPED_FIRST] = float(saved + 1)
                 record[names.TRAIN_ROLLBACK_SKIPPED_LAST] = float(cursor)
             self.tracker.log_metrics(record, self.step)
+        self.goodput.mark("rollback", self.step)  # the steps trained again from here are recomputed (goodput)
         return True
 
     def _fetch_step(self) -> list[dict[str, torch.Tensor]]:
