@@ -96,9 +96,10 @@ PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_p
 # signal comes and the ranks' fate can be awaited (they carry this run's `run_dir=` on their command line); a
 # non-interactive shell starts background commands with SIGINT ignored, which spares the `deepspeed` runner a
 # KeyboardInterrupt traceback while its ranks save.
-newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step, max_steps, stop cause, one a line
-    python - "${RUN_DIR}" 2>/dev/null <<'PY' || true
-import json, sys
+newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step, max_steps, stop cause, one a line;
+    # with --any, the name of its newest step directory, complete or not (a save cut short leaves one)
+    python - "${RUN_DIR}" "${1:-}" 2>/dev/null <<'PY' || true
+import json, re, sys
 from pathlib import Path
 run = Path(sys.argv[1])
 ckpt = run / "checkpoints"
@@ -107,6 +108,10 @@ try:  # checkpoint.dir=... puts them elsewhere; the run's resolved config says w
     ckpt = Path((yaml.safe_load((run / "config.yaml").read_text())["checkpoint"] or {}).get("dir") or ckpt)
 except Exception:
     pass
+if sys.argv[2] == "--any":  # the newest step_<N> directory, complete or not (what a run without --resume refuses)
+    steps = [int(m.group(1)) for p in ckpt.iterdir() if (m := re.fullmatch(r"step_(\d+)", p.name)) and p.is_dir()]
+    print(f"step_{max(steps)}" if steps else "")
+    sys.exit(0)
 tag = (ckpt / "latest").read_text().strip()
 meta = json.loads((ckpt / tag / "albert_dist.json").read_text())
 print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""),
@@ -155,6 +160,10 @@ fi
 trap - INT TERM
 mapfile -t AFTER < <(newest_checkpoint)
 NEWEST="$(basename "${AFTER[0]:-none}")"
+# A save cut short (a hang or a kill in the first one) leaves an incomplete step directory and no `latest`: the
+# ranks refuse a run_dir holding one without --resume (exit 2), and --resume auto skips it and starts from step 0.
+LEFT="$(newest_checkpoint --any)"
+[[ -z ${AFTER[0]:-} && -n ${LEFT} ]] && NEWEST="none; ${LEFT} is incomplete"
 NEW_CHECKPOINT=""
 [[ -n ${AFTER[0]:-} && ${AFTER[0]} != "${BEFORE[0]:-}" ]] && NEW_CHECKPOINT=1
 finished() { # the newest checkpoint is at the run's max_steps
@@ -228,7 +237,7 @@ quote() {
     if [[ $1 =~ ^[A-Za-z0-9_./=:,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 CONTINUE=(launch/pretrain_local.sh "${NUM_RANKS}" "${RECIPE}" "$@")
-if [[ -n ${AFTER[0]:-} && " $* " != *" --resume auto "* && " $* " != *" --resume=auto "* ]]; then
+if [[ ( -n ${AFTER[0]:-} || -n ${LEFT} ) && " $* " != *" --resume auto "* && " $* " != *" --resume=auto "* ]]; then
     CONTINUE+=(--resume auto)
 fi
 CONTINUE_CMD="RUN_DIR=$(quote "${RUN_DIR}")"

@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("model", metavar="MODEL", help="run directory, MLflow run id (or runs:/<id>), or transformers "
                                                   "ALBERT directory")
-    p.add_argument("--step", type=int, default=None, help="a run's checkpoint step_N instead of its final model")
+    p.add_argument("--step", type=int, default=None,
+                   help="a run's checkpoint step_N (or its final model when that records step N); default: the "
+                        "newest verified checkpoint, or the final model when it holds the same step")
     p.add_argument("--init", choices=("pretrained", "random"), default="pretrained",
                    help="random: the same config and tokenizer, fresh weights (default: pretrained)")
     g = p.add_argument_group("tasks")

@@ -4,7 +4,7 @@
     albert-dist goodput runs/albert-tiny-20260101-120000 --json   # restarts, recomputed_steps, wall_s,
                                                                   # productive_s, badput_s {cause: s}, attempts
 
-Exit codes: 0, or 2 for a run directory that does not exist (one line).
+Exit codes: 0, or 2 for a run directory that does not exist or holds no goodput.jsonl (one line).
 """
 from __future__ import annotations
 
@@ -24,10 +24,15 @@ def run(args: argparse.Namespace) -> int:
     """Print the goodput of ``args.run_dir`` (`albert_dist.tracking.goodput.goodput`); 0.
 
     Raises:
-        ValueError: no such directory (exit 2).
+        ValueError: no such directory, or no goodput.jsonl in it (exit 2).
     """
-    from albert_dist.tracking.goodput import goodput
+    from pathlib import Path
+
+    from albert_dist.tracking.goodput import EVENTS_FILE, goodput
 
     report = goodput(args.run_dir)
+    if not (Path(args.run_dir) / EVENTS_FILE).is_file():  # not "goodput 0.0% of 0.0 s", exit 0: a wrong path
+        raise ValueError(f"{args.run_dir}: no {EVENTS_FILE} (not a run directory, or its job never started: rank 0 "
+                         "and the launch scripts write it)")
     print(json.dumps(report.as_dict(), indent=1) if args.json else f"{args.run_dir}: {report.text()}")
     return EXIT_OK

@@ -206,7 +206,7 @@ class EngineConfig:
         for name in ("init_timeout_s", "step_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"engine.{name} must be a number of seconds > 0, got {value!r}")
+                raise ValueError(f"engine.{name} must be a finite number of seconds > 0, got {value!r}")
         if self.peak_tflops_per_device is not None and not self.peak_tflops_per_device > 0:
             raise ValueError(f"engine.peak_tflops_per_device must be > 0 or null, got {self.peak_tflops_per_device!r}")
 

@@ -370,6 +370,22 @@ def test_a_hang_is_exit_76_with_the_watchdogs_line_and_the_command_to_continue(t
     assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"]
 
 
+@pytest.mark.parametrize("launcher_exit, expected", [(76, 76), (247, 1)])
+def test_a_save_cut_short_before_any_complete_checkpoint_still_gets_resume_auto(tmp_path, launcher_exit, expected):
+    """A rank SIGSTOPped (or killed) inside the first save leaves an incomplete step_3/ and no `latest`. The ranks
+    refuse that run_dir without --resume ("already holds an earlier run's checkpoints", exit 2), so the command
+    printed to continue must carry --resume auto (it did not: it keyed on `latest` alone; found by SIGSTOP of rank 1
+    during the first save of a 2-rank albert-base job)."""
+    run = tmp_path / "run"
+    hang = f"; {_hang_report(run)}" if expected == 76 else ""
+    proc = _run(tmp_path, "2", exit_code=launcher_exit,
+                before_exit=f"mkdir -p {run}/checkpoints/step_3 {run}/checkpoints/step_2_diverged{hang}")
+    assert proc.returncode == expected, (proc.returncode, proc.stdout, proc.stderr)
+    assert _continue_command(proc.stdout)[-2:] == ["--resume", "auto"], proc.stdout
+    if expected == 76:
+        assert "continue from its last complete checkpoint (none; step_3 is incomplete)" in proc.stdout
+
+
 def test_a_hang_report_of_an_earlier_launch_does_not_make_a_crash_a_hang(tmp_path):
     run = tmp_path / "run"
     subprocess.run(["bash", "-c", _hang_report(run, "20200101T000000Z")], check=True)

@@ -101,6 +101,24 @@ def test_no_checkpoint_verifies_is_an_error_listing_each(tmp_path):
     assert choose_checkpoint("auto", tmp_path / "empty") is None  # nothing there at all: a fresh start
 
 
+def test_a_first_save_cut_short_is_a_fresh_start_not_a_dead_end(tmp_path, caplog):
+    """A rank SIGSTOPped inside the run's first save (the watchdog's 76) leaves step_3/ with DeepSpeed's files and
+    no albert_dist.json, and no `latest`. Without --resume the run_dir is refused (it holds a step directory), so
+    --resume auto must start from step 0 (it raised "no checkpoint ... verifies": exit 2 both ways, and a restart
+    or requeue stopped there). A run that once had a complete checkpoint still raises (next test)."""
+    d = tmp_path / "c"
+    (d / "step_3").mkdir(parents=True)
+    (d / "step_3" / "mp_rank_00_model_states.pt").write_bytes(b"x" * 300)
+    with caplog.at_level(logging.WARNING, logger="albert_dist.engine.checkpoint"):
+        assert choose_checkpoint("auto", d) is None
+    assert [r.getMessage() for r in caplog.records if "ever completed" in r.getMessage()] == [
+        f"no checkpoint in {d} ever completed its save (step_3: no albert_dist.json (its save did not complete)): "
+        "starting from step 0"]
+    write_latest(d, "step_3")  # `latest` once named a complete checkpoint: not a first save
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* verifies \(step_3: no albert_dist.json"):
+        choose_checkpoint("auto", d, log=False)
+
+
 def test_retention_keeps_the_resumed_checkpoint_and_drops_the_corrupt_newer_one(ckpt_dir):
     """Resumed from step_5 because step_10 is corrupt; keep_last=1: step_5 is the only good copy."""
     truncate(ckpt_dir / "step_10" / "mp_rank_00_model_states.pt")

@@ -131,6 +131,15 @@ def test_goodput_of_a_directory_that_does_not_exist_is_one_line_and_exit_2(tmp_p
     assert err == [f"albert-dist goodput: {tmp_path / 'nope'}: no such run directory"]
 
 
+def test_goodput_of_a_directory_without_events_is_one_line_and_exit_2(tmp_path, capsys):
+    """A directory that is no run (a typo one level up, a run of an older version) printed "goodput 0.0%: 0.0 s
+    productive of 0.0 s wall, 0 attempt(s)" and exit 0."""
+    assert cli_main(["goodput", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"albert-dist goodput: {tmp_path}: no goodput.jsonl (not a run directory, or its job never started: rank 0 "
+        "and the launch scripts write it)"]
+
+
 def test_goodput_json_from_the_command(tmp_path, capsys):
     _write(tmp_path / "run", KILLED_THEN_FINISHED)
     assert cli_main(["goodput", str(tmp_path / "run"), "--json"]) == 0

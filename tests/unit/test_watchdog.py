@@ -220,10 +220,11 @@ def test_the_timeouts_are_config_fields_with_defaults():
     assert load_config(RECIPE, []).engine.step_timeout_s == 300.0
 
 
-@pytest.mark.parametrize("override", ["engine.step_timeout_s=0", "engine.init_timeout_s=-5", "engine.step_timeout_s=nan"])
+@pytest.mark.parametrize("override", ["engine.step_timeout_s=0", "engine.init_timeout_s=-5", "engine.step_timeout_s=nan",
+                                      "engine.step_timeout_s=inf"])
 def test_a_timeout_not_above_zero_is_one_line_and_exit_2(override, capsys, no_process_group):
     code = cli.main(["train", "--config", RECIPE, "tracking.enabled=false", override])
     err = capsys.readouterr().err.strip()
     field = override.split("=")[0]
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert f"{field} must be a number of seconds > 0" in err
+    assert f"{field} must be a finite number of seconds > 0" in err  # inf is > 0: "a number > 0" misled

@@ -15,7 +15,8 @@ class FinetuneOptions:
     model: str
     """Run directory, MLflow run id (or runs:/<id>), or transformers ALBERT directory."""
     step: Optional[int] = None
-    """A run's checkpoint step_N instead of its final model."""
+    """A run's checkpoint step_N (or its final model when that records step N) instead of the run's newest verified
+    checkpoint (`albert_dist.runs`: the one rule of docs/checkpoints.md)."""
     init: str = "pretrained"
     """pretrained, or random: the same config and tokenizer, fresh weights."""
     task: Optional[list[str]] = None

@@ -55,7 +55,9 @@ def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[Verified
 
     With `log`, every newer directory skipped is logged as a warning with its reason, and so is a `latest`
     that names another tag. Raises `CheckpointError` when step directories exist but none verifies (listing
-    each with its reason: starting over from step 0 would silently throw the run away).
+    each with its reason: starting over from step 0 would silently throw the run away), except when none of
+    them ever completed its save (no albert_dist.json in any, no `latest`: a hang or a kill inside the run's
+    first save), which throws nothing away: None, with a warning, and the save of that step replaces it.
     """
     ckpt_dir = Path(ckpt_dir)
     latest = read_latest(ckpt_dir)
@@ -72,6 +74,11 @@ def newest_verified(ckpt_dir: str | Path, log: bool = True) -> Optional[Verified
         skipped.append(f"{tag}: {reason}")
         if log:
             logger.warning("skipping checkpoint %s: %s", ckpt_dir / tag, reason)
+    if skipped and latest is None and not any((ckpt_dir / tag / META_FILE).is_file() for _, tag in step_dirs(ckpt_dir)):
+        if log:
+            logger.warning("no checkpoint in %s ever completed its save (%s): starting from step 0", ckpt_dir,
+                           "; ".join(skipped))
+        return None
     if skipped:
         raise CheckpointError(f"no checkpoint in {ckpt_dir} verifies ({'; '.join(skipped)})")
     if latest is not None and log:
