@@ -171,6 +171,7 @@ class Trainer:
         self._stragglers: Optional[StragglerMonitor] = None  # per-rank step times (`train`, `_log_train`)
         self.divergence: Optional[DivergenceMonitor] = None  # the loop's divergence flags (`train`)
         self.rollbacks = 0  # divergence rollbacks of this job (`_check_divergence`)
+        self._skipped_to: Optional[int] = None  # the stream's cursor at the last rollback: what it skipped up to
         self._poison = set(injected_steps())  # the testing switch's steps, each poisoned once (engine/divergence.py)
         self.goodput = GoodputRecorder()  # rank 0's goodput events (`train`, `close`); records nothing until started
         self.watchdog: Optional[Watchdog] = None  # the hang watchdog (`setup` starts it, `train` stops it)
@@ -492,6 +493,9 @@ class Trainer:
         point, state = back
         self.rollbacks += 1
         saved = stream_batches(state.data_states[rank]) if state.world_size == self.dist_env.world_size else None
+        if saved is not None and self._skipped_to is not None and self._skipped_to > saved:
+            saved = self._skipped_to  # a second rollback to the same checkpoint: an earlier one skipped up to here
+        self._skipped_to = cursor
         skipped_from, skipped_to, self.step = state.step + 1, verdict.read_step, state.step
         self._acc.reset()  # the interval held diverged steps
         self._skipped_seen = int(self.engine.skipped_steps)
