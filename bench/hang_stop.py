@@ -20,17 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from albert_dist.job.watchdog import rank_report
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "hang_stop.json"
-
-
-def _report(run_dir: Path, rank: int) -> dict | None:
-    for path in run_dir.glob(f"watchdog/*/rank{rank}.json"):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-    return None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -54,9 +47,9 @@ def main(argv: list[str] | None = None) -> dict:
         stopped_pid = None
         try:
             while proc.poll() is None and time.time() - started < 900:
-                report = _report(run_dir, args.stop_rank)
-                if report is not None and report["step"] >= args.stop_at_step:
-                    stopped_pid = report["pid"]
+                report = rank_report(run_dir, args.stop_rank)
+                if report is not None and report.step >= args.stop_at_step:
+                    stopped_pid = report.pid
                     os.kill(stopped_pid, signal.SIGSTOP)
                     break
                 time.sleep(0.05)
@@ -86,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {
             "command": " ".join(cmd), "ranks": args.ranks, "step_timeout_s": args.step_timeout_s,
             "init_timeout_s": args.init_timeout_s, "stopped_rank": args.stop_rank,
-            "stopped_at_step": report["step"], "stopped_in_phase": report["phase"],
+            "stopped_at_step": report.step, "stopped_in_phase": report.phase,
             "sigstop_to_hang_line_s": round(hang_record["time"] - stopped_at, 1) if hang_record else None,
             "sigstop_to_script_exit_s": round(ended_at - stopped_at, 1), "script_exit_code": code,
             "stopped_rank_left_alive": left_alive, "hang_line": hang_record.get("line"),

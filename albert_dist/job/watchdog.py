@@ -214,6 +214,19 @@ def read_reports(folder: Path, world_size: int, job: str) -> dict[int, Optional[
     return out
 
 
+def rank_report(run_dir: Path, rank: int) -> Optional[Report]:
+    """The newest report `rank` published under `run_dir` in any job (``<run_dir>/watchdog/<job>/rank<r>.json``), or
+    None when there is none yet or it does not read (being rewritten): what a tool outside the job watches, such as a
+    test or bench/hang_stop.py waiting for a step before it stops a rank."""
+    reports = []
+    for path in Path(run_dir).glob(f"{FOLDER}/*/rank{rank}.json"):
+        try:
+            reports.append(Report.from_json(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return max(reports, key=lambda rep: rep.time, default=None)
+
+
 def flight_recorder_env(backend: str, dump_prefix: str, environ: Mapping[str, str] = os.environ,
                         buffer_entries: int = 2000) -> dict[str, str]:
     """PyTorch's NCCL flight recorder for a job on `backend`: the variables to set before the process group starts

@@ -8,7 +8,6 @@ the process-group timeout (1,800 s) and exited 1 without naming anyone.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,21 +18,13 @@ from pathlib import Path
 import pytest
 
 from albert_dist.exit_codes import EXIT_HUNG
+from albert_dist.job.watchdog import rank_report
 from fixtures.ranks import CONFIG, Job
 
 pytestmark = pytest.mark.distributed
 
 STEP_TIMEOUT_S = 8.0
 BOUND_S = STEP_TIMEOUT_S + 150.0
-
-
-def _report(run_dir: Path, rank: int) -> dict | None:
-    for path in run_dir.glob(f"watchdog/*/rank{rank}.json"):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-    return None
 
 
 def test_a_sigstopped_rank_is_named_stacks_written_exit_76_then_resume_auto_continues(tmp_path):
@@ -46,18 +37,18 @@ def test_a_sigstopped_rank_is_named_stacks_written_exit_76_then_resume_auto_cont
         deadline = time.time() + 240
         report = None
         while time.time() < deadline:  # a few steps on rank 1, past a checkpoint
-            report = _report(run_dir, 1)
-            if report is not None and report["step"] >= 4:
+            report = rank_report(run_dir, 1)
+            if report is not None and report.step >= 4:
                 break
             assert all(p.poll() is None for p in job.procs), job.log_tail()
             time.sleep(0.05)
-        assert report is not None and report["step"] >= 4, job.log_tail()
+        assert report is not None and report.step >= 4, job.log_tail()
         stopped_pid = job.procs[1].pid
         os.kill(stopped_pid, signal.SIGSTOP)
         stopped_at = time.time()
         code = job.procs[0].wait(timeout=BOUND_S)
         elapsed = time.time() - stopped_at
-        print(f"SIGSTOP of rank 1 at step {report['step']} to rank 0's exit {code}: {elapsed:.1f} s")
+        print(f"SIGSTOP of rank 1 at step {report.step} to rank 0's exit {code}: {elapsed:.1f} s")
     finally:
         job.kill()  # SIGKILL: rank 1 too, stopped
     log0 = Path(job.logs[0].name).read_text(errors="replace")
@@ -69,7 +60,7 @@ def test_a_sigstopped_rank_is_named_stacks_written_exit_76_then_resume_auto_cont
     assert m, line
     host, pid, step, phase = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
     assert (host, pid) == (socket.gethostname(), stopped_pid), line
-    assert report["step"] <= step <= report["step"] + 2, (report, line)  # stopped within a step or two of the read
+    assert report.step <= step <= report.step + 2, (report, line)  # stopped within a step or two of the read
     assert phase in ("data", "forward_backward", "optimizer_step", "logging", "checkpoint_save", "stop_agreement")
     assert "stopped reporting" in line and "rank 0 (" not in line, line
     stacks = list(run_dir.glob("watchdog/*/stacks.rank0.txt"))
@@ -102,8 +93,8 @@ def test_a_sigstopped_rank_0_which_serves_the_rendezvous_store_blocks_neither_th
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
-            report = _report(run_dir, 0)
-            if report is not None and report["step"] >= 3:
+            report = rank_report(run_dir, 0)
+            if report is not None and report.step >= 3:
                 break
             assert all(p.poll() is None for p in job.procs), job.log_tail()
             time.sleep(0.05)

@@ -228,3 +228,16 @@ def test_a_timeout_not_above_zero_is_one_line_and_exit_2(override, capsys, no_pr
     field = override.split("=")[0]
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"{field} must be a finite number of seconds > 0" in err  # inf is > 0: "a number > 0" misled
+
+
+def test_rank_report_is_the_newest_report_of_that_rank_and_none_before_one(tmp_path):
+    from albert_dist.job.watchdog import FOLDER, Report, rank_report
+
+    assert rank_report(tmp_path, 1) is None
+    for job, t in (("old", 100.0), ("new", 200.0)):
+        (tmp_path / FOLDER / job).mkdir(parents=True)
+        (tmp_path / FOLDER / job / "rank1.json").write_text(
+            Report(1, "h", 7, job, int(t), "data", t, 5.0, t).to_json())
+    (tmp_path / FOLDER / "new" / "rank0.json").write_text("{half a report")
+    assert (rank_report(tmp_path, 1).job, rank_report(tmp_path, 1).step) == ("new", 200)
+    assert rank_report(tmp_path, 0) is None  # being rewritten: not a report
