@@ -67,7 +67,7 @@ def test_a_sigstopped_rank_is_named_stacks_written_exit_76_then_resume_auto_cont
     assert len(stacks) == 1, list(run_dir.rglob("*"))
     text = stacks[0].read_text()
     assert "Thread 0x" in text and "most recent call first" in text, text[:2000]
-    assert re.search(r'File ".*albert_dist/(trainer|engine/.*|distributed/.*)\.py"', text), text[:3000]
+    assert re.search(r'File ".*albert_dist/(apps/pretrain/trainer|engine/.*|distributed/.*)\.py"', text), text[:3000]
     assert not list(run_dir.glob("watchdog/*/stacks.rank1.txt"))  # the stopped rank wrote nothing
     # --resume auto continues from the newest checkpoint the hung job left
     newest = (run_dir / "checkpoints" / "latest").read_text().strip()
