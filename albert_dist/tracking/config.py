@@ -32,8 +32,9 @@ class TrackingConfig:
     keep_last_checkpoints: Optional[int] = None
     """Checkpoint artifacts kept in the run (older ones deleted once a newer one is complete; the one the job
     resumed from is kept); None -> checkpoint.keep_last."""
-    log_final_model: bool = True
-    """At the end of training log the consolidated fp32 model and the HF export under `model/`."""
+    log_model: bool = True
+    """At the end of training log the consolidated fp32 model and the HF export as the run's `model/` artifacts
+    (MLflow's `log_model` term; the run directory's copy is written either way)."""
     log_system_metrics: bool = True
     """Run MLflow's own system-metrics monitor (CPU, RAM, disk, network; GPU with pynvml) on every node."""
     system_metrics_interval_s: float = 10.0

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 #: a few steps of the tiny recipe; each Slurm job stays well under a minute on an idle 2-core machine
 TINY = ["optimizer.warmup_steps=1", "log_interval_steps=1", "eval_interval_steps=0", "data.eval_examples=8",
-        "progress_bar=false", "tracking.log_final_model=false"]
+        "progress_bar=false", "tracking.log_model=false"]
 #: CPU mode: one task per node, no GPUs (the scripts' #SBATCH lines ask for 8 GPUs per node); a time limit
 #: well beyond the scripts' `--signal=B:USR1@600` (a shorter one would signal the job as it starts)
 CPU_ALLOC = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=30"]

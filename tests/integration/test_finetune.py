@@ -127,7 +127,7 @@ def test_checkpoint_mlflow_run_and_transformers_dir_score_as_the_final_model(wor
     assert cli_main(["finetune", world["parent"], "--tracking-uri", world["uri"], *common, "--no-tracking",
                          "--output", str(root / "byid")]) == 0
     assert cli_main(["finetune", str(run / "final_model" / "hf"), *common, "--no-tracking", "--output", str(root / "hf")]) == 0
-    # a run with no checkpoint artifact, only its logged final model and tokenizer (as log_final_model leaves it)
+    # a run with no checkpoint artifact, only its logged final model and tokenizer (as log_model leaves it)
     client = world["client"]
     final_only = client.create_run(world["experiment"]).info.run_id
     client.log_artifacts(final_only, str(run / "final_model" / "fp32"), "model/fp32")

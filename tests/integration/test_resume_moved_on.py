@@ -24,7 +24,7 @@ RECIPE = "configs/pretrain/albert-tiny-wikitext.yaml"
 SHORT = ["engine.zero_stage=0", "engine.train_micro_batch_size_per_gpu=1", "data.max_seq_length=16",
          "data.max_predictions_per_seq=2", "data.num_workers=0", "data.eval_examples=2", "progress_bar=false",
          "log_interval_steps=1", "eval_interval_steps=0", "tracking.log_system_metrics=false",
-         "tracking.log_final_model=false", "optimizer.warmup_steps=1"]
+         "tracking.log_model=false", "optimizer.warmup_steps=1"]
 KEY = "train/loss"
 
 

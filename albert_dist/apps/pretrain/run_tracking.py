@@ -134,7 +134,7 @@ def build_tracker(cfg: Any, run_dir: str | Path, rank: int, world_size: int, loc
 
 def log_trained_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, run_dir: str | Path) -> Optional[dict]:
     """Rank 0, after the final checkpoint: export the consolidated fp32 and HF models to
-    ``<run_dir>/<FINAL_MODEL>`` (whether or not MLflow tracking is on) and, with ``tracking.log_final_model``,
+    ``<run_dir>/<FINAL_MODEL>`` (whether or not MLflow tracking is on) and, with ``tracking.log_model``,
     queue them as the run's ``model/fp32`` and ``model/hf`` artifacts (the local tracker keeps no artifacts).
 
     Returns the written directories (`albert_dist.runs.weights.export_trained_model`), or None when the export failed:
@@ -147,7 +147,7 @@ def log_trained_model(tracker: Any, cfg: Any, ckpt_dir: str | Path, tag: str, ru
         log.exception("final model export failed")
         tracker.set_tags({"model_export_error": f"{type(exc).__name__}: {exc}"[:5000]})
         return None
-    if cfg.tracking.log_final_model:
+    if cfg.tracking.log_model:
         for kind, path in written.items():
             tracker.log_artifact(path, f"model/{kind}", redact_keys=False)
     return written
