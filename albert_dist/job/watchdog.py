@@ -277,6 +277,11 @@ class Watchdog:
             raise JobHung(self.line or "hang")
         self._entered, self._since, self.phase = time.monotonic(), time.time(), phase
 
+    def at_step(self, step: int) -> None:
+        """The job is at optimiser step `step` without finishing one (a resume, a rollback): reports name it until the
+        next step finishes; the allowances stay what they were (start-up's until the first step of this job)."""
+        self.step = step
+
     def step_done(self, step: int) -> None:
         """This rank finished optimiser step `step`: from now on the step allowances apply."""
         self.step, self.started = step, True

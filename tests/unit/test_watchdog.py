@@ -241,3 +241,15 @@ def test_rank_report_is_the_newest_report_of_that_rank_and_none_before_one(tmp_p
     (tmp_path / FOLDER / "new" / "rank0.json").write_text("{half a report")
     assert (rank_report(tmp_path, 1).job, rank_report(tmp_path, 1).step) == ("new", 200)
     assert rank_report(tmp_path, 0) is None  # being rewritten: not a report
+
+
+def test_a_resumed_rank_reports_the_resumed_step_with_the_start_up_allowance_until_a_step_finishes(tmp_path):
+    """Found by the Slurm chaos soak: a rank SIGSTOPped in its first step after a resume was named 'at step 0'."""
+    wd = _watchdog(tmp_path, [], init=30.0, step=5.0)
+    wd.at_step(20)
+    wd.mark("forward_backward")
+    report = wd.report()
+    assert (report.step, report.started, report.allowance_s) == (20, False, 30.0)
+    wd.step_done(21)
+    report = wd.report()
+    assert (report.step, report.started, report.allowance_s) == (21, True, 5.0)

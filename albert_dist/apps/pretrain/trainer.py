@@ -216,6 +216,7 @@ class Trainer:
         resumed = self.checkpoints.resume(self._build_engine, self._build_loader,
                                           fetch=fetch if self.resume_from is not None else None)
         self.engine, self.train_loader, self.step = resumed.engine, resumed.loader, resumed.step
+        self.watchdog.at_step(self.step)  # a rank hung in its first step after a resume is named at this step, not 0
         self._saved_interval = resumed.metrics_states
         with rng_kept():  # the first step must see the RNG state the resume set
             self._train_iter = iter(self.train_loader)  # draws the loader workers' base seed
@@ -497,6 +498,8 @@ class Trainer:
             saved = self._skipped_to  # a second rollback to the same checkpoint: an earlier one skipped up to here
         self._skipped_to = cursor
         skipped_from, skipped_to, self.step = state.step + 1, verdict.read_step, state.step
+        if self.watchdog is not None:
+            self.watchdog.at_step(self.step)
         self._acc.reset()  # the interval held diverged steps
         self._skipped_seen = int(self.engine.skipped_steps)
         self.divergence.reset(self._skipped_seen)
