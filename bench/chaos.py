@@ -36,6 +36,11 @@ without the switch shows that the comparison sees the rollback's skipped window 
 
     python bench/chaos.py --json bench/results/chaos.json       # the default schedule, DEFAULT_FAULTS
     python bench/chaos.py --steps 60 --faults kill9@15,preempt@35 --no-control
+    python bench/chaos.py --slurm --json bench/results/chaos_slurm.json   # on the CI Slurm cluster
+
+With ``--slurm`` the disturbed run is one `sbatch slurm/pretrain.sbatch` job on the cluster .ci/slurm-cluster.sh
+starts, and every recovery is the batch script's own requeue (`chaos_run_slurm`); the reference runs stay on the
+local launcher, so equal final weights also say a Slurm job trains what the local launcher does.
 
 The work directory is under $BENCH_TMPDIR (default /tmp) and deleted at the end unless --keep.
 """
@@ -246,8 +251,9 @@ def rollbacks(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int | None:
-    """Rank `rank`'s training process of the job writing to run_dir (`-m albert_dist.cli train`, RANK in its
-    environment; not the launcher's processes, not a loader worker)."""
+    """Rank `rank`'s training process of the job writing to run_dir (`-m albert_dist.cli train`, RANK or, under
+    srun, SLURM_PROCID in its environment; not the launcher's processes, not a loader worker). Slurm's virtual
+    nodes of the CI cluster run on this host, so their ranks are found here too."""
     found = {}
     for proc in Path("/proc").iterdir():
         try:
@@ -256,8 +262,10 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):
             continue
-        if f"run_dir={run_dir}".encode() in cmd and b"\0-m\0albert_dist.cli\0train\0" in cmd and b"RANK" in env:
-            found[int(proc.name)] = (int(env[b"RANK"]), ppid)
+        env_rank = env.get(b"RANK", env.get(b"SLURM_PROCID"))  # the launcher's env://, or srun's
+        if (f"run_dir={run_dir}".encode() in cmd and b"\0-m\0albert_dist.cli\0train\0" in cmd and env_rank is not None
+                and not cmd.split(b"\0", 1)[0].endswith(b"srun")):  # srun's own command line names the trainer
+            found[int(proc.name)] = (int(env_rank), ppid)
     return next((pid for pid, (r, ppid) in found.items() if r == rank and ppid not in found), None)
 
 
@@ -318,6 +326,94 @@ def chaos_run(work: Path, ranks: int, steps: int, faults: list[tuple[str, int]],
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+
+#: the Slurm job's allocation on the CI cluster (.ci/slurm-cluster.sh): 2 tasks on one node, CPU mode, as
+#: tests/e2e/test_slurm.py's kill -9 test (a 1-node job leaves the other node for the first excluded one); a time
+#: limit far beyond the run, so that the script's `--signal=B:USR1@600` is only the one this script sends
+SLURM_ALLOC = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=60"]
+
+
+def _squeue(job: str) -> tuple[str, str]:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.split()
+    return (out[0], out[1] if len(out) > 1 else "") if out else ("", "")
+
+
+def _nodes_idle() -> bool:
+    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
+    return bool(states) and all(s == "idle" for s in states)
+
+
+def chaos_run_slurm(work: Path, ranks: int, steps: int, faults: list[tuple[str, int]], victim: int, env: dict,
+                    relay: Any) -> list[dict[str, Any]]:
+    """The disturbed run as one Slurm job (`slurm/pretrain.sbatch`, `SLURM_ALLOC` with `ranks` tasks) on the CI
+    cluster, every recovery the batch script's own: a kill -9 or a hang is a crash requeue (the first failed node
+    excluded), a store outage the ranks' own exit 75 after a checkpoint, requeued within the same budget
+    (ALBERT_MAX_CRASH_REQUEUES, set to the schedule's count of the three), a preemption ``scancel --batch
+    --signal=USR1`` (the time-limit warning the script traps: checkpoint, exit 75, requeue). Slurm holds a requeued job ~2.5 min (BeginTime): released here
+    once it has been held 3 s and every node is idle (as tests/e2e/test_slurm.py does), after bringing the store
+    back. Returns the faults as injected, as `chaos_run`.
+
+    Raises:
+        RuntimeError: the job did not end COMPLETED with exit 0 (its output is `work`/chaos.log).
+    """
+    run_dir, log = work / "chaos", work / "chaos.log"
+    crash = sum(f in RESTARTED_BY_SCRIPT or f == "store_outage" for f, _ in faults)  # the store's requeue counts too
+    job_env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}, **env,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "PYTHON": sys.executable, "ALBERT_SLURM_CPU": "1", "ALBERT_RUN_DIR": str(run_dir),
+               "ALBERT_CONFIG": str(work / "chaos.yaml"), "ALBERT_MAX_CRASH_REQUEUES": str(crash),
+               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    alloc = [a.replace("--ntasks-per-node=2", f"--ntasks-per-node={ranks}") for a in SLURM_ALLOC]
+    job = subprocess.run(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={log}", *alloc,
+                          "slurm/pretrain.sbatch", f"max_steps={steps}"], env=job_env, capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout.strip().split(";")[0]
+    pending = [f for f in faults if f[0] != "diverge"]
+    injected: list[dict[str, Any]] = []
+    awaiting, held_since = None, None  # the fault whose requeue is awaited; when the requeued job was first seen held
+    try:
+        while True:
+            state, reason = _squeue(job)
+            if not state:
+                info = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+                if "JobState=COMPLETED" not in info or "ExitCode=0:0" not in info:
+                    raise RuntimeError(f"the chaos job {job} did not complete: {info.strip()[:300]}; see {log}")
+                return injected
+            if state == "PENDING" and reason == "BeginTime":  # requeued, held
+                if awaiting is not None:
+                    awaiting["exit_t"] = time.time()
+                    if awaiting["fault"] == "store_outage":
+                        relay.up()  # the store is back before the requeued job starts
+                    awaiting = None
+                held_since = held_since or time.monotonic()
+                if time.monotonic() - held_since >= 3.0 and _nodes_idle():
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+                time.sleep(0.5)
+                continue
+            held_since = None
+            step = attempt_step(read_jsonl(run_dir / "goodput.jsonl")) if pending and awaiting is None else None
+            if state == "RUNNING" and step is not None and step >= pending[0][1]:
+                name, at = pending[0]
+                if name in ("kill9", "sigstop"):
+                    pid = _rank_pid(run_dir, victim)
+                    if pid is None:
+                        time.sleep(0.05)
+                        continue
+                    os.kill(pid, signal.SIGKILL if name == "kill9" else signal.SIGSTOP)
+                elif name == "preempt":
+                    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+                elif name == "store_outage":
+                    relay.down()
+                pending.pop(0)
+                injected.append({"fault": name, "step": at, "seen_step": step, "t": time.time()})
+                if name in ("preempt", "store_outage"):
+                    awaiting = injected[-1]
+                print(f"chaos: {name} at step {step} (Slurm job {job})", flush=True)
+            time.sleep(0.05)
+    finally:
+        if _squeue(job)[0]:
+            subprocess.run(["scancel", job], capture_output=True)
+
+
 def compare_weights(a: Path, b: Path) -> dict[str, Any]:
     """Two safetensors files tensor by tensor: ``equal`` (the same names, each tensor bit for bit: same dtype,
     shape and values), ``tensors`` (in `a`), ``elements``, ``differ`` (names that differ or are in one file only)
@@ -334,20 +430,6 @@ def compare_weights(a: Path, b: Path) -> dict[str, Any]:
     return {"equal": not differ, "tensors": len(x), "elements": sum(t.numel() for t in x.values()),
             "differ": differ, "max_abs_diff": max_abs}
 
-
-def _shards(folder: Path) -> Path:
-    """The bundled training sample's paragraphs as two parquet shards of 1-row groups (as
-    tests/e2e/test_object_store_outage.py makes them): a loader worker reads a piece every few steps, so reads go
-    on through the whole run and into an outage."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir()
-    for i in range(2):
-        text = (ROOT / "data" / "sample" / f"wikitext-2-train-0{i}.txt").read_text(encoding="utf-8")
-        docs = [line.strip() for line in text.splitlines() if len(line.strip()) > 200][:400]
-        pq.write_table(pa.table({"text": docs}), folder / f"part-{i}.parquet", row_group_size=1)
-    return folder
 
 
 def _final(work: Path, name: str) -> Path:
@@ -371,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                         help="a third run without the divergence switch, whose weights must differ (default on)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="the disturbed run as one job on the Slurm cluster (.ci/slurm-cluster.sh start), "
+                             "recovered by slurm/pretrain.sbatch's own requeues; the reference runs stay local")
     parser.add_argument("--json", help="write the record here (e.g. bench/results/chaos.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -378,10 +463,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps < 2 or args.save_every < 1:
             raise ValueError(f"--steps {args.steps} / --save-every {args.save_every}: expected >= 2 / >= 1")
         faults = parse_faults(args.faults, args.save_every, args.steps)
+        if args.slurm and shutil.which("sbatch") is None:
+            raise ValueError("--slurm: sbatch not found (start the CI cluster: .ci/slurm-cluster.sh start, as root)")
     except ValueError as err:
         print(f"bench/chaos.py: {err}", file=sys.stderr)
         return 2
-    from fixtures.s3_server import Relay, S3Server
+    from fixtures.s3_server import Relay, S3Server, paragraph_shards
 
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=os.environ.get("BENCH_TMPDIR", "/tmp")))
     (work / "chaos.yaml").write_text(recipe(args.save_every))
@@ -389,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     relay = None
     try:
         server.bucket(BUCKET[len("s3://"):].split("/")[0])
-        server.upload(_shards(work / "shards"), BUCKET)
+        server.upload(paragraph_shards(work / "shards"), BUCKET)
         host, port = server.endpoint.rsplit("//", 1)[1].split(":")
         relay = Relay((host, int(port)))
         relay.up()
@@ -402,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.control and diverge:
             timings["control_wall_s"] = _reference(work, "control", args, {**store_env, "ALBERT_INJECT_NONFINITE_STEP": ""})
         chaos_started = time.time()
-        injected = chaos_run(work, args.ranks, args.steps, faults, args.victim, env, relay)
+        injected = (chaos_run_slurm if args.slurm else chaos_run)(work, args.ranks, args.steps, faults, args.victim,
+                                                                   env, relay)
         timings["chaos_wall_s"] = time.time() - chaos_started
         for s in diverge:
             injected.append({"fault": "diverge", "step": s, "seen_step": s, "how": "ALBERT_INJECT_NONFINITE_STEP"})
@@ -424,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
             compared["chaos_vs_control"]["differ"] = len(compared["chaos_vs_control"]["differ"])  # a count suffices
         for f in injected:
             f.pop("t", None), f.pop("exit_t", None)
-        record = {"steps": args.steps, "ranks": args.ranks, "save_every": args.save_every,
+        record = {"launcher": "slurm/pretrain.sbatch" if args.slurm else "launch/pretrain_local.sh",
+                  "steps": args.steps, "ranks": args.ranks, "save_every": args.save_every,
                   "step_timeout_s": STEP_TIMEOUT_S, "store_retry_s": STORE_RETRY_S, "faults": injected,
                   **{k: round(v, 1) for k, v in timings.items()}, "total_wall_s": round(time.time() - started, 1),
                   "goodput": report, "fault_costs": costs, "final_weights": compared,

@@ -76,6 +76,23 @@ hang_reports() {
     find "${RUN_DIR:-.}/watchdog" -name hang.json ${1:+-newermt "@$1"} 2>/dev/null || true
 }
 
+# stop_cause SINCE
+#   What stopped the ranks, as their stop checkpoint records it (`stop_cause` of the newest checkpoint's
+#   albert_dist.json: signal, store or input) when that checkpoint was written after epoch second SINCE; "store"
+#   when there is none that new (the ranks' own 75 without a checkpoint at the stop: a store that never answered).
+stop_cause() {
+    "$PYTHON" - "$RUN_DIR" "$1" 2>/dev/null <<'PY' || echo store
+import json, sys
+from pathlib import Path
+from albert_dist.runs.source import checkpoint_dir, read_run_config
+run = Path(sys.argv[1])
+ckpt = checkpoint_dir(run, read_run_config(run) or {})
+meta = ckpt / (ckpt / "latest").read_text().strip() / "albert_dist.json"
+cause = json.loads(meta.read_text()).get("stop_cause") if meta.stat().st_mtime >= float(sys.argv[2]) else None
+print(cause or "store")
+PY
+}
+
 # run_preemptible STOP_COMMAND -- COMMAND...
 #   Runs COMMAND in the background (bash runs a trap only between foreground commands, so a foreground srun
 #   would hold the signal until training ends). On SIGUSR1 to this shell (`--signal=B:USR1@T` before the time
@@ -117,6 +134,15 @@ run_preemptible() {
         log "checkpoint written; requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)))"
         scontrol requeue "$SLURM_JOB_ID"
         return 0
+    fi
+    # 75 with no SIGUSR1 here: the ranks stopped by themselves, after their object store stayed unavailable past
+    # data.store_retry_s (or on `scancel --signal=INT`, a stop asked for: its checkpoint records "signal"). The
+    # store is no node's fault: requeued within the crash budget, every node kept; Slurm's hold of a requeued job
+    # (~2.5 min) gives the store that long to come back, and an attempt that made no progress is not requeued.
+    if [[ $_preempted == 0 && $rc == "$EXIT_PREEMPTED" ]] && [[ $(stop_cause "$started") == store ]]; then
+        log "the ranks stopped after their object store stayed unavailable (exit 75; the ranks' log names the URL)"
+        crash_requeue "$rc" store && return 0
+        return "$rc"
     fi
     if ((rc == EXIT_INPUT_VANISHED)); then
         log "a training file or object is gone (the ranks' log names it): not requeueing; restore it and resubmit" \
@@ -170,8 +196,9 @@ record_exit() {
         "$(date +%s.%N)" "$ALBERT_LAUNCH_TIME" "$status" "$SLURM_JOB_ID" "$RESTARTS" >>"$RUN_DIR/goodput.jsonl"
 }
 
-# crash_requeue STATUS
-#   After a crash, a rank killed by a signal (EXIT_CRASHED) or a hang (EXIT_HUNG): requeue the job (its next run
+# crash_requeue STATUS [store]
+#   After a crash, a rank killed by a signal (EXIT_CRASHED), a hang (EXIT_HUNG) or, with "store", the ranks' own
+#   stop on an object store that stayed unavailable (EXIT_PREEMPTED, no node excluded): requeue the job (its next run
 #   resumes from the newest checkpoint) and return 0; return 1, with a line saying why, when
 #   ALBERT_MAX_CRASH_REQUEUES crash requeues of this job were made already (counted in <run dir>/.crash_requeues,
 #   "<job id> <count>", which survives the requeues), ALBERT_MAX_REQUEUES restarts in all, or when the attempt
@@ -179,7 +206,7 @@ record_exit() {
 #   only repeat). The node of the first task srun reported failing is excluded from the requeued job
 #   (`scontrol update ExcNodeList`) when the partition keeps enough other usable nodes for the job.
 crash_requeue() {
-    local status=$1 count=0 file=$RUN_DIR/.crash_requeues
+    local status=$1 why=${2:-crash} count=0 file=$RUN_DIR/.crash_requeues
     if [[ -f $file && $(cut -d' ' -f1 "$file") == "$SLURM_JOB_ID" ]]; then count=$(cut -d' ' -f2 "$file"); fi
     if ((count >= MAX_CRASH_REQUEUES)); then
         log "exit $status: not requeueing: $count crash requeue(s) of job $SLURM_JOB_ID already (ALBERT_MAX_CRASH_REQUEUES)"
@@ -195,10 +222,10 @@ crash_requeue() {
         return 1
     fi
     echo "$SLURM_JOB_ID $((count + 1))" >"$file"
-    local node
-    node=$(tail -c +"$((_out_from + 1))" "$_out_file" 2>/dev/null |
+    local node=""
+    [[ $why == crash ]] && node=$(tail -c +"$((_out_from + 1))" "$_out_file" 2>/dev/null |
         sed -n 's/^srun: error: \([^:]*\): task [0-9]*: .*/\1/p' | head -n 1 || true)
-    log "exit $status: requeueing job $SLURM_JOB_ID (crash requeue $((count + 1)) of at most $MAX_CRASH_REQUEUES;" \
+    log "exit $status: requeueing job $SLURM_JOB_ID ($why requeue $((count + 1)) of at most $MAX_CRASH_REQUEUES;" \
         "restart $((RESTARTS + 1)))"
     # Slurm refuses ExcNodeList while the job runs, and a requeue SIGTERMs this shell (SIGKILL after KillWait, 30 s
     # by default): ignore the TERM for the few scontrol calls that exclude the node from the requeued job.

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.s3_server import paragraph_shards
 from helpers import clean_env, read_metrics
 
 from albert_dist.engine import metric_names as names
@@ -35,17 +36,6 @@ OVERRIDES = ["max_steps=400", "optimizer.warmup_steps=2", "log_interval_steps=1"
              "engine.train_micro_batch_size_per_gpu=2", "data.eval_examples=8", "tracking.enabled=false",
              "progress_bar=false", "data.num_workers=1", "data.shuffle_documents=1", "data.store_retry_s=4"]
 
-
-def _shards(folder: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir()
-    for i in range(2):
-        text = (REPO / "data" / "sample" / f"wikitext-2-train-0{i}.txt").read_text(encoding="utf-8")
-        docs = [line.strip() for line in text.splitlines() if len(line.strip()) > 200][:200]
-        pq.write_table(pa.table({"text": docs}), folder / f"part-{i}.parquet", row_group_size=1)
-    return folder
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -71,7 +61,7 @@ def _run_until(cmd: list[str], env: dict, run_dir: Path, log: Path, remove, time
 
 def test_an_object_deleted_mid_run_is_exit_78_after_a_checkpoint_in_one_line(s3_server, tmp_path):
     s3_server.bucket("vanish")
-    s3_server.upload(_shards(tmp_path / "shards"), "s3://vanish/shards")
+    s3_server.upload(paragraph_shards(tmp_path / "shards", 200), "s3://vanish/shards")
     run_dir, log = tmp_path / "run", tmp_path / "job.log"
     env = {**os.environ, **s3_server.env(), "RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
@@ -98,7 +88,7 @@ def test_an_object_deleted_mid_run_is_exit_78_after_a_checkpoint_in_one_line(s3_
 
 
 def test_a_local_shard_deleted_mid_run_is_exit_78_in_one_line(tmp_path):
-    shards = _shards(tmp_path / "shards")
+    shards = paragraph_shards(tmp_path / "shards", 200)
     run_dir, log = tmp_path / "run", tmp_path / "job.log"
 
     def remove() -> None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.s3_server import Relay
+from fixtures.s3_server import Relay, paragraph_shards
 from helpers import clean_env, read_metrics, start_ranks
 
 from albert_dist.engine import metric_names as names
@@ -36,20 +36,6 @@ OVERRIDES = ["max_steps=40", "optimizer.warmup_steps=2", "log_interval_steps=1",
              "progress_bar=false", "data.train=[s3://outage/shards]", "data.num_workers=1",
              "data.shuffle_documents=1", "data.store_retry_s=4"]
 
-
-def _shards(folder: Path) -> Path:
-    """The bundled training sample's paragraphs as two parquet shards of 1-row groups: a loader worker reads a
-    piece every few steps (and `READ_AHEAD_PIECES` ahead), so reads go on through the whole run and into the
-    outage."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir()
-    for i in range(2):
-        text = (REPO / "data" / "sample" / f"wikitext-2-train-0{i}.txt").read_text(encoding="utf-8")
-        docs = [line.strip() for line in text.splitlines() if len(line.strip()) > 200][:400]  # paragraphs
-        pq.write_table(pa.table({"text": docs}), folder / f"part-{i}.parquet", row_group_size=1)
-    return folder
 
 
 def _launch(run_dir: Path, log: Path, env: dict, *extra: str) -> subprocess.Popen:
@@ -73,7 +59,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 def test_an_outage_shorter_than_the_budget_is_outlasted_a_longer_one_is_exit_75_then_resume(s3_server, tmp_path):
     s3_server.bucket("outage")
-    s3_server.upload(_shards(tmp_path / "shards"), "s3://outage/shards")
+    s3_server.upload(paragraph_shards(tmp_path / "shards"), "s3://outage/shards")
     host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
     relay = Relay((host, int(port)))
     relay.up()

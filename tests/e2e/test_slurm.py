@@ -20,9 +20,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.s3_server import Relay, paragraph_shards
+from helpers import read_metrics
 
 from albert_dist.distributed.slurm import port_from_job_id
 from albert_dist.engine import metric_names as names
+from albert_dist.engine.checkpoint.layout import read_meta
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
@@ -302,3 +305,50 @@ def test_pretrain_sbatch_kill_9_of_a_rank_requeues_without_its_node_and_complete
     report = json.loads(subprocess.run([sys.executable, "-m", "albert_dist.cli", "goodput", str(jobs.run_dir),
                                         "--json"], capture_output=True, text=True, check=True).stdout)
     assert report["restarts"] == 1 and [a["status"] for a in report["attempts"]] == [1, 0], report
+
+
+def test_pretrain_sbatch_store_outage_past_the_budget_requeues_keeps_the_nodes_and_completes(jobs, s3_server, tmp_path):
+    """The training corpus in S3 (moto's server behind a relay that can go down), the store down past
+    `data.store_retry_s`: the ranks checkpoint and exit 75 by themselves (no SIGUSR1 to the batch shell); the
+    script requeues the job within ALBERT_MAX_CRASH_REQUEUES with every node kept, and the requeued run, the store
+    back, completes with every step logged once. Before, the job ended FAILED with exit 75 for a person to resubmit
+    (found by `bench/chaos.py --slurm`)."""
+    s3_server.bucket("outage")
+    s3_server.upload(paragraph_shards(tmp_path / "shards"), "s3://outage/shards")
+    host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
+    relay = Relay((host, int(port)))
+    relay.up()
+    env = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
+    max_steps = 20
+    job = jobs.submit("slurm/pretrain.sbatch", TINY + [
+        f"max_steps={max_steps}", "checkpoint.save_interval_steps=0", "data.train=[s3://outage/shards]",
+        "data.num_workers=1", "data.shuffle_documents=1", "data.store_retry_s=4", "data.max_seq_length=32",
+        "model.max_position_embeddings=32", "engine.train_micro_batch_size_per_gpu=2"], env=env)
+    steps = lambda: [r["step"] for r in read_metrics(jobs.run_dir) if names.TRAIN_LOSS in r] \
+        if (jobs.run_dir / "metrics.jsonl").exists() else []  # noqa: E731
+    try:
+        deadline = time.monotonic() + 360
+        while len(steps()) < 4:
+            assert jobs.state(job)[0] in ("PENDING", "RUNNING"), f"job ended before step 4:\n{jobs.output()[-4000:]}"
+            assert time.monotonic() < deadline, f"no step 4 after 360 s:\n{jobs.output()[-4000:]}"
+            time.sleep(0.1)
+        relay.down()
+        while jobs.state(job)[0] != "PENDING":  # requeued (or left the queue: failed below)
+            assert jobs.state(job)[0], f"job left the queue after the outage:\n{jobs.output()[-6000:]}"
+            assert time.monotonic() < deadline + 120, f"not requeued:\n{jobs.output()[-4000:]}"
+            time.sleep(0.2)
+        relay.up()  # the store is back before the requeued run starts
+        info = jobs.wait(job, timeout_s=420, release_requeued=True)
+    finally:
+        relay.down()
+    output = jobs.output()
+    _assert_completed(info, output, restarts=1)
+    assert "the ranks stopped after their object store stayed unavailable (exit 75" in output, output[-6000:]
+    assert f"exit 75: requeueing job {job} (store requeue 1 of at most 3; restart 1)" in output, output[-6000:]
+    assert "ExcNodeList" not in output and "excluded" not in output  # the store is no node's fault
+    resumed = re.findall(r"resumed from \S+/(step_\d+) at step (\d+)", output)
+    assert len(resumed) == 1, output[-6000:]
+    stop_tag, stop_step = resumed[0][0], int(resumed[0][1])
+    assert 4 <= stop_step < max_steps
+    assert read_meta(jobs.run_dir / "checkpoints" / stop_tag)["stop_cause"] == "store"
+    assert steps() == list(range(1, max_steps + 1))  # every step logged once across both attempts

@@ -152,6 +152,42 @@ def test_run_preemptible_requeues_a_hang_a_bounded_number_of_times(tmp_path, cou
     assert ("requeue 1" in requeued.splitlines()) == (expected == 0), requeued
 
 
+
+@pytest.mark.parametrize("cause, expected, says", [
+    ("store", 0, "exit 75: requeueing job 1 (store requeue 1 of at most 3; restart 1)"),
+    (None, 0, "exit 75: requeueing job 1 (store requeue 1 of at most 3; restart 1)"),  # no checkpoint at the stop
+    ("signal", 75, "training exited with status 75"),  # `scancel --signal=INT`: a stop asked for
+])
+def test_run_preemptible_requeues_the_ranks_own_75_of_a_store_outage_keeping_the_node(tmp_path, cause, expected, says):
+    """The ranks exited 75 with no SIGUSR1 to the batch shell: their stop checkpoint records why (`stop_cause`).
+    An object store that stayed unavailable (or no checkpoint at the stop, which only a store that never answered
+    leaves) is requeued within ALBERT_MAX_CRASH_REQUEUES, the node kept (no `ExcNodeList`); a stop asked for with
+    SIGINT is not. Before, every such 75 ended the job for a person to resubmit."""
+    run, bin_dir = tmp_path / "run", tmp_path / "bin"
+    bin_dir.mkdir()
+    run.mkdir()
+    out = tmp_path / "job.out"  # the job's output, where srun names a failed task's node (the crash path's pick)
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/scontrol.log\n'
+                                      f'[[ $1 == -o ]] && echo "JobId=1 StdOut={out}"\nexit 0\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    events = [{"event": "start", "t": 1010.0, "step": 10, "begin_t": 1000.0, "launch_t": 1000.0, "load_s": 1.0},
+              {"event": "interval", "t": 1020.0, "step": 13, "from_step": 10, "elapsed_s": 10.0, "phases": {}}]
+    (run / "goodput.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))  # the attempt progressed
+    command = tmp_path / "train.sh"  # the training step: srun's line, the ranks' stop checkpoint, then their 75
+    meta = json.dumps({"step": 13, "reason": "stop", **({"stop_cause": cause} if cause else {})})
+    command.write_text(f"echo 'srun: error: n2: task 1: Exited with exit code 75' >> {out}\n"
+                       + (f"mkdir -p {run}/checkpoints/step_13\necho step_13 > {run}/checkpoints/latest\n"
+                          f"echo '{meta}' > {run}/checkpoints/step_13/albert_dist.json\n" if cause else "") + "exit 75\n")
+    script = (f"MASTER_ADDR=127.0.0.1 SLURM_JOB_ID=1 RUN_DIR={run} PYTHON={sys.executable}; source slurm/common.sh; "
+              f"ALBERT_LAUNCH_TIME=1000.0; run_preemptible true -- bash {command}; echo \"rc=$?\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert f"rc={expected}" in proc.stdout.splitlines()[-1], proc.stdout + proc.stderr
+    assert says in proc.stdout, proc.stdout
+    requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
+    assert ("requeue 1" in requeued.splitlines()) == (expected == 0), requeued
+    assert "ExcNodeList" not in requeued and "node n2" not in proc.stdout, proc.stdout  # the store is no node's fault
+
 # A stand-in `srun` records each call's argv (one file per call, one word a line); a training call writes the run's
 # resolved config.yaml as the trainer would (what the cell's check reads), without the overrides FAKE_SRUN_DROP
 # names (a run that trained another model).
