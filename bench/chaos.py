@@ -269,6 +269,30 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
     return next((pid for pid, (r, ppid) in found.items() if r == rank and ppid not in found), None)
 
 
+def _inject(name: str, run_dir: Path, victim: int, relay: Any, preempt: Any) -> bool:
+    """Cause fault `name` now: ``kill9``/``sigstop`` to rank `victim`'s training process, ``preempt`` by calling
+    `preempt` (the launcher's own way), ``store_outage`` by taking the relay down. False when the victim's process
+    is not there yet (between attempts): the caller tries again."""
+    if name in ("kill9", "sigstop"):
+        pid = _rank_pid(run_dir, victim)
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGKILL if name == "kill9" else signal.SIGSTOP)
+    elif name == "preempt":
+        preempt()
+    elif name == "store_outage":
+        relay.down()
+    return True
+
+
+def _injected(pending: list[tuple[str, int]], injected: list[dict[str, Any]], step: int) -> dict[str, Any] | None:
+    """Move the first pending fault, just caused at the attempt's `step`, to `injected`; returns its record when the
+    run now awaits its exit 75 and relaunch or requeue (``preempt``, ``store_outage``), else None."""
+    name, at = pending.pop(0)
+    injected.append({"fault": name, "step": at, "seen_step": step, "t": time.time()})
+    print(f"chaos: {name} at step {step}", flush=True)
+    return injected[-1] if name in ("preempt", "store_outage") else None
+
 def _launch(work: Path, run_dir: Path, ranks: int, steps: int, log: Path, env: dict, *extra: str) -> subprocess.Popen:
     env = {**os.environ, **env, "RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -304,22 +328,10 @@ def chaos_run(work: Path, ranks: int, steps: int, faults: list[tuple[str, int]],
                 return injected
             step = attempt_step(read_jsonl(run_dir / "goodput.jsonl")) if pending and awaiting is None else None
             if step is not None and step >= pending[0][1]:
-                name, at = pending[0]
-                if name in ("kill9", "sigstop"):
-                    pid = _rank_pid(run_dir, victim)
-                    if pid is None:
-                        time.sleep(0.05)
-                        continue
-                    os.kill(pid, signal.SIGKILL if name == "kill9" else signal.SIGSTOP)
-                elif name == "preempt":
-                    os.killpg(proc.pid, signal.SIGTERM)
-                elif name == "store_outage":
-                    relay.down()
-                pending.pop(0)
-                injected.append({"fault": name, "step": at, "seen_step": step, "t": time.time()})
-                if name in ("preempt", "store_outage"):
-                    awaiting = injected[-1]
-                print(f"chaos: {name} at step {step}", flush=True)
+                if not _inject(pending[0][0], run_dir, victim, relay, lambda: os.killpg(proc.pid, signal.SIGTERM)):
+                    time.sleep(0.05)
+                    continue
+                awaiting = _injected(pending, injected, step)
             time.sleep(0.05)
     finally:
         if proc.poll() is None:
@@ -392,22 +404,11 @@ def chaos_run_slurm(work: Path, ranks: int, steps: int, faults: list[tuple[str, 
             held_since = None
             step = attempt_step(read_jsonl(run_dir / "goodput.jsonl")) if pending and awaiting is None else None
             if state == "RUNNING" and step is not None and step >= pending[0][1]:
-                name, at = pending[0]
-                if name in ("kill9", "sigstop"):
-                    pid = _rank_pid(run_dir, victim)
-                    if pid is None:
-                        time.sleep(0.05)
-                        continue
-                    os.kill(pid, signal.SIGKILL if name == "kill9" else signal.SIGSTOP)
-                elif name == "preempt":
-                    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
-                elif name == "store_outage":
-                    relay.down()
-                pending.pop(0)
-                injected.append({"fault": name, "step": at, "seen_step": step, "t": time.time()})
-                if name in ("preempt", "store_outage"):
-                    awaiting = injected[-1]
-                print(f"chaos: {name} at step {step} (Slurm job {job})", flush=True)
+                preempt = lambda: subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # noqa: E731
+                if not _inject(pending[0][0], run_dir, victim, relay, preempt):
+                    time.sleep(0.05)
+                    continue
+                awaiting = _injected(pending, injected, step)
             time.sleep(0.05)
     finally:
         if _squeue(job)[0]:
@@ -468,20 +469,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"bench/chaos.py: {err}", file=sys.stderr)
         return 2
-    from fixtures.s3_server import Relay, S3Server, paragraph_shards
+    from fixtures.s3_server import S3Server, relayed_shards
 
     work = Path(tempfile.mkdtemp(prefix="chaos-", dir=os.environ.get("BENCH_TMPDIR", "/tmp")))
     (work / "chaos.yaml").write_text(recipe(args.save_every))
     server = S3Server(process=True)
     relay = None
     try:
-        server.bucket(BUCKET[len("s3://"):].split("/")[0])
-        server.upload(paragraph_shards(work / "shards"), BUCKET)
-        host, port = server.endpoint.rsplit("//", 1)[1].split(":")
-        relay = Relay((host, int(port)))
-        relay.up()
-        store_env = {**server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}",
-                     "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+        relay, store_env = relayed_shards(server, BUCKET, work / "shards")
+        store_env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
         diverge = [s for f, s in faults if f == "diverge"]
         env = {**store_env, "ALBERT_INJECT_NONFINITE_STEP": ",".join(map(str, diverge))}
         started = time.time()

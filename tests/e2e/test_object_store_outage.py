@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.s3_server import Relay, paragraph_shards
+from fixtures.s3_server import relayed_shards
 from helpers import clean_env, read_metrics, start_ranks
 
 from albert_dist.engine import metric_names as names
@@ -58,12 +58,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 def test_an_outage_shorter_than_the_budget_is_outlasted_a_longer_one_is_exit_75_then_resume(s3_server, tmp_path):
-    s3_server.bucket("outage")
-    s3_server.upload(paragraph_shards(tmp_path / "shards"), "s3://outage/shards")
-    host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
-    relay = Relay((host, int(port)))
-    relay.up()
-    env = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
+    relay, env = relayed_shards(s3_server, "s3://outage/shards", tmp_path / "shards")
     run_dir, first = tmp_path / "run", tmp_path / "first.log"
     proc = _launch(run_dir, first, env)
     try:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.s3_server import Relay, paragraph_shards
+from fixtures.s3_server import relayed_shards
 from helpers import read_metrics
 
 from albert_dist.distributed.slurm import port_from_job_id
@@ -313,12 +313,7 @@ def test_pretrain_sbatch_store_outage_past_the_budget_requeues_keeps_the_nodes_a
     script requeues the job within ALBERT_MAX_CRASH_REQUEUES with every node kept, and the requeued run, the store
     back, completes with every step logged once. Before, the job ended FAILED with exit 75 for a person to resubmit
     (found by `bench/chaos.py --slurm`)."""
-    s3_server.bucket("outage")
-    s3_server.upload(paragraph_shards(tmp_path / "shards"), "s3://outage/shards")
-    host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
-    relay = Relay((host, int(port)))
-    relay.up()
-    env = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
+    relay, env = relayed_shards(s3_server, "s3://outage/shards", tmp_path / "shards")
     max_steps = 20
     job = jobs.submit("slurm/pretrain.sbatch", TINY + [
         f"max_steps={max_steps}", "checkpoint.save_interval_steps=0", "data.train=[s3://outage/shards]",
