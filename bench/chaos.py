@@ -16,8 +16,9 @@ injects it:
   after ``engine.step_timeout_s`` (`STEP_TIMEOUT_S`), launch.py SIGKILLs the stopped rank 30 s after its SIGTERM,
   the launch script reports exit 76 and restarts the run (docs/faults.md, Hangs).
 * ``store_outage``: the relay in front of the S3 server goes down (port closed, open connections cut); the loader
-  retries for ``data.store_retry_s`` (`STORE_RETRY_S`), then every rank checkpoints its step and exits 75; this
-  script brings the relay back up and relaunches with `--resume auto`, as a requeue would.
+  retries for ``data.store_retry_s`` (`STORE_RETRY_S`), then every rank checkpoints its step and exits 75; the
+  launch script restarts the run (its stop checkpoint's cause is the store), and this script brings the relay back
+  up as soon as that attempt's exit is in goodput.jsonl, before the next one reads.
 * ``preempt``: SIGTERM to the job's process group (what `scancel` or a preemption does): every rank checkpoints the
   step and exits 75; this script relaunches with `--resume auto`, as a Slurm requeue does.
 * ``diverge``: the testing switch ``ALBERT_INJECT_NONFINITE_STEP=N`` (albert_dist/engine/divergence.py) in every
@@ -65,8 +66,9 @@ SCRIPT = ROOT / "launch" / "pretrain_local.sh"
 FAULTS = ("kill9", "sigstop", "store_outage", "preempt", "diverge")
 #: faults that end an attempt (the others happen inside one)
 ENDS_ATTEMPT = frozenset({"kill9", "sigstop", "store_outage", "preempt"})
-#: faults the launch script restarts by itself (`--max-restarts`); after the others this script relaunches
-RESTARTED_BY_SCRIPT = frozenset({"kill9", "sigstop"})
+#: faults the launch script restarts by itself (`--max-restarts`; sbatch: the crash requeue budget); after a
+#: preemption this script relaunches (a local run has no scheduler to requeue it)
+RESTARTED_BY_SCRIPT = frozenset({"kill9", "sigstop", "store_outage"})
 #: steps a fault may land after the step it asked for (the run is watched from outside, a stop finishes its step,
 #: a loader rides out part of an outage on what it read ahead): the margin `parse_faults` keeps around a rollback
 MARGIN = 3
@@ -309,15 +311,23 @@ def chaos_run(work: Path, ranks: int, steps: int, faults: list[tuple[str, int]],
     injected: list[dict[str, Any]] = []
     restarts = sum(f in RESTARTED_BY_SCRIPT for f, _ in faults)
     proc = _launch(work, run_dir, ranks, steps, log, env, "--max-restarts", str(restarts))
-    awaiting = None  # the fault whose exit 75 this script relaunches after
+    awaiting = None  # the fault whose exit 75 the run waits for (a store outage: the relay comes back then)
     try:
         while True:
+            if awaiting is not None and awaiting["fault"] == "store_outage":
+                after = [e.get("event") for e in read_jsonl(run_dir / "goodput.jsonl") if e.get("t", 0) > awaiting["t"]]
+                if "exit" in after and "exit_t" not in awaiting:  # the attempt is over: the store is back before
+                    awaiting["exit_t"] = time.time()              # the script's restart reads
+                    relay.up()
+                if "exit" in after and "start" in after[after.index("exit"):]:
+                    awaiting = None  # the restarted attempt runs: the next fault may come
             code = proc.poll()
             if code is not None:
-                if code == 75 and awaiting is not None:
-                    awaiting["exit_t"] = time.time()
-                    if awaiting["fault"] == "store_outage":
-                        relay.up()  # the store is back before the requeued job starts
+                if code == 75 and awaiting is not None:  # a preemption (or a store outage past the restart budget)
+                    if "exit_t" not in awaiting:
+                        awaiting["exit_t"] = time.time()
+                        if awaiting["fault"] == "store_outage":
+                            relay.up()  # the store is back before the relaunched job starts
                     awaiting = None
                     left = restarts - sum(f["fault"] in RESTARTED_BY_SCRIPT for f in injected)
                     proc = _launch(work, run_dir, ranks, steps, log, env, "--max-restarts", str(left),
@@ -369,7 +379,7 @@ def chaos_run_slurm(work: Path, ranks: int, steps: int, faults: list[tuple[str, 
         RuntimeError: the job did not end COMPLETED with exit 0 (its output is `work`/chaos.log).
     """
     run_dir, log = work / "chaos", work / "chaos.log"
-    crash = sum(f in RESTARTED_BY_SCRIPT or f == "store_outage" for f, _ in faults)  # the store's requeue counts too
+    crash = sum(f in RESTARTED_BY_SCRIPT for f, _ in faults)
     job_env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}, **env,
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "PYTHON": sys.executable, "ALBERT_SLURM_CPU": "1", "ALBERT_RUN_DIR": str(run_dir),

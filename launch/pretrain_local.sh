@@ -17,7 +17,8 @@
 # (after a checkpoint for an object-store source), 77 training diverged (no final model; checkpoints/latest names
 # the newest healthy checkpoint), 76 a rank stopped making progress (the hang watchdog's line is repeated, the
 # command to continue printed), 130 (128 + N) interrupted, nothing saved at the stop.
-# --max-restarts N (default 0): after a crash or a rank killed (exit 1) or a hang (76), start again in place with
+# --max-restarts N (default 0): after a crash or a rank killed (exit 1), a hang (76) or the ranks' stop on an object
+# store that stayed unavailable (75, the checkpoint's stop_cause "store"), start again in place with
 # `--resume auto`, at most N times, unless the attempt recorded no step past the one it started from
 # (`albert-dist goodput RUN_DIR --json`: a crash in start-up would only repeat). Each attempt's launch and exit are
 # recorded in RUN_DIR/goodput.jsonl; the run's goodput is printed at the end.
@@ -215,8 +216,12 @@ if [[ ${status} -ne 2 && -d ${RUN_DIR} ]]; then
     printf '{"event": "exit", "t": %s, "launch_t": %s, "status": %d, "by": "launch/pretrain_local.sh"}\n' \
         "$(date +%s.%N)" "${ALBERT_LAUNCH_TIME}" "${status}" >>"${RUN_DIR}/goodput.jsonl"
 fi
-# --max-restarts: a crash, a killed rank or a hang starts the run again in place, from its newest checkpoint
-if [[ ${status} -eq 1 || ${status} -eq 76 ]] && ((MAX_RESTARTS > 0)) && [[ -z ${SIGNAL} ]]; then
+# --max-restarts: a crash, a killed rank, a hang or the ranks' own stop on an object store that stayed unavailable
+# (75 with its stop checkpoint's cause "store", or with none at the stop and no signal here) starts the run again in
+# place, from its newest checkpoint; a store still down then fails that attempt's start within data.store_retry_s
+STORE_STOP=""
+[[ ${status} -eq 75 && -z ${SIGNAL} && ( -z ${NEW_CHECKPOINT} || ${AFTER[4]:-} == store ) ]] && STORE_STOP=1
+if [[ ${status} -eq 1 || ${status} -eq 76 || -n ${STORE_STOP} ]] && ((MAX_RESTARTS > 0)) && [[ -z ${SIGNAL} ]]; then
     if python -m albert_dist.cli goodput "${RUN_DIR}" --json 2>/dev/null |
         python -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["attempts"][-1]["progressed"] else 1)'; then
         RESUME=()

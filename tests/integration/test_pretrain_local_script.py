@@ -120,6 +120,27 @@ def _checkpoint(run: Path | str, tag: str, reason: str, step: int = 7, max_steps
     return f"mkdir -p {ckpt}/{tag}; echo '{meta}' > {ckpt}/{tag}/albert_dist.json; echo {tag} > {ckpt}/latest"
 
 
+@pytest.mark.parametrize("cause, restarted", [("store", True), ("signal", False)])
+def test_max_restarts_restarts_a_store_give_up_in_place_not_a_stop_asked_for(tmp_path, cause, restarted):
+    """`--max-restarts 1`: the ranks' own 75 on an object store that stayed unavailable (the stop checkpoint's
+    stop_cause "store") starts the run again in place with --resume auto, as a crash does; a 75 of a signal (a
+    stop asked for, here one sent to the ranks only) does not. Each attempt of the stand-in records progress."""
+    run = tmp_path / "run"
+    progress = (f"mkdir -p {run}; t=$(date +%s.%N); "
+                f"echo '{{\"event\": \"start\", \"t\": '$t', \"step\": 0, \"begin_t\": '$ALBERT_LAUNCH_TIME', "
+                f"\"launch_t\": '$ALBERT_LAUNCH_TIME', \"load_s\": 0.0}}' >> {run}/goodput.jsonl; "
+                f"echo '{{\"event\": \"interval\", \"t\": '$t', \"step\": 7, \"from_step\": 0, \"elapsed_s\": 1.0, "
+                f"\"phases\": {{}}}}' >> {run}/goodput.jsonl")
+    # each attempt's own stop checkpoint: step_7, then step_8 (attempts counted by their start events)
+    stop = _checkpoint(run, "step_$((6 + n))", "stop", stop_cause=cause).replace('"step": 7', '"step": '"'$((6 + n))'"'')
+    proc = _run(tmp_path, "2", "max_steps=50", "--max-restarts", "1", exit_code=1,
+                before_exit=f"{progress}\nn=$(grep -c '\"start\"' {run}/goodput.jsonl)\n{stop}")
+    assert proc.returncode == 75, (proc.returncode, proc.stdout, proc.stderr)
+    said = "(exit 75: restart 1 in place with --resume auto, 0 more allowed)"
+    assert (said in proc.stdout) == restarted, proc.stdout
+    assert proc.stdout.count("--world_info") + proc.stdout.count("--num_gpus") >= 1
+    assert proc.stdout.count("pretraining stopped") == 1, proc.stdout  # one final word, after the last attempt
+
 @pytest.mark.parametrize("signal_name", ["INT", "TERM"])
 def test_ctrl_c_or_sigterm_then_a_stop_checkpoint_is_exit_75_with_the_command_to_continue(tmp_path, signal_name):
     # The signal reaches the whole group: the ranks checkpoint, DeepSpeed's launch.py exits 1 whatever they said.
