@@ -314,7 +314,7 @@ def test_pretrain_sbatch_store_outage_past_the_budget_requeues_keeps_the_nodes_a
     back, completes with every step logged once. Before, the job ended FAILED with exit 75 for a person to resubmit
     (found by `bench/chaos.py --slurm`)."""
     relay, env = relayed_shards(s3_server, "s3://outage/shards", tmp_path / "shards")
-    max_steps = 20
+    max_steps = 40  # reads go on through the run: the outage, at step 4 or a few later, meets some
     job = jobs.submit("slurm/pretrain.sbatch", TINY + [
         f"max_steps={max_steps}", "checkpoint.save_interval_steps=0", "data.train=[s3://outage/shards]",
         "data.num_workers=1", "data.shuffle_documents=1", "data.store_retry_s=4", "data.max_seq_length=32",
