@@ -60,6 +60,10 @@ LONG_PHASES = ("evaluation", "checkpoint_save")
 BACKSTOP_S = 120.0
 #: Seconds a fired rank waits for its main thread to take the normal exit path before it `os._exit`s.
 EXIT_GRACE_S = 5.0
+#: The shortest time between two reports of a rank that is moving on: its report follows its step and phase within
+#: this (a rank stopped from outside is named where it stopped, not where it was a period earlier) at <= 4 small
+#: file writes a second, from the watchdog's thread (the training thread never writes).
+PUBLISH_MIN_S = 0.25
 #: The reports' folder under the run directory.
 FOLDER = "watchdog"
 
@@ -262,6 +266,7 @@ class Watchdog:
         self.fired = threading.Event()
         self.acknowledged = False  # the main thread saw the hang (it raised JobHung, or train.py read `fired`)
         self._stopping = threading.Event()
+        self._moved = threading.Event()  # the main thread entered a phase or finished a step: publish it
         self._thread: Optional[threading.Thread] = None
         self._exit, self._grace_s = exit or hard_exit, grace_s
         # the successor's last report text, when this rank saw it change (monotonic), and the report
@@ -276,15 +281,18 @@ class Watchdog:
             self.acknowledged = True
             raise JobHung(self.line or "hang")
         self._entered, self._since, self.phase = time.monotonic(), time.time(), phase
+        self._moved.set()
 
     def at_step(self, step: int) -> None:
         """The job is at optimiser step `step` without finishing one (a resume, a rollback): reports name it until the
         next step finishes; the allowances stay what they were (start-up's until the first step of this job)."""
         self.step = step
+        self._moved.set()
 
     def step_done(self, step: int) -> None:
         """This rank finished optimiser step `step`: from now on the step allowances apply."""
         self.step, self.started = step, True
+        self._moved.set()
 
     # ------------------------------------------------------------------------------------------------ the thread
     def start(self) -> "Watchdog":
@@ -306,6 +314,9 @@ class Watchdog:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        self._moved.set()  # wake the thread: it ends
+        if self._thread is not None and self._thread is not threading.current_thread() and not self.fired.is_set():
+            self._thread.join(timeout=2.0)  # its last report must not land after "done"
         if not self.fired.is_set():
             self.phase = "done"
             self._publish()
@@ -317,7 +328,7 @@ class Watchdog:
                       started=self.started)
 
     def _publish(self) -> None:
-        tmp = self.folder / f".rank{self.rank}.json.tmp"
+        tmp = self.folder / f".rank{self.rank}.{threading.get_ident()}.json.tmp"  # a writer's own: two never mix
         try:
             tmp.write_text(self.report().to_json())
             os.replace(tmp, self.folder / f"rank{self.rank}.json")
@@ -355,10 +366,21 @@ class Watchdog:
         return silent_too_long(self._watched[1], now, self._watched[2], self.allowances)
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.allowances.poll_s):
+        """Publish this rank's report when it moves on (at most every `PUBLISH_MIN_S`) and at least once a period;
+        check once a period (`check`), and fire when it says so."""
+        due = time.monotonic() + self.allowances.poll_s
+        while True:
+            self._moved.wait(max(0.0, due - time.monotonic()))
+            if self._stopping.is_set():
+                return
+            self._moved.clear()
             self._publish()
-            if self.check():
-                self._fire()
+            if time.monotonic() >= due:
+                due = time.monotonic() + self.allowances.poll_s
+                if self.check():
+                    self._fire()
+                    return
+            if self._stopping.wait(min(PUBLISH_MIN_S, max(0.0, due - time.monotonic()))):
                 return
 
     def _fire(self) -> None:
