@@ -1,7 +1,9 @@
-"""Shared pytest setup: one torch thread per process (CI has 2 cores and tests spawn ranks), and each test's CPU
-seconds in the JUnit XML (tools/slowest_tests.py reads them)."""
+"""Shared pytest setup: one torch thread per process (CI has 2 cores and tests spawn ranks), each test's CPU
+seconds in the JUnit XML (tools/slowest_tests.py reads them), and no shared memory left by the ranks tests kill."""
 import os
 import resource
+import time
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,37 @@ def pytest_runtest_makereport(item, call):
     if call.when == "teardown" and _CPU_START in item.stash:  # before the report that carries the properties
         item.user_properties.append((CPU_PROPERTY, round(_cpu_seconds() - item.stash[_CPU_START], 2)))
     return (yield)
+
+
+_SESSION_START = time.time()
+
+
+def _mapped_shm() -> set[str]:
+    """The /dev/shm files some live process maps (its /proc/<pid>/maps; another user's unreadable ones are skipped)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        mapped.update(line.split(None, 5)[5].removesuffix(" (deleted)") for line in text.splitlines()
+                      if " /dev/shm/" in line)
+    return mapped
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the DeepSpeed CPU allreduce segments (66 MiB of RAM each in /dev/shm) of the ranks this session's tests
+    killed: a rank removes its own at its end (`albert_dist.job.stop.release_shm_workspace`), not when SIGKILLed, and
+    a full run left 6 (400 MB) a time. Only segments made since the session started that no live process maps (a
+    job running beside the tests keeps its own; pytest-xdist's other worker's running ranks map theirs)."""
+    from albert_dist.job.stop import SHM_WORKSPACE_PREFIX
+
+    if not Path("/proc/self/maps").exists():
+        return
+    mapped = _mapped_shm()
+    for path in Path("/dev/shm").glob(f"{SHM_WORKSPACE_PREFIX}_{os.getuid()}_*"):
+        try:
+            if path.stat().st_mtime >= _SESSION_START and str(path) not in mapped:
+                path.unlink()
+        except OSError:  # gone already, or not ours to remove
+            pass
