@@ -61,11 +61,11 @@ def pytest_sessionfinish(session, exitstatus):
     """Remove the DeepSpeed CPU allreduce segments (66 MiB of RAM each in /dev/shm) of the ranks this session's tests
     killed: a rank removes its own at its end (`albert_dist.job.stop.release_shm_workspace`), not when SIGKILLed, and
     a full run left 6 (400 MB) a time. Only segments made since the session started that no live process maps (a
-    job running beside the tests keeps its own; pytest-xdist's other worker's running ranks map theirs)."""
+    job running beside the tests keeps its own)."""
     from albert_dist.job.stop import SHM_WORKSPACE_PREFIX
 
-    if not Path("/proc/self/maps").exists():
-        return
+    if hasattr(session.config, "workerinput") or not Path("/proc/self/maps").exists():
+        return  # a pytest-xdist worker: the controller does it once every worker is done
     mapped = _mapped_shm()
     for path in Path("/dev/shm").glob(f"{SHM_WORKSPACE_PREFIX}_{os.getuid()}_*"):
         try:
