@@ -99,25 +99,7 @@ PORT="${MASTER_PORT:-$(python -c 'from albert_dist.distributed.env import free_p
 # KeyboardInterrupt traceback while its ranks save.
 newest_checkpoint() { # the run's newest complete checkpoint: its path, reason, step, max_steps, stop cause, one a line;
     # with --any, the name of its newest step directory, complete or not (a save cut short leaves one)
-    python - "${RUN_DIR}" "${1:-}" 2>/dev/null <<'PY' || true
-import json, re, sys
-from pathlib import Path
-run = Path(sys.argv[1])
-ckpt = run / "checkpoints"
-try:  # checkpoint.dir=... puts them elsewhere; the run's resolved config says where
-    import yaml
-    ckpt = Path((yaml.safe_load((run / "config.yaml").read_text())["checkpoint"] or {}).get("dir") or ckpt)
-except Exception:
-    pass
-if sys.argv[2] == "--any":  # the newest step_<N> directory, complete or not (what a run without --resume refuses)
-    steps = [int(m.group(1)) for p in ckpt.iterdir() if (m := re.fullmatch(r"step_(\d+)", p.name)) and p.is_dir()]
-    print(f"step_{max(steps)}" if steps else "")
-    sys.exit(0)
-tag = (ckpt / "latest").read_text().strip()
-meta = json.loads((ckpt / tag / "albert_dist.json").read_text())
-print(ckpt / tag, meta.get("reason", ""), meta.get("step", ""), (meta.get("config") or {}).get("max_steps", ""),
-      meta.get("stop_cause", ""), sep="\n")
-PY
+    python -m albert_dist.runs.newest "${RUN_DIR}" ${1:+"$1"} 2>/dev/null || true
 }
 # The line of a hang report the ranks' watchdog wrote during this launch (<run dir>/watchdog/<job>/hang.json,
 # albert_dist.job.watchdog): the launcher's own status then is the live ranks' 76, or a stopped rank's SIGKILL.

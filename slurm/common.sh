@@ -76,21 +76,11 @@ hang_reports() {
     find "${RUN_DIR:-.}/watchdog" -name hang.json ${1:+-newermt "@$1"} 2>/dev/null || true
 }
 
-# stop_cause SINCE
-#   What stopped the ranks, as their stop checkpoint records it (`stop_cause` of the newest checkpoint's
-#   albert_dist.json: signal, store or input) when that checkpoint was written after epoch second SINCE; "store"
-#   when there is none that new (the ranks' own 75 without a checkpoint at the stop: a store that never answered).
-stop_cause() {
-    "$PYTHON" - "$RUN_DIR" "$1" 2>/dev/null <<'PY' || echo store
-import json, sys
-from pathlib import Path
-from albert_dist.runs.source import checkpoint_dir, read_run_config
-run = Path(sys.argv[1])
-ckpt = checkpoint_dir(run, read_run_config(run) or {})
-meta = ckpt / (ckpt / "latest").read_text().strip() / "albert_dist.json"
-cause = json.loads(meta.read_text()).get("stop_cause") if meta.stat().st_mtime >= float(sys.argv[2]) else None
-print(cause or "store")
-PY
+# newest_checkpoint
+#   The run's newest complete checkpoint (`python -m albert_dist.runs.newest`, as launch/pretrain_local.sh reads it):
+#   its path, reason, step, max_steps and stop cause (signal, store or input), one a line; nothing when there is none.
+newest_checkpoint() {
+    "$PYTHON" -m albert_dist.runs.newest "$RUN_DIR" 2>/dev/null || true
 }
 
 # run_preemptible STOP_COMMAND -- COMMAND...
@@ -108,8 +98,9 @@ run_preemptible() {
     _stop_command=$stop_command
     _out_file=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'StdOut=[^ ]*' | cut -d= -f2 || true)
     _out_from=$(stat -c %s "$_out_file" 2>/dev/null || echo 0) # this attempt's part of the job's output
-    local started
+    local started before after
     started=$(date +%s)
+    before=$(newest_checkpoint | head -n 1)
     trap '_preempted=1; log "SIGUSR1: asking every rank to checkpoint and stop"; [[ -n $_train_pid ]] && eval "$_stop_command" || true' USR1
     "$@" &
     _train_pid=$!
@@ -139,7 +130,10 @@ run_preemptible() {
     # data.store_retry_s (or on `scancel --signal=INT`, a stop asked for: its checkpoint records "signal"). The
     # store is no node's fault: requeued within the crash budget, every node kept; Slurm's hold of a requeued job
     # (~2.5 min) gives the store that long to come back, and an attempt that made no progress is not requeued.
-    if [[ $_preempted == 0 && $rc == "$EXIT_PREEMPTED" ]] && [[ $(stop_cause "$started") == store ]]; then
+    # The stop's cause, as launch/pretrain_local.sh judges it: a new checkpoint's stop_cause, "store" without one.
+    mapfile -t after < <(newest_checkpoint)
+    if [[ $_preempted == 0 && $rc == "$EXIT_PREEMPTED" ]] &&
+        [[ -z ${after[0]:-} || ${after[0]} == "$before" || ${after[4]:-store} == store ]]; then
         log "the ranks stopped after their object store stayed unavailable (exit 75; the ranks' log names the URL)"
         crash_requeue "$rc" store && return 0
         return "$rc"
